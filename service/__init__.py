@@ -1,0 +1,1 @@
+"""Adaptive Retention serving: onnxruntime + tokenizers + FastAPI. Never imports torch."""

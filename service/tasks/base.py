@@ -1,0 +1,64 @@
+"""The codec protocol between HTTP handlers, the micro-batcher and the ONNX session.
+
+A request item is encoded into one or more *rows* (windows of at most ``max_length`` tokens). The
+batcher pads rows from many requests into one batch, runs the graph, and hands every request the
+graph outputs of its own rows, unpadded; the codec turns those into the response.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Row:
+    """One graph row: real tokens only (padding is added by ``pad_rows``)."""
+
+    input_ids: tuple[int, ...]
+    token_type_ids: tuple[int, ...] | None = None
+    protected: tuple[int, ...] | None = None  # 1 = never dropped (QA question, [CLS], [SEP])
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class Encoded:
+    rows: list[Row]
+    input_tokens: int  # real tokens of the whole input, before truncation / windowing
+    truncated: bool  # some of the input was cut off (policy: keep the head)
+    context: Any = None  # codec-specific, read back by ``decode``
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class TaskCodec(Protocol):
+    task: str
+
+    def decode(self, encoded: Encoded, outputs: list[np.ndarray]) -> dict[str, Any]:
+        """``outputs[i]`` is the first graph output of ``encoded.rows[i]``, unpadded
+        (classification: (C,); qa: (T_i, 2); summarization: (T_i, 1))."""
+        ...
+
+
+def pad_rows(rows: list[Row], pad_id: int) -> dict[str, np.ndarray]:
+    """Right-pad rows to the longest one. Returns int64 feeds keyed by ONNX input name (no rho)."""
+    length = max(len(row) for row in rows)
+    batch = len(rows)
+    input_ids = np.full((batch, length), pad_id, dtype=np.int64)  # (B, T)
+    attention_mask = np.zeros((batch, length), dtype=np.int64)  # (B, T)
+    for i, row in enumerate(rows):
+        input_ids[i, : len(row)] = row.input_ids
+        attention_mask[i, : len(row)] = 1
+    feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if rows[0].token_type_ids is not None:
+        types = np.zeros((batch, length), dtype=np.int64)
+        protected = np.zeros((batch, length), dtype=np.int64)
+        for i, row in enumerate(rows):
+            types[i, : len(row)] = row.token_type_ids or ()
+            protected[i, : len(row)] = row.protected or ()
+        feeds["token_type_ids"] = types
+        feeds["protected_mask"] = protected
+    return feeds

@@ -41,13 +41,17 @@ ONNX_INPUTS: dict[str, tuple[TensorSpec, ...]] = {
     "classification": (
         TensorSpec(name="input_ids", dtype="int64", axes=("batch", "sequence")),
         TensorSpec(name="attention_mask", dtype="int64", axes=("batch", "sequence"), description="1 = real"),
-        TensorSpec(name="rho", dtype="float32", axes=("batch",), description="kept fraction at the last layer"),
+        TensorSpec(
+            name="rho", dtype="float32", axes=("batch",), description="kept fraction at the last layer"
+        ),
     ),
 }
 ONNX_INPUTS["qa"] = (
     *ONNX_INPUTS["classification"],
     TensorSpec(name="token_type_ids", dtype="int64", axes=("batch", "sequence"), description="0 = question"),
-    TensorSpec(name="protected_mask", dtype="int64", axes=("batch", "sequence"), description="1 = never drop"),
+    TensorSpec(
+        name="protected_mask", dtype="int64", axes=("batch", "sequence"), description="1 = never drop"
+    ),
 )
 ONNX_INPUTS["summarization"] = ONNX_INPUTS["classification"]
 
@@ -56,8 +60,14 @@ KEPT_COUNTS = TensorSpec(
 )
 ONNX_OUTPUTS: dict[str, tuple[TensorSpec, ...]] = {
     "classification": (TensorSpec(name="logits", dtype="float32", axes=("batch", "labels")), KEPT_COUNTS),
-    "qa": (TensorSpec(name="span_logits", dtype="float32", axes=("batch", "sequence", "start_end")), KEPT_COUNTS),
-    "summarization": (TensorSpec(name="token_logits", dtype="float32", axes=("batch", "sequence", "one")), KEPT_COUNTS),
+    "qa": (
+        TensorSpec(name="span_logits", dtype="float32", axes=("batch", "sequence", "start_end")),
+        KEPT_COUNTS,
+    ),
+    "summarization": (
+        TensorSpec(name="token_logits", dtype="float32", axes=("batch", "sequence", "one")),
+        KEPT_COUNTS,
+    ),
 }
 
 

@@ -62,7 +62,9 @@ REGISTRY: dict[str, dict[str, SplitSource]] = {
         "test": SplitSource("squad/validation.jsonl.gz", ("squad",), "validation"),
     },
     "scitldr_a": {
-        "train": SplitSource("summarization/scitldr_a/train.jsonl.gz", ("allenai/scitldr", "Abstract"), "train"),
+        "train": SplitSource(
+            "summarization/scitldr_a/train.jsonl.gz", ("allenai/scitldr", "Abstract"), "train"
+        ),
         "validation": SplitSource(
             "summarization/scitldr_a/validation.jsonl.gz", ("allenai/scitldr", "Abstract"), "validation"
         ),

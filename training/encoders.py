@@ -69,7 +69,7 @@ class LayerView(nn.Module):
         ``num_queries`` computes only the first Tq positions (e.g. 1 for a [CLS] head); keys and
         values still come from all T tokens, so those outputs are exactly the full layer's.
         """
-        batch, seq_len, width = hidden.shape
+        batch, _, width = hidden.shape
         head_dim = width // self.num_heads
         queries_in = hidden if num_queries is None else hidden[:, :num_queries]  # (B, Tq, d)
         q = self.query(queries_in).view(batch, -1, self.num_heads, head_dim).transpose(1, 2)  # (B,H,Tq,dh)
@@ -140,7 +140,9 @@ class EncoderBackbone(nn.Module):
             )
         self.layers = nn.ModuleList(layers)
         self.config = config
-        self.embedding_dropout = float(getattr(config, "hidden_dropout_prob", getattr(config, "dropout", 0.0)))
+        self.embedding_dropout = float(
+            getattr(config, "hidden_dropout_prob", getattr(config, "dropout", 0.0))
+        )
 
     def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids (B, T) → (B, T, d), from the HF embedding tables.

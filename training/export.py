@@ -86,9 +86,7 @@ def graph_for(model: RetentionModel) -> nn.Module:
 
 def dynamic_axes(task: str) -> dict[str, dict[int, str]]:
     specs = (*C.ONNX_INPUTS[task], *C.ONNX_OUTPUTS[task])
-    return {
-        spec.name: {i: axis for i, axis in enumerate(spec.axes) if not axis.isdigit()} for spec in specs
-    }
+    return {spec.name: {i: axis for i, axis in enumerate(spec.axes) if not axis.isdigit()} for spec in specs}
 
 
 def export_onnx(model: RetentionModel, path: Path, vocab_size: int) -> None:
@@ -246,7 +244,9 @@ def export_model(
     """Export, validate, then move the finished directory into place (never a half-written dir)."""
     model = model.eval()
     vocab_size = int(model.backbone.embeddings.word_embeddings.num_embeddings)
-    with tempfile.TemporaryDirectory(prefix="export-", dir=out_dir.parent if out_dir.parent.exists() else None) as tmp:
+    with tempfile.TemporaryDirectory(
+        prefix="export-", dir=out_dir.parent if out_dir.parent.exists() else None
+    ) as tmp:
         staging = Path(tmp)
         export_onnx(model, staging / C.MODEL_FILE, vocab_size)
         validate_onnx(model, staging / C.MODEL_FILE, vocab_size)

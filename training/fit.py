@@ -21,7 +21,7 @@ from training.data import Row, load_split, shuffled
 from training.encoders import EncoderBackbone, backbone_from_config, load_backbone, load_tokenizer
 from training.model import RetentionConfig, RetentionModel
 from training.recipes import Recipe
-from training.tasks import classification_batch, classification_loss
+from training.tasks import adapter_for
 
 WEIGHTS_FILE = "weights.safetensors"
 BACKBONE_CONFIG_DIR = "backbone"
@@ -102,16 +102,19 @@ def fit(
     progress: bool = True,
 ) -> RetentionModel:
     """Train per the recipe and write the run directory. Deterministic given ``recipe.seed``."""
-    if recipe.task != "classification":
-        raise NotImplementedError(f"training for task {recipe.task!r} is not implemented yet")
+    adapter = adapter_for(recipe.task)
     torch.manual_seed(recipe.seed)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     generator = torch.Generator().manual_seed(recipe.seed)
     backbone = backbone or load_backbone(recipe.backbone)
     tokenizer = tokenizer or load_tokenizer(recipe.backbone)
     model = build_model(recipe, backbone)
-    rows = train_rows if train_rows is not None else shuffled(
-        load_split(recipe.dataset, recipe.dataset.train_split), recipe.seed, recipe.dataset.train_limit
+    rows = (
+        train_rows
+        if train_rows is not None
+        else shuffled(
+            load_split(recipe.dataset, recipe.dataset.train_split), recipe.seed, recipe.dataset.train_limit
+        )
     )
     optimizer = torch.optim.AdamW(parameter_groups(model, recipe))
     base_lrs = [group["lr"] for group in optimizer.param_groups]
@@ -130,12 +133,18 @@ def fit(
         scale = lr_multiplier(step, recipe.steps, warmup)
         for group, base in zip(optimizer.param_groups, base_lrs, strict=True):
             group["lr"] = base * scale
-        batch = classification_batch(next(batches), tokenizer, recipe.max_length)
+        batch = adapter.make_batch(next(batches), tokenizer, recipe.max_length)
         rho = R.sample_rho(batch.input_ids.shape[0], recipe.rho.low, recipe.rho.high, generator)
         out = model.forward_soft(
-            batch.input_ids, batch.attention_mask, rho, generator=generator, use_gates=recipe.budget.use_gates
+            batch.input_ids,
+            batch.attention_mask,
+            rho,
+            protected=batch.protected,
+            token_type_ids=batch.token_type_ids,
+            generator=generator,
+            use_gates=recipe.budget.use_gates,
         )
-        task_loss = classification_loss(out.logits, batch.targets)
+        task_loss = adapter.loss(out.logits, batch)
         gap = R.budget_gap(out.expected_kept, out.target_kept, out.num_real)  # (P,)
         loss = task_loss + R.lagrangian_penalty(gap, lam, recipe.budget.quadratic_weight)
         optimizer.zero_grad(set_to_none=True)
@@ -147,14 +156,23 @@ def fit(
         if step % recipe.log_every == 0 or step == recipe.steps - 1:
             kept = (out.expected_kept[:, -1] / out.num_real).mean().item()
             entry = StepLog(
-                step, loss.item(), task_loss.item(), kept, rho.mean().item(),
-                [round(x, 5) for x in lam.tolist()], optimizer.param_groups[0]["lr"],
+                step,
+                loss.item(),
+                task_loss.item(),
+                kept,
+                rho.mean().item(),
+                [round(x, 5) for x in lam.tolist()],
+                optimizer.param_groups[0]["lr"],
                 time.perf_counter() - started,
             )
             with log_path.open("a", encoding="utf-8") as handle:
                 handle.write(json.dumps(entry.__dict__) + "\n")
-            bar.set_postfix(loss=f"{entry.task_loss:.3f}", kept=f"{kept:.2f}", rho=f"{entry.target_fraction:.2f}",
-                            lam=f"{max(entry.lam):.3f}")
+            bar.set_postfix(
+                loss=f"{entry.task_loss:.3f}",
+                kept=f"{kept:.2f}",
+                rho=f"{entry.target_fraction:.2f}",
+                lam=f"{max(entry.lam):.3f}",
+            )
     save_run(model, recipe, tokenizer, run_dir)
     return model
 

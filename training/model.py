@@ -141,8 +141,10 @@ class RetentionModel(nn.Module):
         for point, layer in enumerate(self.backbone.layers):
             if use_gates:
                 log_alpha = self.scorers[point](hidden, valid) + prior[:, point : point + 1]  # (B, T)
-                gate = self.config.hard_concrete.sample(log_alpha, generator) if self.training else (
-                    self.config.hard_concrete.deterministic(log_alpha)
+                gate = (
+                    self.config.hard_concrete.sample(log_alpha, generator)
+                    if self.training
+                    else (self.config.hard_concrete.deterministic(log_alpha))
                 )
                 prob = self.config.hard_concrete.prob_nonzero(log_alpha)
                 gate_product = gate_product * torch.where(protected, torch.ones_like(gate), gate)
@@ -154,7 +156,12 @@ class RetentionModel(nn.Module):
                 torch.full_like(gate_product[:, None, None, :], R.MASKED_ATTENTION_BIAS),
             )  # (B, 1, 1, T)
             is_last = point == self.num_points - 1
-            hidden = layer(hidden, key_bias, self.last_layer_queries if is_last else None)
+            updated = layer(hidden, key_bias, self.last_layer_queries if is_last else None)
+            if self.task in TOKEN_TASKS:
+                # Drop-and-Restore, soft: a closed gate freezes the token at its last state.
+                keep = gate_product.unsqueeze(-1)  # (B, T, 1)
+                updated = keep * updated + (1.0 - keep) * hidden
+            hidden = updated
         target = fractions * num_real.unsqueeze(-1).to(fractions.dtype)  # (B, P)
         return SoftOutput(self._head(hidden), torch.stack(expected, dim=1), target, num_real)
 

@@ -20,7 +20,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 # Numerical guards, named so their role is clear where they are used.
@@ -157,7 +156,9 @@ def sample_rho(batch_size: int, low: float, high: float, generator: torch.Genera
 # --------------------------------------------------------------------------------------------
 # Lagrangian budget
 # --------------------------------------------------------------------------------------------
-def budget_gap(expected_kept: torch.Tensor, target_kept: torch.Tensor, num_real: torch.Tensor) -> torch.Tensor:
+def budget_gap(
+    expected_kept: torch.Tensor, target_kept: torch.Tensor, num_real: torch.Tensor
+) -> torch.Tensor:
     """Constraint violation per point, as a fraction of real tokens: (B, P) → (P,). > 0 is over budget."""
     return ((expected_kept - target_kept) / num_real.unsqueeze(-1).to(expected_kept.dtype)).mean(0)
 
@@ -225,7 +226,9 @@ def random_scores(valid: torch.Tensor, generator: torch.Generator | None = None)
     return torch.rand(valid.shape, generator=generator)
 
 
-def encoder_token_work(counts: torch.Tensor, num_real: torch.Tensor, last_layer_queries: int | None) -> torch.Tensor:
+def encoder_token_work(
+    counts: torch.Tensor, num_real: torch.Tensor, last_layer_queries: int | None
+) -> torch.Tensor:
     """Fraction of dense encoder token-work done: (B, P) counts → (B,).
 
     Token-work = Σ_layers tokens processed; the last layer counts only its queries when the head
@@ -256,5 +259,4 @@ __all__ = [
     "sample_rho",
     "select_top_tokens",
     "soft_attention_bias",
-    "F",
 ]

@@ -1,7 +1,12 @@
-"""Task adapters: rows → model inputs and targets, and the task loss. One per task."""
+"""Task adapters: rows → model inputs and targets, and the task loss. One per task.
+
+``ADAPTERS[task]`` is what ``training.fit`` uses; QA and summarization register theirs in their own
+modules (``training/qa.py``, ``training/summarization.py``).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -14,9 +19,16 @@ from training.data import Row
 class Batch:
     input_ids: torch.Tensor  # (B, T)
     attention_mask: torch.Tensor  # (B, T)
-    targets: torch.Tensor  # (B,) labels for classification
-    protected: torch.Tensor | None = None  # (B, T) bool
+    targets: torch.Tensor  # classification: (B,) labels; other tasks: their own layout
+    protected: torch.Tensor | None = None  # (B, T) bool; None = [CLS] only
     token_type_ids: torch.Tensor | None = None  # (B, T)
+    extra: dict[str, torch.Tensor] | None = None  # task-specific tensors for the loss
+
+
+@dataclass(frozen=True)
+class TaskAdapter:
+    make_batch: Callable[[list[Row], object, int], Batch]  # (rows, tokenizer, max_length)
+    loss: Callable[[torch.Tensor, Batch], torch.Tensor]  # (logits, batch) → scalar
 
 
 def classification_batch(rows: list[Row], tokenizer, max_length: int) -> Batch:  # type: ignore[no-untyped-def]
@@ -32,6 +44,20 @@ def classification_batch(rows: list[Row], tokenizer, max_length: int) -> Batch: 
     return Batch(encoded["input_ids"], encoded["attention_mask"], labels)
 
 
-def classification_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def classification_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     """logits (B, C), targets (B,) → scalar cross-entropy."""
-    return F.cross_entropy(logits, targets)
+    return F.cross_entropy(logits, batch.targets)
+
+
+ADAPTERS: dict[str, TaskAdapter] = {
+    "classification": TaskAdapter(classification_batch, classification_loss),
+}
+
+
+def adapter_for(task: str) -> TaskAdapter:
+    if task not in ADAPTERS:
+        # Task modules register themselves on import.
+        import importlib
+
+        importlib.import_module(f"training.{task}")
+    return ADAPTERS[task]

@@ -35,4 +35,7 @@ class ClassificationCodec:
     def decode(self, encoded: Encoded, outputs: list[np.ndarray]) -> dict[str, Any]:
         probs = softmax(outputs[0].astype(np.float64))  # (C,)
         best = int(np.argmax(probs))
-        return {"label": self.labels[best], "scores": {label: float(p) for label, p in zip(self.labels, probs, strict=True)}}
+        return {
+            "label": self.labels[best],
+            "scores": {label: float(p) for label, p in zip(self.labels, probs, strict=True)},
+        }

@@ -1,0 +1,52 @@
+# Two commands on a fresh machine: `make serve` and `make test`. Everything else is optional.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CONSTRAINTS ?= constraints/cpu.txt
+MODELS_DIR ?= models
+PROFILE ?= quick
+HOST ?= 127.0.0.1
+PORT ?= 8000
+DEFAULT_RECIPES ?= models/recipes/imdb.yaml
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: install install-serve models serve test lint typecheck bench clean
+
+# torch comes first, pinned by the constraints file (a looser pin pulls a multi-GB CUDA build).
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) torch
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e ".[train,dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+# Serving only: no torch (what the Docker serving image installs).
+install-serve:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -e .
+
+# Build every default model that is missing (fit with the quick profile, export, validate).
+models: install
+	$(BIN)/python -m training build $(DEFAULT_RECIPES) --profile $(PROFILE) --models-dir $(MODELS_DIR)
+
+serve: models
+	$(BIN)/python -m service --models-dir $(MODELS_DIR) --host $(HOST) --port $(PORT)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy
+
+test: install lint typecheck
+	$(BIN)/pytest -q
+
+bench: install
+	$(BIN)/python -m benchmarks all
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

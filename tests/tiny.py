@@ -15,7 +15,7 @@ TASK_DATASETS = {"classification": "sst2", "qa": "squad", "summarization": "scit
 TASK_OUTPUTS = {"classification": 2, "qa": 2, "summarization": 1}
 
 
-def tiny_model(task: str = "classification", seed: int = 0):  # type: ignore[no-untyped-def]
+def tiny_model(task: str = "classification", seed: int = 0):
     """A randomly initialised RetentionModel over a tiny BERT with the real MiniLM vocabulary."""
     import torch
     from transformers import BertConfig
@@ -37,7 +37,7 @@ def tiny_model(task: str = "classification", seed: int = 0):  # type: ignore[no-
     return model, tokenizer
 
 
-def tiny_recipe(task: str = "classification", name: str | None = None):  # type: ignore[no-untyped-def]
+def tiny_recipe(task: str = "classification", name: str | None = None):
     from training.recipes import DatasetSpec, Recipe
 
     return Recipe(

@@ -70,6 +70,20 @@ REGISTRY: dict[str, dict[str, SplitSource]] = {
         ),
         "test": SplitSource("summarization/scitldr_a/test.jsonl.gz", ("allenai/scitldr", "Abstract"), "test"),
     },
+    # BBC News Summary (no official split, local file only): duplicate documents removed (first row of
+    # each whitespace-normalised document kept), then sha1(id) % 20: 0 → validation, 1-2 → test, rest
+    # → train. See training.summarization.bbc_keep (imported lazily: it imports this module).
+    "bbc_news": {
+        split: SplitSource(
+            "summarization/bbc_news_summary/all.jsonl.gz",
+            ("bbc_news_summary",),
+            "train",
+            lambda row, split=split: __import__("training.summarization", fromlist=["bbc_keep"]).bbc_keep(  # type: ignore[misc]
+                row, split
+            ),
+        )
+        for split in ("train", "validation", "test")
+    },
 }
 
 

@@ -13,6 +13,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +59,7 @@ class LayerView(nn.Module):
         self.attn_out, self.attn_norm = attn_out, attn_norm
         self.ffn_in, self.activation, self.ffn_out, self.ffn_norm = ffn_in, activation, ffn_out, ffn_norm
         self.num_heads = num_heads
+        self.head_dim = query.out_features // num_heads  # a Python int, so tracing keeps it static
         self.dropout = dropout
         self.attention_dropout = attention_dropout
 
@@ -70,7 +72,7 @@ class LayerView(nn.Module):
         values still come from all T tokens, so those outputs are exactly the full layer's.
         """
         batch, _, width = hidden.shape
-        head_dim = width // self.num_heads
+        head_dim = self.head_dim
         queries_in = hidden if num_queries is None else hidden[:, :num_queries]  # (B, Tq, d)
         q = self.query(queries_in).view(batch, -1, self.num_heads, head_dim).transpose(1, 2)  # (B,H,Tq,dh)
         k = self.key(hidden).view(batch, -1, self.num_heads, head_dim).transpose(1, 2)  # (B, H, T, dh)
@@ -86,8 +88,8 @@ class LayerView(nn.Module):
 
     def attention_probs(self, hidden: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
         """The attention this layer would compute on ``hidden``: (B, H, T, T). Used by baselines."""
-        batch, _, width = hidden.shape
-        head_dim = width // self.num_heads
+        batch = hidden.shape[0]
+        head_dim = self.head_dim
         q = self.query(hidden).view(batch, -1, self.num_heads, head_dim).transpose(1, 2)  # (B,H,T,dh)
         k = self.key(hidden).view(batch, -1, self.num_heads, head_dim).transpose(1, 2)  # (B,H,T,dh)
         return torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(head_dim) + key_bias, dim=-1)
@@ -107,11 +109,11 @@ class BackboneInfo:
 class EncoderBackbone(nn.Module):
     """Embeddings + a list of ``LayerView`` over a Hugging Face encoder (its parameters, not copies)."""
 
-    def __init__(self, hf_model: nn.Module) -> None:
+    def __init__(self, hf_model: Any) -> None:
         super().__init__()
         config = hf_model.config
         family = config.model_type
-        self.embeddings = hf_model.embeddings
+        self.embeddings: Any = hf_model.embeddings
         if family in BERT_LIKE:
             layers = [_bert_layer_view(layer, config) for layer in hf_model.encoder.layer]
             self.info = BackboneInfo(
@@ -139,10 +141,18 @@ class EncoderBackbone(nn.Module):
                 f"unsupported encoder family {family!r}; supported: {sorted(BERT_LIKE | DISTILBERT_LIKE)}"
             )
         self.layers = nn.ModuleList(layers)
-        self.config = config
+        self.config: Any = config
         self.embedding_dropout = float(
             getattr(config, "hidden_dropout_prob", getattr(config, "dropout", 0.0))
         )
+
+    @property
+    def views(self) -> list[LayerView]:
+        return [cast(LayerView, layer) for layer in self.layers]
+
+    @property
+    def info_vocab_size(self) -> int:
+        return int(self.embeddings.word_embeddings.num_embeddings)
 
     def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids (B, T) → (B, T, d), from the HF embedding tables.
@@ -169,7 +179,7 @@ class EncoderBackbone(nn.Module):
         return positions.unsqueeze(0).expand_as(input_ids)
 
 
-def _bert_layer_view(layer: nn.Module, config) -> LayerView:  # type: ignore[no-untyped-def]
+def _bert_layer_view(layer: Any, config: Any) -> LayerView:
     return LayerView(
         query=layer.attention.self.query,
         key=layer.attention.self.key,
@@ -186,7 +196,7 @@ def _bert_layer_view(layer: nn.Module, config) -> LayerView:  # type: ignore[no-
     )
 
 
-def _distilbert_layer_view(layer: nn.Module, config) -> LayerView:  # type: ignore[no-untyped-def]
+def _distilbert_layer_view(layer: Any, config: Any) -> LayerView:
     return LayerView(
         query=layer.attention.q_lin,
         key=layer.attention.k_lin,
@@ -213,14 +223,14 @@ def load_backbone(name_or_path: str) -> EncoderBackbone:
     return EncoderBackbone(hf_model)
 
 
-def backbone_from_config(config) -> EncoderBackbone:  # type: ignore[no-untyped-def]
+def backbone_from_config(config: Any) -> EncoderBackbone:
     """Randomly initialised backbone from a ``transformers`` config (tests, tiny models)."""
     from transformers import AutoModel
 
     return EncoderBackbone(AutoModel.from_config(config, attn_implementation="eager"))
 
 
-def load_tokenizer(name_or_path: str):  # type: ignore[no-untyped-def]
+def load_tokenizer(name_or_path: str):
     """The fast tokenizer that goes with a backbone (its ``tokenizer.json`` is what we export)."""
     from transformers import AutoTokenizer
 

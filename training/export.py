@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from training import contract as C
+from training import retention as R
 from training.model import RetentionModel
 from training.recipes import Recipe
 
@@ -70,6 +71,45 @@ class SpanGraph(nn.Module):
             input_ids, attention_mask, rho, protected=protected_mask.bool(), token_type_ids=token_type_ids
         )
         return out.logits, out.kept_counts
+
+
+class DenseClassificationGraph(nn.Module):
+    """The same weights without any pruning: (input_ids, attention_mask) → logits. The speed baseline."""
+
+    def __init__(self, model: RetentionModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        backbone = self.model.backbone
+        hidden = backbone.embed(input_ids)  # (B, T, d)
+        key_bias = R.attention_bias(attention_mask.bool(), hidden.dtype)  # (B, 1, 1, T)
+        for layer in backbone.views:
+            hidden = layer(hidden, key_bias)
+        return self.model.head(hidden[:, 0])
+
+
+def export_dense_onnx(model: RetentionModel, path: Path) -> None:
+    """Dense baseline graph with dynamic batch and sequence axes."""
+    example = _example_inputs(
+        batch=2, length=8, vocab_size=model.backbone.info_vocab_size, rhos=(1.0,), seed=0
+    )
+    axes = {"batch": 0, "sequence": 1}
+    with torch.no_grad():
+        torch.onnx.export(
+            DenseClassificationGraph(model.eval()).eval(),
+            (example["input_ids"], example["attention_mask"]),
+            str(path),
+            input_names=["input_ids", "attention_mask"],
+            output_names=["logits"],
+            dynamic_axes={
+                "input_ids": {axes["batch"]: "batch", axes["sequence"]: "sequence"},
+                "attention_mask": {axes["batch"]: "batch", axes["sequence"]: "sequence"},
+                "logits": {axes["batch"]: "batch"},
+            },
+            opset_version=OPSET,
+            dynamo=False,
+        )
 
 
 GRAPHS: dict[str, type[nn.Module]] = {
@@ -235,7 +275,7 @@ def build_manifest(
 def export_model(
     model: RetentionModel,
     recipe: Recipe,
-    tokenizer,  # type: ignore[no-untyped-def]
+    tokenizer,
     out_dir: Path,
     name: str | None = None,
     int8: bool = False,
@@ -243,7 +283,7 @@ def export_model(
 ) -> C.Manifest:
     """Export, validate, then move the finished directory into place (never a half-written dir)."""
     model = model.eval()
-    vocab_size = int(model.backbone.embeddings.word_embeddings.num_embeddings)
+    vocab_size = model.backbone.info_vocab_size
     with tempfile.TemporaryDirectory(
         prefix="export-", dir=out_dir.parent if out_dir.parent.exists() else None
     ) as tmp:

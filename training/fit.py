@@ -84,7 +84,7 @@ class StepLog:
     seconds: float
 
 
-def _batches(rows: list[Row], batch_size: int, seed: int):  # type: ignore[no-untyped-def]
+def _batches(rows: list[Row], batch_size: int, seed: int):
     epoch = 0
     while True:
         order = shuffled(rows, seed + epoch)
@@ -97,7 +97,7 @@ def fit(
     recipe: Recipe,
     run_dir: Path,
     backbone: EncoderBackbone | None = None,
-    tokenizer=None,  # type: ignore[no-untyped-def]
+    tokenizer=None,
     train_rows: list[Row] | None = None,
     progress: bool = True,
 ) -> RetentionModel:
@@ -177,7 +177,7 @@ def fit(
     return model
 
 
-def save_run(model: RetentionModel, recipe: Recipe, tokenizer, run_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def save_run(model: RetentionModel, recipe: Recipe, tokenizer, run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
     save_file(state, str(run_dir / WEIGHTS_FILE))

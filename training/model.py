@@ -138,7 +138,7 @@ class RetentionModel(nn.Module):
         gate_product = valid.to(hidden.dtype)  # (B, T)
         prob_product = valid.to(hidden.dtype)  # (B, T)
         expected = []
-        for point, layer in enumerate(self.backbone.layers):
+        for point, layer in enumerate(self.backbone.views):
             if use_gates:
                 log_alpha = self.scorers[point](hidden, valid) + prior[:, point : point + 1]  # (B, T)
                 gate = (
@@ -186,7 +186,7 @@ class RetentionModel(nn.Module):
         restore = self.task in TOKEN_TASKS
         restored = hidden  # (B, T, d): every token's latest state, scattered back at the end
         positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0).expand_as(valid)  # (B,T)
-        for point, layer in enumerate(self.backbone.layers):
+        for point, layer in enumerate(self.backbone.views):
             raw = selector(point, layer, hidden, valid) if selector else self.scorers[point](hidden, valid)
             index, valid = R.select_top_tokens(R.masked_scores(raw, valid, protected), counts[:, point])
             hidden = R.gather_tokens(hidden, index)  # (B, K, d)

@@ -191,7 +191,7 @@ def select_top_tokens(scores: torch.Tensor, counts: torch.Tensor) -> tuple[torch
     budget fill their extra slots with masked entries placed after their valid ones.
     """
     k_max = counts.max()  # () tensor, never .item()
-    _, ranked = torch.topk(scores, k_max, dim=1)  # (B, K) best first
+    _, ranked = torch.topk(scores, k_max, dim=1)  # type: ignore[arg-type]  # (B, K) best first; tensor k
     slot = torch.arange(ranked.shape[1], device=scores.device).unsqueeze(0)  # (1, K)
     valid = slot < counts.unsqueeze(-1)  # (B, K)
     seq_len = scores.shape[1]

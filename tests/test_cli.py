@@ -1,0 +1,54 @@
+"""Command-line entry points on tiny models: export a run, evaluate it, the benchmark harness."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.tiny import tiny_model, tiny_recipe
+from training.__main__ import main as training_main
+from training.contract import Manifest
+from training.evaluate import evaluate_classification, markdown_table
+from training.fit import save_run
+
+ROWS = [{"text": f"{'great fun' if i % 2 else 'dull and slow'} film {i}", "label": i % 2} for i in range(12)]
+
+
+def _tiny_run(tmp_path: Path) -> Path:
+    model, tokenizer = tiny_model()
+    run_dir = tmp_path / "run"
+    save_run(model, tiny_recipe(), tokenizer, run_dir)
+    return run_dir
+
+
+def test_export_command_writes_a_model_directory(tmp_path: Path) -> None:
+    run_dir = _tiny_run(tmp_path)
+    training_main(["export", str(run_dir), "--out", str(tmp_path / "model"), "--no-quality", "--int8"])
+    manifest = Manifest.read(tmp_path / "model")
+    assert manifest.name == "tiny-classification" and set(manifest.variants) == {"fp32", "int8"}
+    assert (tmp_path / "model" / "tokenizer.json").is_file()
+
+
+def test_evaluation_covers_every_method_and_budget(tmp_path: Path) -> None:
+    model, tokenizer = tiny_model()
+    methods = ["learned", "random", "attention", "first_k", "first_k_work", "head_tail_work"]
+    results = evaluate_classification(model, tokenizer, ROWS, [0.3, 1.0], methods, 64, 4, progress=False)
+    seen = {(r.method, r.rho) for r in results}
+    assert ("learned", 1.0) in seen and ("attention", 0.3) in seen and ("first_k", 1.0) not in seen
+    learned_dense = next(r for r in results if r.method == "learned" and r.rho == 1.0)
+    learned_pruned = next(r for r in results if r.method == "learned" and r.rho == 0.3)
+    assert learned_pruned.token_work < learned_dense.token_work <= 1.0
+    assert all(0.0 <= r.accuracy <= 1.0 and r.num_examples == len(ROWS) for r in results)
+    assert "| learned |" in markdown_table(results)
+
+
+def test_encoder_speed_harness_quick_mode(tmp_path: Path) -> None:
+    from benchmarks.encoder_speed import main as bench_main
+
+    out = tmp_path / "speed.json"
+    bench_main(["--quick", "--out", str(out), "--rhos", "1.0", "0.3", "--no-torch-baseline"])
+    payload = json.loads(out.read_text())
+    variants = {r["variant"] for r in payload["results"]}
+    assert {"dense-onnx-fp32", "pruned-onnx-fp32@0.3", "pruned-onnx-int8@0.3"} <= variants
+    assert payload["machine"]["cores"] >= 1
+    assert out.with_suffix(".md").read_text().startswith("| seq |")

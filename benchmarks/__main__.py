@@ -1,0 +1,51 @@
+"""``python -m benchmarks {speed,memory,report,all}`` — ``make bench`` runs ``all``.
+
+``all`` reproduces every performance figure (encoder speed, peak memory) into ``results/bench/`` and
+regenerates ``docs/benchmarks.md`` with plots, including the committed quality results. Full run on
+the 2-core reference machine: about 25 minutes. ``--quick`` uses a tiny model and takes seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from benchmarks import encoder_speed, memory, report
+
+BENCH_DIR = Path("results") / "bench"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("command", choices=["speed", "memory", "report", "all"])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--results-dir", type=Path, default=Path("results"))
+    parser.add_argument("--docs-dir", type=Path, default=Path("docs"))
+    args = parser.parse_args(argv)
+    bench_dir = args.results_dir / "bench"
+    quick = ["--quick"] if args.quick else []
+    if args.command in ("speed", "all"):
+        encoder_speed.main(
+            [
+                *quick,
+                "--out",
+                str(bench_dir / "encoder_speed.json"),
+                "--seq-lens",
+                "128",
+                "512",
+                "--batches",
+                "1",
+                "8",
+                "32",
+            ]
+            if not args.quick
+            else [*quick, "--out", str(bench_dir / "encoder_speed.json")]
+        )
+    if args.command in ("memory", "all"):
+        memory.main([*quick, "--out", str(bench_dir / "memory.json"), "--no-arena"])
+    if args.command in ("report", "all"):
+        print(f"wrote {report.build_report(args.results_dir, args.docs_dir)}")
+
+
+if __name__ == "__main__":
+    main()

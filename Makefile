@@ -11,7 +11,7 @@ DEFAULT_RECIPES ?= models/recipes/imdb.yaml
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install install-serve models serve test lint typecheck bench clean
+.PHONY: install install-serve models serve test lint typecheck bench check-install compose-up clean
 
 # torch comes first, pinned by the constraints file (a looser pin pulls a multi-GB CUDA build).
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
@@ -47,6 +47,13 @@ test: install lint typecheck
 
 bench: install
 	$(BIN)/python -m benchmarks all
+
+# The serving image's install steps, in a fresh virtual environment (no torch allowed).
+check-install:
+	scripts/check_install.sh
+
+compose-up:
+	docker compose -f deploy/docker-compose.yml up --build -d
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

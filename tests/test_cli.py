@@ -58,7 +58,9 @@ def test_memory_harness_and_report_quick_mode(tmp_path: Path) -> None:
     from benchmarks import memory, report
 
     results_dir, docs_dir = tmp_path / "results", tmp_path / "docs"
-    memory.main(["--quick", "--rhos", "0.3", "--no-arena", "--out", str(results_dir / "bench" / "memory.json")])
+    memory.main(
+        ["--quick", "--rhos", "0.3", "--no-arena", "--out", str(results_dir / "bench" / "memory.json")]
+    )
     payload = json.loads((results_dir / "bench" / "memory.json").read_text())
     assert [r["variant"] for r in payload["results"]] == ["dense-onnx-fp32", "pruned-onnx-fp32"]
     assert all(r["peak_bytes"] > 0 for r in payload["results"])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ from training.tasks import ADAPTERS, Batch, TaskAdapter
 DOC_STRIDE = 128  # the QACodec default the service uses
 MAX_ANSWER_TOKENS = 30
 METHODS = ("learned", "random", "attention", "truncation")
+QUALITY_METRIC = "f1"  # what ``onnx_quality_curve`` measures (0-1) for the manifest
 MASKED_LOGIT = -1e9  # start/end logit of padding positions in the loss
 
 
@@ -51,7 +53,7 @@ def codec_for(tokenizer: Any, max_length: int) -> QACodec:
     key = (id(tokenizer), max_length, "qa")
     if key not in _CODECS:
         _CODECS[key] = (tokenizer, QACodec(backend_tokenizer(tokenizer), max_length, DOC_STRIDE))
-    return _CODECS[key][1]  # type: ignore[no-any-return]
+    return _CODECS[key][1]
 
 
 # ---------------------------------------------------------------------- training
@@ -148,9 +150,11 @@ def predict_rows(
 ) -> list[RowPrediction]:
     """Run ``forward_pruned`` over codec rows in padded batches; unpadded outputs in row order."""
     model.eval()
-    predictions: list[RowPrediction] = []
-    for begin in range(0, len(rows), batch_size):
-        chunk = rows[begin : begin + batch_size]
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))  # length-sorted batches: less padding
+    predictions: list[RowPrediction | None] = [None] * len(rows)
+    for begin in range(0, len(order), batch_size):
+        members = order[begin : begin + batch_size]
+        chunk = [rows[i] for i in members]
         feeds = rows_to_tensors(chunk, pad_id)
         rho_tensor = torch.full((len(chunk),), float(rho))
         out = model.forward_pruned(
@@ -165,9 +169,9 @@ def predict_rows(
         work = R.encoder_token_work(out.kept_counts, num_real, model.last_layer_queries)  # (B,)
         kept = out.kept_counts[:, -1].to(torch.float32) / num_real.to(torch.float32)  # (B,)
         logits = out.logits.numpy()
-        for i, row in enumerate(chunk):
-            predictions.append(RowPrediction(logits[i, : len(row)], float(kept[i]), float(work[i])))
-    return predictions
+        for i, (member, row) in enumerate(zip(members, chunk, strict=True)):
+            predictions[member] = RowPrediction(logits[i, : len(row)], float(kept[i]), float(work[i]))
+    return [prediction for prediction in predictions if prediction is not None]
 
 
 def truncation_keep(row: Row, keep_content: np.ndarray, rho: float) -> list[int]:
@@ -207,6 +211,54 @@ def truncated_qa(encoded: Encoded, rho: float) -> tuple[Encoded, list[float]]:
         )
         kept.append(len(positions) / len(row))
     return replace(encoded, rows=rows, context=QAContext(state.context, tuple(windows))), kept
+
+
+def onnx_session(onnx_path: Path) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+
+
+def onnx_predict_rows(
+    session: Any, rows: list[Row], rho: float, pad_id: int, batch_size: int
+) -> list[np.ndarray]:
+    """What the service does: pad codec rows, add ρ, run the graph, unpad the first output."""
+    names = {graph_input.name for graph_input in session.get_inputs()}
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))  # length-sorted batches: less padding
+    outputs: list[np.ndarray] = [np.empty(0)] * len(rows)
+    for begin in range(0, len(order), batch_size):
+        members = order[begin : begin + batch_size]
+        chunk = [rows[i] for i in members]
+        feeds: dict[str, np.ndarray] = dict(pad_rows(chunk, pad_id))
+        feeds["rho"] = np.full(len(chunk), rho, dtype=np.float32)
+        first = session.run(None, {name: value for name, value in feeds.items() if name in names})[0]
+        for i, (member, row) in enumerate(zip(members, chunk, strict=True)):
+            outputs[member] = first[i, : len(row)]
+    return outputs
+
+
+def markdown_table(report: dict[str, Any], metrics: Sequence[str]) -> str:
+    """Rows: methods; columns: ρ; cells: the metrics (percent) and the token-work fraction."""
+    results = report["results"]
+    rhos = sorted({rho for by_rho in results.values() for rho in by_rho}, key=float)
+    lines = ["| method | " + " | ".join(f"ρ={rho}" for rho in rhos) + " |", "|" + "---|" * (len(rhos) + 1)]
+    for method, by_rho in results.items():
+        cells = []
+        for rho in rhos:
+            values = by_rho.get(rho)
+            cells.append(
+                " / ".join(f"{values[m]:.1f}" for m in metrics) + f" ({values['token_work']:.2f})"
+                if values
+                else "—"
+            )
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    for name, values in report.get("baselines", {}).items():
+        lines.append(
+            f"| {name} | " + " | ".join(" / ".join(f"{values[m]:.1f}" for m in metrics) for _ in rhos) + " |"
+        )
+    return "\n".join(lines) + f"\n\nCells: {' / '.join(metrics)} (fraction of dense encoder token-work).\n"
 
 
 def aggregate(values: list[dict[str, float]]) -> dict[str, float]:
@@ -262,4 +314,30 @@ def evaluate(
                     }
                 )
             results[method][f"{rho:g}"] = aggregate(per_question)
-    return {"task": "qa", "num_examples": len(rows), "metric": "f1", "results": results}
+    return {"task": "qa", "num_examples": len(rows), "metric": QUALITY_METRIC, "results": results}
+
+
+def onnx_quality_curve(
+    onnx_path: Path,
+    tokenizer: Any,
+    rows: list[DataRow],
+    rhos: Sequence[float],
+    max_length: int,
+    batch_size: int,
+) -> list[tuple[float, float]]:
+    """F1 (0-1) of the exported graph itself at each ρ, through the serving codec: the manifest curve."""
+    codec = QACodec(backend_tokenizer(tokenizer), max_length, DOC_STRIDE)
+    pad_id = pad_token_id(codec.tokenizer)
+    session = onnx_session(onnx_path)
+    encodings = [codec.encode(str(row["question"]), str(row["context"])) for row in rows]
+    flat = [window for encoded in encodings for window in encoded.rows]
+    curve = []
+    for rho in rhos:
+        outputs = onnx_predict_rows(session, flat, rho, pad_id, batch_size)
+        cursor, total = 0, 0.0
+        for row, encoded in zip(rows, encodings, strict=True):
+            answer = codec.decode(encoded, outputs[cursor : cursor + len(encoded.rows)])
+            cursor += len(encoded.rows)
+            total += squad_scores(str(answer["answer"]), gold_answers(row))["f1"]
+        curve.append((float(rho), total / max(len(rows), 1)))
+    return curve

@@ -1,0 +1,98 @@
+# syntax=docker/dockerfile:1
+#
+# Adaptive Retention images (see docs/deploy.md).
+#
+#   docker build -t adaptive-retention:cpu .                                  # serving, CPU (default target)
+#   docker build -t adaptive-retention:gpu --build-arg VARIANT=gpu .          # serving, onnxruntime-gpu
+#   docker build -t adaptive-retention-train --target train .                 # builds models (torch)
+#
+# The serving image has no torch: it installs the base dependencies of pyproject.toml only
+# (scripts/check_install.sh performs the same install steps in a fresh virtualenv, in CI).
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# ------------------------------------------------------------------------------------------- base
+FROM ${PYTHON_IMAGE} AS base
+# DL3064 flags TOKENIZERS_PARALLELISM for its name; it is a thread setting, not a secret.
+# hadolint ignore=DL3064
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    TOKENIZERS_PARALLELISM=false \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH
+# One unprivileged user for every image; /models is owned by it, so a fresh named volume mounted
+# there is writable by the model builder and readable by the service.
+RUN groupadd --system --gid 10001 retention \
+    && useradd --system --uid 10001 --gid retention --home-dir /app --create-home --shell /usr/sbin/nologin retention \
+    && mkdir -p /models \
+    && chown retention:retention /models
+
+# ------------------------------------------------------------------------------ serving: install
+FROM base AS serve-build
+# cpu: onnxruntime from the base dependencies. gpu: swap it for onnxruntime-gpu with the CUDA and
+# cuDNN runtime wheels (the host needs an NVIDIA driver and the NVIDIA container toolkit).
+ARG VARIANT=cpu
+ARG ONNXRUNTIME_GPU="onnxruntime-gpu[cuda,cudnn]==1.31.1"
+WORKDIR /src
+COPY pyproject.toml README* ./
+COPY service ./service
+COPY training ./training
+COPY clients ./clients
+# DL3013: the GPU package is pinned in ONNXRUNTIME_GPU; `.` is this project (versions in pyproject).
+# hadolint ignore=DL3013
+RUN python -m venv /opt/venv \
+    && pip install --no-compile . \
+    && if [ "$VARIANT" = "gpu" ]; then \
+         pip uninstall --yes onnxruntime && pip install --no-compile "$ONNXRUNTIME_GPU"; \
+       elif [ "$VARIANT" != "cpu" ]; then \
+         echo "VARIANT must be cpu or gpu, got $VARIANT" >&2 && exit 1; \
+       fi \
+    && if python -c "import torch" 2>/dev/null; then echo "torch must not be in the serving image" >&2 && exit 1; fi
+# The installed copy, not the sources in /src.
+WORKDIR /
+RUN python -c "import service, onnxruntime, tokenizers"
+
+# ------------------------------------------------------------------------------ serving: runtime
+FROM base AS serve
+ARG VARIANT=cpu
+LABEL org.opencontainers.image.title="adaptive-retention" \
+      org.opencontainers.image.description="Adaptive Retention serving (onnxruntime, no torch): ${VARIANT}" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=serve-build /opt/venv /opt/venv
+ENV RETENTION_MODELS_DIR=/models
+WORKDIR /app
+USER 10001:10001
+EXPOSE 8000
+VOLUME ["/models"]
+HEALTHCHECK --interval=15s --timeout=3s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/livez', timeout=2)"]
+CMD ["python", "-m", "service", "--models-dir", "/models", "--host", "0.0.0.0", "--port", "8000"]
+
+# ------------------------------------------------------------------------ training / model builder
+# Builds the default models that are missing into /models, then exits (a one-shot job).
+# Data: mount the dataset root at /shared/data (training looks for ../shared/data from /app).
+FROM base AS train
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ENV HF_HUB_OFFLINE=1
+WORKDIR /app
+COPY constraints ./constraints
+RUN python -m venv /opt/venv \
+    && pip install --no-compile --index-url "$TORCH_INDEX_URL" --extra-index-url https://pypi.org/simple \
+         -c constraints/cpu.txt torch
+COPY pyproject.toml README* ./
+COPY service ./service
+COPY training ./training
+COPY clients ./clients
+COPY models/recipes ./models/recipes
+RUN pip install --no-compile -c constraints/cpu.txt ".[train]" \
+    && mkdir -p /app/runs \
+    && chown retention:retention /app/runs
+USER 10001:10001
+VOLUME ["/models", "/app/runs"]
+ENTRYPOINT ["python", "-m", "training"]
+CMD ["build", "models/recipes/imdb.yaml", "--profile", "quick", "--models-dir", "/models"]
+
+# The default target: the CPU serving image.
+FROM serve

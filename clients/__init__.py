@@ -1,0 +1,1 @@
+"""Clients of the Adaptive Retention service (HTTP only: no torch, no onnxruntime)."""

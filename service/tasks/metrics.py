@@ -1,0 +1,88 @@
+"""Quality metrics shared by evaluation and monitoring.
+
+- SQuAD v1.1 exact match / F1 with the official normalisation (lowercase, strip punctuation, the
+  articles a/an/the and extra whitespace), maximised over the gold answers, as the official
+  ``evaluate-v1.1.py`` does.
+- ROUGE-1/2/L F-measure via ``rouge-score`` (Porter stemming on, as in the summarization literature).
+  ``rouge-score`` is a *train* extra: it is imported lazily, only when ROUGE is asked for, so the
+  serving path never needs it. With several references the score of each ROUGE variant is the
+  maximum over references (``aggregate="max"``, the SciTLDR convention) or their mean (``"mean"``).
+  ``rougeLsum`` is the summary-level LCS: pass multi-sentence texts with one sentence per line (the
+  other variants ignore line breaks).
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, Literal
+
+ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = frozenset(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """Official SQuAD v1.1 normalisation."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in _PUNCTUATION)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def exact_match(prediction: str, gold: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(gold))
+
+
+def f1(prediction: str, gold: str) -> float:
+    """Token-level F1 between normalised answers (official definition: 0 when no token overlaps)."""
+    pred_tokens = normalize_answer(prediction).split()
+    gold_tokens = normalize_answer(gold).split()
+    common = Counter(pred_tokens) & Counter(gold_tokens)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision = same / len(pred_tokens)
+    recall = same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def squad_scores(prediction: str, golds: Sequence[str]) -> dict[str, float]:
+    """{"exact_match", "f1"} in [0, 1], each the max over the gold answers."""
+    if not golds:
+        raise ValueError("SQuAD v1.1 scoring needs at least one gold answer")
+    return {
+        "exact_match": max(exact_match(prediction, gold) for gold in golds),
+        "f1": max(f1(prediction, gold) for gold in golds),
+    }
+
+
+_SCORERS: dict[tuple[str, ...], Any] = {}
+
+
+def _rouge_scorer(rouge_types: tuple[str, ...]) -> Any:
+    if rouge_types not in _SCORERS:
+        from rouge_score import rouge_scorer  # train extra: imported only when ROUGE is computed
+
+        _SCORERS[rouge_types] = rouge_scorer.RougeScorer(list(rouge_types), use_stemmer=True)
+    return _SCORERS[rouge_types]
+
+
+def rouge_scores(
+    prediction: str,
+    references: Sequence[str],
+    aggregate: Literal["max", "mean"] = "max",
+    rouge_types: tuple[str, ...] = ROUGE_TYPES,
+) -> dict[str, float]:
+    """ROUGE F-measures in [0, 1] of one prediction against one or more references."""
+    if not references:
+        raise ValueError("ROUGE needs at least one reference")
+    scorer = _rouge_scorer(rouge_types)
+    per_reference = [scorer.score(reference, prediction) for reference in references]
+    result = {}
+    for kind in rouge_types:
+        values = [score[kind].fmeasure for score in per_reference]
+        result[kind] = max(values) if aggregate == "max" else sum(values) / len(values)
+    return result

@@ -7,7 +7,7 @@ MODELS_DIR ?= models
 PROFILE ?= quick
 HOST ?= 127.0.0.1
 PORT ?= 8000
-DEFAULT_RECIPES ?= models/recipes/imdb.yaml
+DEFAULT_RECIPES ?= models/recipes/imdb.yaml models/recipes/squad.yaml models/recipes/scitldr.yaml
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 

@@ -162,6 +162,8 @@ def build_report(results_dir: Path = RESULTS, docs_dir: Path = DOCS) -> Path:
         if payload is None or "meta" not in payload:
             continue
         lines += quality_section(payload, eval_path)
+        if payload.get("task") in ("qa", "summarization"):
+            continue
         plot_name = f"quality_{eval_path.parent.name}.png"
         plot_quality(payload, plots / plot_name)
         lines += [f"![quality vs ρ]({'plots/' + plot_name})", ""]

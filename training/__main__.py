@@ -7,9 +7,14 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from training.contract import MANIFEST_FILE, MODEL_FILE, QualityCurve, QualityPoint
 from training.recipes import Recipe, load_recipe
+
+if TYPE_CHECKING:
+    from training.data import Row
+    from training.model import RetentionModel
 
 DEFAULT_RUNS_DIR = Path("runs")
 DEFAULT_MODELS_DIR = Path("models")
@@ -32,20 +37,35 @@ def cmd_fit(args: argparse.Namespace) -> None:
 def manifest_quality(model_path: Path, recipe: Recipe, tokenizer, runtime: str) -> QualityCurve:
     """Measure the exported graph on the validation subset (fixed, shuffled by the recipe seed)."""
     from training.data import load_split, shuffled
-    from training.evaluate import onnx_accuracy_curve
 
-    if recipe.task != "classification":
-        raise NotImplementedError("manifest quality curves for this task come from its own module")
     rows = shuffled(
         load_split(recipe.dataset, recipe.dataset.validation_split),
         recipe.seed,
         recipe.evaluation.validation_size,
     )
-    curve = onnx_accuracy_curve(
-        model_path, tokenizer, rows, recipe.evaluation.rhos, recipe.max_length, recipe.evaluation.batch_size
+    args = (
+        model_path,
+        tokenizer,
+        rows,
+        recipe.evaluation.rhos,
+        recipe.max_length,
+        recipe.evaluation.batch_size,
     )
+    if recipe.task == "classification":
+        from training.evaluate import onnx_accuracy_curve
+
+        metric, curve = "accuracy", onnx_accuracy_curve(*args)
+    elif recipe.task == "qa":
+        from training import qa
+
+        metric, curve = qa.QUALITY_METRIC, qa.onnx_quality_curve(*args)
+    else:
+        from training import summarization
+
+        metric = summarization.quality_metric(recipe.dataset.name)
+        curve = summarization.onnx_quality_curve(*args, dataset=recipe.dataset.name)
     return QualityCurve(
-        metric="accuracy",
+        metric=metric,
         split=f"{recipe.dataset.name}/{recipe.dataset.validation_split}",
         num_examples=len(rows),
         runtime=runtime,
@@ -105,31 +125,65 @@ def machine_description() -> dict[str, object]:
     }
 
 
+def evaluation_meta(recipe: Recipe, split: str, num_examples: int) -> dict[str, object]:
+    return {
+        "model": recipe.name,
+        "profile": recipe.profile,
+        "split": f"{recipe.dataset.name}/{split}",
+        "num_examples": num_examples,
+        "subset": f"first {num_examples} after a seeded shuffle (seed {recipe.seed})",
+        "max_length": recipe.max_length,
+        "command": " ".join(["python -m training", *sys.argv[1:]]),
+        "machine": machine_description(),
+    }
+
+
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from training.data import load_split, shuffled
-    from training.evaluate import evaluate_classification, write_results
     from training.fit import load_run
 
     model, recipe, tokenizer = load_run(args.run_dir)
     split = args.split or recipe.dataset.test_split
     rows = shuffled(load_split(recipe.dataset, split), recipe.seed, args.limit)
     rhos = args.rhos or list(recipe.evaluation.rhos)
-    results = evaluate_classification(
-        model, tokenizer, rows, rhos, args.methods, recipe.max_length, recipe.evaluation.batch_size
-    )
-    out_dir = args.out or DEFAULT_RESULTS_DIR / recipe.name
-    meta = {
-        "model": recipe.name,
-        "profile": recipe.profile,
-        "split": f"{recipe.dataset.name}/{split}",
-        "num_examples": len(rows),
-        "subset": f"first {len(rows)} after a seeded shuffle (seed {recipe.seed})",
-        "max_length": recipe.max_length,
-        "command": " ".join(["python -m training", *sys.argv[1:]]),
-        "machine": machine_description(),
-    }
-    write_results(results, out_dir, meta)
+    out_dir = args.out or DEFAULT_RESULTS_DIR / f"{recipe.name}-{recipe.profile}"
+    meta = evaluation_meta(recipe, split, len(rows))
+    if recipe.task == "classification":
+        from training.evaluate import ALL_METHODS, evaluate_classification, write_results
+
+        methods = args.methods or list(ALL_METHODS)
+        results = evaluate_classification(
+            model, tokenizer, rows, rhos, methods, recipe.max_length, recipe.evaluation.batch_size
+        )
+        write_results(results, out_dir, meta)
+    else:
+        write_task_results(model, tokenizer, recipe, rows, rhos, args.methods, out_dir, meta)
     print((out_dir / "eval.md").read_text(encoding="utf-8"))
+
+
+def write_task_results(
+    model: RetentionModel,
+    tokenizer: Any,
+    recipe: Recipe,
+    rows: list[Row],
+    rhos: list[float],
+    methods: list[str] | None,
+    out_dir: Path,
+    meta: dict[str, object],
+) -> None:
+    """QA / summarization: their modules evaluate; we add the run's metadata and write JSON + markdown."""
+    import json
+
+    from training import qa, summarization
+
+    module = qa if recipe.task == "qa" else summarization
+    report = module.evaluate(model, tokenizer, recipe, rows, rhos, *([methods] if methods else []))
+    report["meta"] = meta
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    metrics = ["exact_match", "f1"] if recipe.task == "qa" else ["rouge1", "rouge2", "rougeL"]
+    title = f"# {recipe.name} — {meta['split']} ({meta['num_examples']} examples)\n\n"
+    (out_dir / "eval.md").write_text(title + qa.markdown_table(report, metrics), encoding="utf-8")
 
 
 def cmd_build(args: argparse.Namespace) -> None:

@@ -222,6 +222,16 @@ def quantize_int8(source: Path, target: Path) -> None:
     )
 
 
+def save_serving_tokenizer(tokenizer, path: Path) -> None:  # type: ignore[no-untyped-def]
+    """tokenizer.json without padding/truncation: the service pads per batch and truncates by policy."""
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_padding()
+    backend.no_truncation()
+    backend.save(str(path))
+
+
 def versions() -> dict[str, str]:
     import onnx
     import onnxruntime
@@ -294,7 +304,7 @@ def export_model(
         if int8:
             quantize_int8(staging / C.MODEL_FILE, staging / C.INT8_MODEL_FILE)
             variants["int8"] = C.Variant(file=C.INT8_MODEL_FILE, precision="int8")
-        tokenizer.backend_tokenizer.save(str(staging / C.TOKENIZER_FILE))
+        save_serving_tokenizer(tokenizer, staging / C.TOKENIZER_FILE)
         manifest = build_manifest(model, recipe, name or recipe.name, variants, quality)
         manifest.write(staging)
         if out_dir.exists():

@@ -1,0 +1,218 @@
+"""``create_app(settings)``: the FastAPI application. Settings are built once, here or by the caller."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.api.deps import require_api_key
+from service.api.routers import admin, classify, health, models, qa, summarize
+from service.api.routers import metrics as metrics_router
+from service.engine import RetentionEngine
+from service.errors import error_body, install_error_handlers
+from service.metrics import Metrics, status_class
+from service.settings import Settings
+
+log = logging.getLogger("service")
+
+API_DESCRIPTION = """Adaptive Retention: encoder Transformers that prune tokens inside the network.
+Every inference request picks a budget **rho** in (0, 1] (fraction of real tokens kept at the last
+layer; rho = 1 is exactly the dense model) or `rho=auto` (the server holds a latency target).
+Every response reports `usage` and the headers `x-rho-effective`, `x-queue-time`, `x-inference-time`."""
+
+
+def endpoint_label(scope: Scope) -> str:
+    """Bounded label: the matched route template without the leading slash, else 'other'."""
+    path = getattr(scope.get("route"), "path", None)
+    if not isinstance(path, str):
+        return "other"
+    return path.strip("/") or "root"
+
+
+class RequestMiddleware:
+    """Pure ASGI: arrival time, body size limit (413), in-flight gauge, request count and latency."""
+
+    def __init__(self, app: ASGIApp, settings: Settings, metrics: Metrics) -> None:
+        self.app = app
+        self.settings = settings
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.monotonic()
+        scope.setdefault("state", {})["start"] = start
+        status = 500
+        self.metrics.in_flight.inc()
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            limited = await self._limited(scope, receive, send_wrapper)
+            if limited is not None:
+                await self.app(scope, limited, send_wrapper)
+        finally:
+            self.metrics.in_flight.dec()
+            endpoint = endpoint_label(scope)
+            self.metrics.requests.labels(endpoint=endpoint, status_class=status_class(status)).inc()
+            self.metrics.request_duration.labels(endpoint=endpoint).observe(time.monotonic() - start)
+
+    async def _limited(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+        """Reject bodies over ``max_body_bytes`` before the app reads them; returns None when rejected."""
+        limit = self.settings.max_body_bytes
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None:
+            try:
+                too_large = int(declared) > limit
+            except ValueError:
+                too_large = False
+            if too_large:
+                await self._reject(send)
+                return None
+            return receive
+        if scope.get("method") in ("GET", "HEAD", "OPTIONS"):
+            return receive
+        # No Content-Length (chunked): buffer up to the limit, then replay.
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return receive
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await self._reject(send)
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return replay
+
+    async def _reject(self, send: Send) -> None:
+        self.metrics.rejections.labels(reason="payload_too_large").inc()
+        payload = json.dumps(
+            error_body("payload_too_large", f"request body larger than {self.settings.max_body_bytes} bytes")
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": payload})
+
+
+def _install_sighup(engine: RetentionEngine) -> bool:
+    """SIGHUP = POST /admin/reload. Only possible when the loop runs in the main thread."""
+    loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[Any]] = set()
+
+    def on_hup() -> None:
+        log.info("SIGHUP: reloading models")
+        task = loop.create_task(engine.reload())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    try:
+        loop.add_signal_handler(signal.SIGHUP, on_hup)
+    except (RuntimeError, ValueError, NotImplementedError, AttributeError):
+        return False
+    return True
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    metrics = Metrics()
+    engine = RetentionEngine(settings, metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async def first_load() -> None:
+            try:
+                report = await engine.load_all()
+                log.info("models loaded: %s; errors: %s", report.loaded, report.errors)
+            except Exception:
+                log.exception("initial model load failed")
+                engine.started = True
+
+        load_task = asyncio.create_task(first_load())
+        sighup = _install_sighup(engine)
+        try:
+            yield
+        finally:
+            if sighup:
+                with contextlib.suppress(Exception):
+                    asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+            await load_task
+            await engine.close()
+
+    app = FastAPI(
+        title="Adaptive Retention",
+        version="0.1.0",
+        description=API_DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.engine = engine
+    install_error_handlers(app)
+
+    protected = [Depends(require_api_key)]
+    api_routers = (classify.router, qa.router, summarize.router, models.router, admin.router)
+    open_routers = (health.router, metrics_router.router)
+    for router in api_routers:
+        app.include_router(router, dependencies=protected)
+    for router in open_routers:
+        app.include_router(router)
+    metrics.init_endpoints(
+        [
+            *(
+                endpoint_label({"route": route})
+                for router in (*api_routers, *open_routers)
+                for route in router.routes
+            ),
+            "other",
+        ]
+    )
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "x-request-timeout"],
+            expose_headers=["x-rho-effective", "x-queue-time", "x-inference-time", "x-model", "Retry-After"],
+        )
+    app.add_middleware(RequestMiddleware, settings=settings, metrics=metrics)
+    return app

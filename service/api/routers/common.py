@@ -1,0 +1,17 @@
+"""Shared OpenAPI bits of the routers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.api.schemas import ErrorBody
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "missing or wrong API key"},
+    404: {"model": ErrorBody, "description": "unknown model"},
+    413: {"model": ErrorBody, "description": "payload too large, or input too long with truncate=false"},
+    422: {"model": ErrorBody, "description": "invalid request (e.g. rho outside (0, 1])"},
+    429: {"model": ErrorBody, "description": "overloaded; see Retry-After"},
+    503: {"model": ErrorBody, "description": "not ready or shutting down"},
+    504: {"model": ErrorBody, "description": "request deadline exceeded"},
+}

@@ -1,0 +1,30 @@
+"""GET /livez, GET /readyz"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from service.api.deps import EngineDep
+from service.api.schemas import Health
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/livez", response_model=Health)
+async def livez() -> Health:
+    """The process is up and its event loop answers."""
+    return Health(status="alive")
+
+
+@router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
+async def readyz(engine: EngineDep) -> JSONResponse:
+    """200 once every model directory was tried and every loaded model is warmed up (and at least one
+    model is loaded); 503 while loading, with no model, or while shutting down."""
+    names = [m.name for m in engine.models()]
+    if engine.ready:
+        return JSONResponse(Health(status="ready", models=names, errors=engine.errors).model_dump())
+    status = "shutting_down" if engine.stopping else "loading" if not engine.started else "no_models"
+    return JSONResponse(
+        Health(status=status, models=names, errors=engine.errors).model_dump(), status_code=503
+    )

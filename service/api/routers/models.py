@@ -1,0 +1,54 @@
+"""GET /models, GET /models/{name}"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.api.deps import EngineDep, SettingsDep
+from service.api.routers.common import ERROR_RESPONSES
+from service.api.schemas import ModelDetail, ModelList, ModelSummary
+from service.engine import Engine
+from service.errors import ServiceError
+from service.runtime import LoadedModel
+
+router = APIRouter(prefix="/models", tags=["models"])
+
+
+def summarize_model(model: LoadedModel, engine: Engine) -> ModelSummary:
+    manifest = model.manifest
+    try:
+        is_default = engine.default_for(model.task) is model
+    except ServiceError:
+        is_default = False
+    return ModelSummary(
+        name=model.name,
+        task=manifest.task,
+        backbone=manifest.backbone.name_or_path,
+        precision=model.precision,
+        default_rho=manifest.default_rho,
+        max_length=manifest.max_length,
+        labels=list(manifest.labels),
+        providers=list(model.providers),
+        is_default=is_default,
+    )
+
+
+@router.get("", response_model=ModelList, responses={401: ERROR_RESPONSES[401]})
+async def list_models(engine: EngineDep, settings: SettingsDep) -> ModelList:
+    """Every loaded model, aliases (``name`` -> ``name@version``) and directories that failed to load."""
+    return ModelList(
+        models=[summarize_model(m, engine) for m in engine.models()],
+        aliases=engine.aliases(),
+        errors=engine.errors,
+    )
+
+
+@router.get(
+    "/{name}", response_model=ModelDetail, responses={401: ERROR_RESPONSES[401], 404: ERROR_RESPONSES[404]}
+)
+async def get_model(name: str, engine: EngineDep) -> ModelDetail:
+    """One model with its manifest (backbone, schedule, quality-vs-rho curve, training recipe)."""
+    model = engine.get(name)
+    return ModelDetail(
+        summary=summarize_model(model, engine), manifest=model.manifest.model_dump(mode="json")
+    )

@@ -1,0 +1,65 @@
+"""POST /summarize"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from starlette.concurrency import run_in_threadpool
+
+from service.api.deps import DeadlineDep, EngineDep, MetricsDep, QueryDep, SettingsDep
+from service.api.inference import infer
+from service.api.routers.common import ERROR_RESPONSES
+from service.api.schemas import SelectedSentence, SummarizeRequest, SummarizeResponse
+from service.errors import InvalidRequest, PayloadTooLarge
+from service.tasks.text import split_sentences
+
+router = APIRouter(tags=["inference"])
+
+MAX_SENTENCES = 2048
+
+
+def document_sentences(body: SummarizeRequest) -> list[str]:
+    """The client's sentences, or the server's rule-based split of ``text`` (``service.tasks.text``)."""
+    if body.sentences is not None:
+        return list(body.sentences)
+    return split_sentences(body.text or "")
+
+
+@router.post("/summarize", response_model=SummarizeResponse, responses=ERROR_RESPONSES)
+async def summarize(
+    body: SummarizeRequest,
+    query: QueryDep,
+    deadline: DeadlineDep,
+    engine: EngineDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
+    response: Response,
+) -> SummarizeResponse:
+    """Extractive summary: the selected sentences in document order, with their scores. Choose the length
+    with ``max_sentences`` or ``ratio`` (fraction of the document's sentences); default 3 sentences."""
+    model = engine.resolve(query.model, "summarization")
+    sentences = await run_in_threadpool(document_sentences, body)
+    if not sentences:
+        raise InvalidRequest("the document has no sentences")
+    if len(sentences) > MAX_SENTENCES:
+        raise PayloadTooLarge(f"at most {MAX_SENTENCES} sentences per request")
+    codec = model.codec
+    encoded = await run_in_threadpool(codec.encode, sentences)
+    outcome = await infer(
+        endpoint="summarize",
+        model=model,
+        encoded=[encoded],
+        body=body,
+        query=query,
+        deadline=deadline,
+        engine=engine,
+        settings=settings,
+        metrics=metrics,
+        response=response,
+    )
+    decoded = codec.decode(encoded, outcome.outputs[0], max_sentences=body.max_sentences, ratio=body.ratio)
+    selected = sorted(
+        (SelectedSentence.model_validate(s) for s in decoded["sentences"]), key=lambda s: s.index
+    )
+    return SummarizeResponse(
+        model=model.name, summary=" ".join(s.text for s in selected), sentences=selected, usage=outcome.usage
+    )

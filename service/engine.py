@@ -1,0 +1,295 @@
+"""The inference engine behind a small protocol, independent of HTTP (TGI style).
+
+``RetentionEngine`` owns the model repository (every model directory under ``settings.models_dir``),
+one ``Batcher`` per model, hot reload and the rho=auto controller. HTTP handlers only talk to the
+``Engine`` protocol; they never see onnxruntime.
+
+Repository layout::
+
+    models/<dir>/manifest.json            served as manifest.name
+    models/<dir>/<version>/manifest.json  served as "<manifest.name>@<version>"; "<manifest.name>"
+                                          is an alias of the highest version
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from service.batcher import Batcher, JobResult
+from service.errors import ModelNotFound, NotReady, ShuttingDown, TaskMismatch
+from service.metrics import Metrics
+from service.runtime import LoadedModel, ModelLoadError, fingerprint, load_model
+from service.settings import Settings
+from service.tasks.base import Row
+from training.contract import MANIFEST_FILE
+
+log = logging.getLogger("service")
+
+
+@dataclass
+class ReloadReport:
+    loaded: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)  # directory (relative to the root) -> message
+
+
+@dataclass(frozen=True)
+class AutoRho:
+    rho: float
+    degraded: bool
+
+
+class Engine(Protocol):
+    """Everything the HTTP layer needs from inference (it never sees onnxruntime or batchers)."""
+
+    started: bool  # the first load of the models directory finished
+    stopping: bool  # graceful shutdown began
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def errors(self) -> dict[str, str]: ...
+
+    def models(self) -> list[LoadedModel]: ...
+
+    def aliases(self) -> dict[str, str]: ...
+
+    def get(self, name: str) -> LoadedModel: ...
+
+    def default_for(self, task: str) -> LoadedModel: ...
+
+    def resolve(self, name: str | None, task: str) -> LoadedModel: ...
+
+    def auto_rho(self, model: LoadedModel, tokens: int, min_rho: float) -> AutoRho: ...
+
+    async def infer(
+        self, model: LoadedModel, rows: list[Row], rhos: list[float], deadline: float
+    ) -> JobResult: ...
+
+    async def reload(self) -> ReloadReport: ...
+
+
+def _version_key(name: str) -> tuple[object, ...]:
+    """Natural order: v2 < v10."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
+
+
+class RetentionEngine:
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self._models: dict[str, LoadedModel] = {}
+        self._aliases: dict[str, str] = {}
+        self._batchers: dict[str, Batcher] = {}
+        self._errors: dict[str, str] = {}
+        self._lock = asyncio.Lock()
+        self._closing: set[asyncio.Task[None]] = set()
+        self.started = False  # first load finished
+        self.stopping = False
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def ready(self) -> bool:
+        return (
+            self.started
+            and not self.stopping
+            and bool(self._models)
+            and all(m.warmed_up for m in self._models.values())
+        )
+
+    @property
+    def errors(self) -> dict[str, str]:
+        return dict(self._errors)
+
+    def models(self) -> list[LoadedModel]:
+        return [self._models[name] for name in sorted(self._models)]
+
+    def aliases(self) -> dict[str, str]:
+        return dict(self._aliases)
+
+    def get(self, name: str) -> LoadedModel:
+        model = self._models.get(self._aliases.get(name, name))
+        if model is None:
+            raise ModelNotFound(f"unknown model {name!r}")
+        return model
+
+    def default_for(self, task: str) -> LoadedModel:
+        wanted = self.settings.default_models.get(task)
+        if wanted:
+            model = self._models.get(self._aliases.get(wanted, wanted))
+            if model is not None and model.task == task:
+                return model
+        for model in self.models():
+            if model.task == task:
+                return model
+        if not self.started:
+            raise NotReady("models are still loading")
+        raise ModelNotFound(f"no model for task {task!r} is loaded")
+
+    def resolve(self, name: str | None, task: str) -> LoadedModel:
+        if self.stopping:
+            raise ShuttingDown()
+        if not name:
+            return self.default_for(task)
+        model = self.get(name)
+        if model.task != task:
+            raise TaskMismatch(f"model {name!r} serves task {model.task!r}, not {task!r}")
+        return model
+
+    def batcher(self, model: LoadedModel) -> Batcher:
+        batcher = self._batchers.get(model.name)
+        if batcher is None or batcher.model is not model:
+            raise ModelNotFound(f"model {model.name!r} was unloaded")
+        return batcher
+
+    def batcher_of(self, name: str) -> Batcher:
+        """The batcher currently serving model ``name`` (or alias)."""
+        return self.batcher(self.get(name))
+
+    # ------------------------------------------------------------------ inference
+    def auto_rho(self, model: LoadedModel, tokens: int, min_rho: float) -> AutoRho:
+        """Pick rho to hold ``auto_latency_target_s``: full ``auto_max_rho`` while the estimated latency
+        (runs queued ahead x recent run latency) fits the target, else scaled down by target/estimate,
+        never below the client's ``min_rho``."""
+        ceiling = max(self.settings.auto_max_rho, min_rho)
+        estimate = self.batcher(model).estimated_latency(tokens)
+        target = self.settings.auto_latency_target_s
+        if estimate <= target:
+            return AutoRho(ceiling, False)
+        rho = max(min_rho, min(ceiling, ceiling * target / estimate))
+        return AutoRho(rho, rho < ceiling)
+
+    async def infer(
+        self, model: LoadedModel, rows: list[Row], rhos: list[float], deadline: float
+    ) -> JobResult:
+        return await self.batcher(model).submit(rows, rhos, deadline)
+
+    # ------------------------------------------------------------------ repository
+    def _scan(self) -> list[tuple[Path, str | None, str | None]]:
+        """(directory, version, alias group) of every model directory under the root."""
+        root = self.settings.models_dir
+        found: list[tuple[Path, str | None, str | None]] = []
+        if not root.is_dir():
+            return found
+        for child in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            if (child / MANIFEST_FILE).is_file():
+                found.append((child, None, None))
+                continue
+            versions = sorted(
+                (p for p in child.iterdir() if p.is_dir() and (p / MANIFEST_FILE).is_file()),
+                key=lambda p: _version_key(p.name),
+            )
+            found.extend((version, version.name, child.name) for version in versions)
+        return found
+
+    def _relative(self, directory: Path) -> str:
+        try:
+            return str(directory.relative_to(self.settings.models_dir))
+        except ValueError:
+            return directory.name
+
+    async def load_all(self) -> ReloadReport:
+        report = await self.reload()
+        self.started = True
+        return report
+
+    async def reload(self) -> ReloadReport:
+        """Rescan the root. Unchanged models keep running; changed ones are swapped in only once they
+        loaded and warmed up; a broken directory is reported and whatever served before keeps serving.
+        Old batchers drain their queues in the background (in-flight requests are not dropped)."""
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            report = ReloadReport()
+            by_dir = {m.directory.resolve(): m for m in self._models.values()}
+            new_models: dict[str, LoadedModel] = {}
+            new_aliases: dict[str, str] = {}
+            latest: dict[str, tuple[tuple[object, ...], str]] = {}
+            errors: dict[str, str] = {}
+            for directory, version, _group in self._scan():
+                rel = self._relative(directory)
+                old = by_dir.get(directory.resolve())
+                model: LoadedModel | None = None
+                try:
+                    if old is not None and old.fingerprint == fingerprint(directory):
+                        model = old
+                    else:
+                        model = await loop.run_in_executor(None, load_model, directory, self.settings)
+                        base = model.manifest.name
+                        model.name = f"{base}@{version}" if version else base
+                except ModelLoadError as exc:
+                    errors[rel] = str(exc)
+                    log.error("model directory %s not loaded: %s", rel, exc)
+                    model = old  # keep serving the previous version of this directory
+                except Exception as exc:  # never let one directory break the reload
+                    errors[rel] = f"{directory.name}: unexpected error while loading"
+                    log.exception("model directory %s not loaded", rel, exc_info=exc)
+                    model = old
+                if model is None:
+                    continue
+                if model.name in new_models:
+                    errors[rel] = f"{directory.name}: duplicate model name {model.name!r}"
+                    log.error("model directory %s not loaded: duplicate name %s", rel, model.name)
+                    continue
+                new_models[model.name] = model
+                if version:
+                    base = model.manifest.name
+                    key = _version_key(version)
+                    if base not in latest or key > latest[base][0]:
+                        latest[base] = (key, model.name)
+            for base, (_key, name) in latest.items():
+                if base not in new_models:
+                    new_aliases[base] = name
+
+            for name, model in new_models.items():
+                if self._models.get(name) is model:
+                    report.unchanged.append(name)
+                else:
+                    report.loaded.append(name)
+            report.removed = sorted(name for name in self._models if name not in new_models)
+            report.errors = errors
+            self._swap(new_models, new_aliases)
+            self._errors = errors
+            return report
+
+    def _swap(self, new_models: dict[str, LoadedModel], new_aliases: dict[str, str]) -> None:
+        old_batchers = self._batchers
+        batchers: dict[str, Batcher] = {}
+        for name, model in new_models.items():
+            current = old_batchers.get(name)
+            if current is not None and current.model is model:
+                batchers[name] = current
+                continue
+            batcher = Batcher(model, self.settings, self.metrics)
+            batcher.start()
+            batchers[name] = batcher
+            manifest = model.manifest
+            self.metrics.init_model(name, manifest.task, manifest.backbone.name_or_path, model.precision)
+        retired = [b for name, b in old_batchers.items() if batchers.get(name) is not b]
+        self._models, self._aliases, self._batchers = new_models, new_aliases, batchers
+        for batcher in retired:
+            old = batcher.model
+            if old.name not in new_models or new_models[old.name].precision != old.precision:
+                self.metrics.forget_model(
+                    old.name, old.task, old.manifest.backbone.name_or_path, old.precision
+                )
+            task = asyncio.get_running_loop().create_task(batcher.close(self.settings.drain_timeout_s))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        """Graceful shutdown: not ready any more, queued work finishes (up to drain_timeout_s)."""
+        self.stopping = True
+        batchers = list(self._batchers.values())
+        await asyncio.gather(*(b.close(self.settings.drain_timeout_s) for b in batchers), *self._closing)
+
+
+def as_engine(engine: RetentionEngine) -> Engine:
+    """Static check (mypy) that ``RetentionEngine`` implements the ``Engine`` protocol."""
+    return engine

@@ -1,0 +1,146 @@
+"""Service errors and the ONE place they become HTTP responses.
+
+Engine and handlers raise ``ServiceError`` subclasses; ``install_error_handlers`` maps them (and
+request-validation errors, unknown routes and any unexpected exception) to JSON bodies of the form
+``{"error": {"code": ..., "message": ...}}``. Bodies never carry ``str(exc)`` of unexpected errors,
+stack traces or file paths; those go to the log only.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("service")
+
+# reason label of retention_rejections_total, bounded
+REJECTION_REASONS = (
+    "queue_full",
+    "deadline",
+    "payload_too_large",
+    "input_too_long",
+    "unauthorized",
+    "invalid",
+)
+
+
+class ServiceError(Exception):
+    status: int = 500
+    code: str = "internal_error"
+    reason: str | None = None  # retention_rejections_total{reason}
+    message: str = "internal error"
+
+    def __init__(self, message: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message or self.message)
+        self.message = message or self.message
+        self.headers = headers or {}
+
+
+class InvalidRequest(ServiceError):
+    status, code, reason = 422, "invalid_request", "invalid"
+
+
+class ModelNotFound(ServiceError):
+    status, code = 404, "model_not_found"
+
+
+class TaskMismatch(ServiceError):
+    status, code, reason = 422, "task_mismatch", "invalid"
+
+
+class PayloadTooLarge(ServiceError):
+    status, code, reason, message = 413, "payload_too_large", "payload_too_large", "request body too large"
+
+
+class InputTooLong(ServiceError):
+    status, code, reason = 413, "input_too_long", "input_too_long"
+
+
+class QueueFull(ServiceError):
+    status, code, reason, message = 429, "overloaded", "queue_full", "server overloaded, retry later"
+
+
+class DeadlineExceeded(ServiceError):
+    status, code, reason, message = 504, "deadline_exceeded", "deadline", "request deadline exceeded"
+
+
+class Unauthorized(ServiceError):
+    status, code, reason, message = 401, "unauthorized", "unauthorized", "missing or invalid API key"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
+
+
+class NotReady(ServiceError):
+    status, code, message = 503, "not_ready", "service not ready"
+
+
+class ShuttingDown(ServiceError):
+    status, code, message = 503, "shutting_down", "service is shutting down"
+
+
+class InferenceFailed(ServiceError):
+    status, code, message = 500, "inference_failed", "inference failed"
+
+
+def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"error": {"code": code, "message": message}}
+    if details is not None:
+        body["error"]["details"] = details
+    return body
+
+
+def _clean_validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
+    """loc / msg / type only: no echo of the (maybe huge) input, no ctx objects."""
+    cleaned = []
+    for err in exc.errors()[:20]:
+        loc = [part if isinstance(part, int | str) else str(part) for part in err.get("loc", ())]
+        msg = str(err.get("msg", "invalid value"))
+        cleaned.append({"loc": loc, "msg": msg[:300], "type": str(err.get("type", "value_error"))})
+    return cleaned
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    def metrics_of(request: Request) -> Any:
+        return getattr(request.app.state, "metrics", None)
+
+    def count_rejection(request: Request, reason: str | None) -> None:
+        metrics = metrics_of(request)
+        if metrics is not None and reason is not None:
+            metrics.rejections.labels(reason=reason).inc()
+
+    @app.exception_handler(ServiceError)
+    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        count_rejection(request, exc.reason)
+        if exc.status >= 500 and exc.status not in (503, 504):
+            log.error("request failed: %s", exc.code, exc_info=exc.__cause__ or exc)
+        return JSONResponse(error_body(exc.code, exc.message), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        count_rejection(request, "invalid")
+        details = _clean_validation_errors(exc)
+        first = details[0] if details else {"loc": [], "msg": "invalid request"}
+        where = ".".join(str(part) for part in first["loc"])
+        message = f"{where}: {first['msg']}" if where else str(first["msg"])
+        return JSONResponse(error_body("invalid_request", message, details), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        message = exc.detail if isinstance(exc.detail, str) and exc.status_code < 500 else "error"
+        return JSONResponse(
+            error_body(codes.get(exc.status_code, "http_error"), message),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse(error_body("internal_error", "internal error"), status_code=500)

@@ -1,0 +1,147 @@
+"""All Prometheus metrics of the service, one ``CollectorRegistry`` per app (tests build several apps).
+
+Names are a contract with the Grafana dashboards and alert rules: do not rename. Labels are bounded
+(endpoint = route name, model = loaded model name, reason from a fixed list); rho is never a label.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+
+import psutil
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from service.errors import REJECTION_REASONS
+
+ENDPOINTS = ("classify", "qa", "summarize")  # inference endpoints (input tokens, rho, degraded)
+STATUS_CLASSES = ("2xx", "4xx", "5xx")
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+RHO_BUCKETS = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)
+TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MEMORY_BUCKETS = tuple(float(2**k) for k in range(12, 34, 2))  # 4 KiB .. 8 GiB
+
+
+def status_class(status: int) -> str:
+    return "2xx" if status < 400 else "4xx" if status < 500 else "5xx"
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "retention_requests_total", "HTTP requests", ["endpoint", "status_class"], registry=r
+        )
+        self.request_duration = Histogram(
+            "retention_request_duration_seconds",
+            "HTTP request latency",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_duration = Histogram(
+            "retention_queue_duration_seconds",
+            "time from enqueue to batch start",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inference_duration = Histogram(
+            "retention_inference_duration_seconds",
+            "onnxruntime time per batch",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge("retention_queue_depth", "requests waiting", ["model"], registry=r)
+        self.in_flight = Gauge("retention_in_flight_requests", "HTTP requests being served", registry=r)
+        self.rejections = Counter("retention_rejections_total", "rejected requests", ["reason"], registry=r)
+        self.batch_size = Histogram(
+            "retention_batch_size", "rows per ONNX run", ["model"], buckets=BATCH_SIZE_BUCKETS, registry=r
+        )
+        self.batch_tokens = Histogram(
+            "retention_batch_tokens",
+            "padded tokens per ONNX run",
+            ["model"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.input_tokens = Histogram(
+            "retention_input_tokens",
+            "input tokens per request",
+            ["endpoint"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.requested_rho = Histogram(
+            "retention_requested_rho", "numeric rho asked for", ["endpoint"], buckets=RHO_BUCKETS, registry=r
+        )
+        self.effective_rho = Histogram(
+            "retention_effective_rho", "rho actually used", ["endpoint"], buckets=RHO_BUCKETS, registry=r
+        )
+        self.token_layers_computed = Counter(
+            "retention_token_layers_computed_total", "token-layers computed", ["model"], registry=r
+        )
+        self.token_layers_saved = Counter(
+            "retention_token_layers_saved_total", "token-layers skipped vs dense", ["model"], registry=r
+        )
+        self.degraded = Counter(
+            "retention_degraded_requests_total",
+            "rho=auto requests served below auto_max_rho",
+            ["endpoint"],
+            registry=r,
+        )
+        self.resident_memory = Gauge(
+            "retention_process_resident_memory_bytes", "resident set size of this process", registry=r
+        )
+        process = psutil.Process()
+        self.resident_memory.set_function(lambda: float(process.memory_info().rss))
+        self.activation_memory = Histogram(
+            "retention_activation_memory_estimate_bytes",
+            "estimated peak activation bytes per request",
+            ["model"],
+            buckets=MEMORY_BUCKETS,
+            registry=r,
+        )
+        self.model_info = Gauge(
+            "retention_model_info", "loaded models", ["model", "task", "backbone", "precision"], registry=r
+        )
+
+    def init_endpoints(self, endpoints: Iterable[str]) -> None:
+        """Create every known series at 0 so dashboards see them before traffic."""
+        for endpoint in endpoints:
+            for cls in STATUS_CLASSES:
+                self.requests.labels(endpoint=endpoint, status_class=cls)
+            self.request_duration.labels(endpoint=endpoint)
+        for endpoint in ENDPOINTS:
+            self.input_tokens.labels(endpoint=endpoint)
+            self.requested_rho.labels(endpoint=endpoint)
+            self.effective_rho.labels(endpoint=endpoint)
+            self.degraded.labels(endpoint=endpoint)
+        for reason in REJECTION_REASONS:
+            self.rejections.labels(reason=reason)
+
+    def init_model(self, model: str, task: str, backbone: str, precision: str) -> None:
+        for family in (
+            self.queue_duration,
+            self.inference_duration,
+            self.queue_depth,
+            self.batch_size,
+            self.batch_tokens,
+            self.token_layers_computed,
+            self.token_layers_saved,
+            self.activation_memory,
+        ):
+            family.labels(model=model)
+        self.model_info.labels(model=model, task=task, backbone=backbone, precision=precision).set(1)
+
+    def forget_model(self, model: str, task: str, backbone: str, precision: str) -> None:
+        """A model left the repository: drop its info series (history stays in Prometheus)."""
+        with contextlib.suppress(KeyError):
+            self.model_info.remove(model, task, backbone, precision)
+        self.queue_depth.labels(model=model).set(0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

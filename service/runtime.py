@@ -1,0 +1,230 @@
+"""Load one model directory (ONNX + JSON only, never pickle) into an onnxruntime session + codec.
+
+Every check fails loudly with ``ModelLoadError`` whose message names the directory (relative to the
+models root) and what is wrong; the service logs it and keeps serving whatever it already had.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+from pydantic import ValidationError
+from tokenizers import Tokenizer
+
+from service.settings import Settings
+from service.tasks.base import Row, TaskCodec, pad_rows
+from service.tasks.classification import ClassificationCodec
+from service.tasks.qa import QACodec
+from service.tasks.summarization import SummarizationCodec
+from service.tasks.text import pad_token_id
+from training.contract import MANIFEST_FILE, ONNX_INPUTS, ONNX_OUTPUTS, Manifest, TensorSpec
+
+log = logging.getLogger("service")
+
+ORT_TYPES = {"int64": "tensor(int64)", "float32": "tensor(float)"}
+
+
+class ModelLoadError(Exception):
+    """A model directory is broken. The message is safe to show to an operator (no absolute paths)."""
+
+
+def filter_kwargs(fn: Any, **kwargs: Any) -> dict[str, Any]:
+    """Keep the keyword arguments ``fn`` accepts (codecs of different tasks take different options)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def make_codec(manifest: Manifest, tokenizer: Tokenizer, settings: Settings) -> TaskCodec:
+    """The task codec of ``service.tasks`` for this manifest."""
+    if manifest.task == "classification":
+        if not manifest.labels:
+            raise ValueError("classification manifest has no labels")
+        return ClassificationCodec(tokenizer, manifest.max_length, list(manifest.labels))
+    if manifest.task == "qa":
+        return QACodec(tokenizer, manifest.max_length, max_windows=settings.max_windows)
+    return SummarizationCodec(tokenizer, manifest.max_length, max_windows=settings.max_windows)
+
+
+def check_specs(
+    label: str, kind: str, actual: list[Any], expected: list[TensorSpec], contract: tuple[TensorSpec, ...]
+) -> None:
+    """The session's inputs/outputs must equal the manifest's, and the manifest the task contract."""
+    want = [(s.name, s.dtype, len(s.axes)) for s in expected]
+    if want != [(s.name, s.dtype, len(s.axes)) for s in contract]:
+        raise ModelLoadError(
+            f"{label}: manifest {kind} {[w[0] for w in want]} do not match the task contract"
+        )
+    got = [(a.name, a.type, len(a.shape)) for a in actual]
+    if [(n, ORT_TYPES[d], r) for n, d, r in want] != got:
+        raise ModelLoadError(f"{label}: ONNX graph {kind} {got} do not match the manifest {want}")
+
+
+def fingerprint(directory: Path) -> str:
+    """Changes when any file of the directory changes (name, size, mtime): reload skips unchanged models."""
+    digest = hashlib.sha256()
+    for path in sorted(directory.iterdir()):
+        if path.is_file():
+            stat = path.stat()
+            digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    directory: Path
+    manifest: Manifest
+    precision: str
+    session: ort.InferenceSession
+    tokenizer: Tokenizer
+    codec: Any  # ClassificationCodec | QACodec | SummarizationCodec
+    pad_id: int
+    fingerprint: str
+    providers: list[str]
+    output_names: list[str] = field(default_factory=list)
+    loaded_at: float = field(default_factory=time.time)
+    warmed_up: bool = False
+    warmup_seconds: float = 0.0  # latency of the last warm-up run: the batcher's first estimate
+
+    @property
+    def task(self) -> str:
+        return self.manifest.task
+
+    @property
+    def num_layers(self) -> int:
+        return self.manifest.schedule.num_points
+
+    def run(self, rows: list[Row], rhos: list[float]) -> tuple[list[np.ndarray], np.ndarray]:
+        """One padded ONNX run. Returns the first output of every row, unpadded, and kept counts (B, L)."""
+        feeds = pad_rows(rows, self.pad_id)
+        feeds["rho"] = np.asarray(rhos, dtype=np.float32)  # (B,)
+        main, counts = self.session.run(self.output_names, feeds)
+        if main.ndim == 3:  # token outputs (B, T, k): drop padding per row
+            outputs = [main[i, : len(row)] for i, row in enumerate(rows)]
+        else:  # (B, C)
+            outputs = [main[i] for i in range(len(rows))]
+        return outputs, np.asarray(counts, dtype=np.int64)
+
+    def warm_up(self) -> None:
+        ids = self.tokenizer.encode("warm up the session with a short input").ids[: self.manifest.max_length]
+        row = Row(tuple(ids))
+        if self.task == "qa":
+            row = Row(
+                tuple(ids),
+                token_type_ids=tuple(0 for _ in ids),
+                protected=tuple(int(i == 0) for i in range(len(ids))),
+            )
+        for rho in (1.0, self.manifest.default_rho):
+            begin = time.perf_counter()
+            self.run([row, row], [rho, rho])
+            self.warmup_seconds = time.perf_counter() - begin
+        self.warmed_up = True
+
+
+def session_options(settings: Settings) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    # Several sessions share the process: spinning threads would burn the cores of the others.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    options.intra_op_num_threads = settings.intra_op_threads
+    options.inter_op_num_threads = settings.inter_op_threads
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return options
+
+
+def providers(settings: Settings) -> list[str]:
+    available = ort.get_available_providers()
+    chosen = ["CUDAExecutionProvider"] if settings.use_cuda and "CUDAExecutionProvider" in available else []
+    return [*chosen, "CPUExecutionProvider"]
+
+
+def load_model(directory: Path, settings: Settings, name: str | None = None) -> LoadedModel:
+    """Read, check and warm a model directory. Raises ``ModelLoadError`` with a clear message."""
+    label = directory.name
+    try:
+        manifest = Manifest.read(directory)
+    except FileNotFoundError as exc:
+        raise ModelLoadError(f"{label}: no {MANIFEST_FILE}") from exc
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+        raise ModelLoadError(f"{label}: invalid {MANIFEST_FILE}: {problems}") from exc
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{label}: unreadable {MANIFEST_FILE}") from exc
+
+    variant = manifest.variants.get(settings.precision) or manifest.variants.get("fp32")
+    if variant is None:
+        raise ModelLoadError(f"{label}: manifest lists no fp32 variant")
+    model_path = directory / variant.file
+    if Path(variant.file).name != variant.file or model_path.suffix != ".onnx":
+        raise ModelLoadError(f"{label}: variant file must be a plain *.onnx name inside the model directory")
+    if not model_path.is_file():
+        raise ModelLoadError(f"{label}: missing {variant.file}")
+    tokenizer_path = directory / manifest.tokenizer
+    if Path(manifest.tokenizer).name != manifest.tokenizer or tokenizer_path.suffix != ".json":
+        raise ModelLoadError(f"{label}: tokenizer must be a plain *.json name inside the model directory")
+    if not tokenizer_path.is_file():
+        raise ModelLoadError(f"{label}: missing {manifest.tokenizer}")
+
+    try:
+        tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    except Exception as exc:
+        raise ModelLoadError(f"{label}: {manifest.tokenizer} is not a valid tokenizers file") from exc
+    # Codecs pad and truncate themselves; a tokenizer.json saved with padding/truncation on would
+    # otherwise pad every encoding to a fixed length.
+    pad_id = pad_token_id(tokenizer)
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+
+    chosen = providers(settings)
+    try:
+        session = ort.InferenceSession(
+            str(model_path), sess_options=session_options(settings), providers=chosen
+        )
+    except Exception as exc:
+        log.error("onnxruntime could not load %s: %s", model_path, exc)
+        raise ModelLoadError(f"{label}: {variant.file} could not be loaded by onnxruntime") from exc
+
+    check_specs(label, "inputs", session.get_inputs(), manifest.inputs, ONNX_INPUTS[manifest.task])
+    check_specs(label, "outputs", session.get_outputs(), manifest.outputs, ONNX_OUTPUTS[manifest.task])
+    dim = session.get_outputs()[0].shape[-1]
+    if manifest.task == "classification" and isinstance(dim, int) and dim != len(manifest.labels):
+        raise ModelLoadError(
+            f"{label}: graph has {dim} logits but the manifest {len(manifest.labels)} labels"
+        )
+
+    try:
+        codec = make_codec(manifest, tokenizer, settings)
+    except (ValueError, TypeError) as exc:
+        raise ModelLoadError(f"{label}: the {manifest.task} codec rejected this model ({exc})") from exc
+    model = LoadedModel(
+        name=name or manifest.name,
+        directory=directory,
+        manifest=manifest,
+        precision=variant.precision,
+        session=session,
+        tokenizer=tokenizer,
+        codec=codec,
+        pad_id=int(pad_id),
+        fingerprint=fingerprint(directory),
+        providers=session.get_providers(),
+        output_names=[spec.name for spec in manifest.outputs],
+    )
+    if settings.warmup:
+        try:
+            model.warm_up()
+        except Exception as exc:
+            log.error("warm-up of %s failed: %s", label, exc)
+            raise ModelLoadError(f"{label}: warm-up inference failed") from exc
+    else:
+        model.warmed_up = True
+    return model

@@ -1,0 +1,58 @@
+"""Service configuration: one ``Settings`` object, built once in ``create_app`` (env prefix ``RETENTION_``).
+
+Nothing here reads the environment at import time; ``Settings()`` does, when it is constructed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RETENTION_", env_nested_delimiter="__", extra="ignore")
+
+    # ------------------------------------------------------------------ models
+    models_dir: Path = Field(default=Path("models"), description="root holding one directory per model")
+    default_models: dict[str, str] = Field(
+        default_factory=dict, description="task -> model name; else the first model of that task (sorted)"
+    )
+    precision: Literal["fp32", "int8"] = Field(
+        default="fp32", description="preferred ONNX variant; falls back to fp32 when a model lacks it"
+    )
+    intra_op_threads: int = Field(
+        default=0, ge=0, description="onnxruntime intra-op threads (0 = ORT default)"
+    )
+    inter_op_threads: int = Field(default=1, ge=1)
+    use_cuda: bool = Field(default=True, description="use CUDAExecutionProvider when onnxruntime offers it")
+    warmup: bool = True
+
+    # ------------------------------------------------------------------ batching / backpressure
+    max_batch_tokens: int = Field(default=8192, ge=1, description="padded tokens per ONNX run")
+    max_batch_wait_ms: float = Field(default=2.0, ge=0.0, description="how long a batch waits to fill")
+    max_queue_requests: int = Field(default=256, ge=1, description="requests waiting per model before 429")
+    retry_after_s: int = Field(default=1, ge=1, description="Retry-After sent with 429")
+    request_timeout_s: float = Field(default=30.0, gt=0.0, description="per-request deadline (504 past it)")
+    max_body_bytes: int = Field(default=1_000_000, ge=1, description="request bodies larger than this: 413")
+    max_windows: int = Field(
+        default=16, ge=1, description="QA / summarization windows per input; more is truncated (or 413)"
+    )
+    max_items: int = Field(default=64, ge=1, description="texts / questions per request (413 beyond)")
+    drain_timeout_s: float = Field(default=30.0, ge=0.0, description="graceful shutdown: wait for in-flight")
+
+    # ------------------------------------------------------------------ rho=auto
+    auto_latency_target_s: float = Field(default=0.25, gt=0.0, description="rho=auto holds this latency")
+    auto_min_rho: float = Field(default=0.1, gt=0.0, le=1.0, description="floor when the client sends none")
+    auto_max_rho: float = Field(default=1.0, gt=0.0, le=1.0, description="rho=auto without load")
+
+    # ------------------------------------------------------------------ security
+    api_key: str | None = Field(default=None, description="when set, every API call needs 'Bearer <key>'")
+    cors_origins: list[str] = Field(default_factory=list, description="CORS is off unless origins are listed")
+
+    # ------------------------------------------------------------------ server (python -m service)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    log_level: str = "info"

@@ -1,0 +1,54 @@
+"""Per-request accounting: tokens, kept tokens per layer, fraction of encoder token-work, memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from training.contract import Manifest
+
+BYTES_PER_FLOAT = 4
+
+
+@dataclass(frozen=True)
+class Work:
+    processed_tokens: int  # real tokens that entered the graph (all rows, after truncation / windowing)
+    kept_tokens_per_layer: list[int]  # summed over rows: tokens entering each layer
+    computed: float  # token-layers computed (last layer counts only its queries when the head reads few)
+    dense: float  # token-layers of the dense model on the same rows
+    activation_bytes: float  # estimated peak activation memory of the request
+
+    @property
+    def fraction(self) -> float:
+        return self.computed / self.dense if self.dense else 1.0
+
+
+def token_work(manifest: Manifest, row_lengths: list[int], kept_counts: np.ndarray) -> Work:
+    """Same definition as training's ``encoder_token_work``: sum over layers of kept counts (the last
+    layer counting ``schedule.last_layer_queries`` queries when set) / (real tokens x layers).
+
+    kept_counts (R, L) int64, one row per graph row.
+    """
+    counts = kept_counts.astype(np.float64)  # (R, L)
+    layers = counts.shape[1]
+    work = counts.copy()
+    queries = manifest.schedule.last_layer_queries
+    if queries is not None:
+        work[:, -1] = float(queries)
+    processed = int(sum(row_lengths))
+    return Work(
+        processed_tokens=processed,
+        kept_tokens_per_layer=[int(v) for v in kept_counts.sum(axis=0)],
+        computed=float(work.sum()),
+        dense=float(processed * layers),
+        activation_bytes=activation_bytes(manifest, counts),
+    )
+
+
+def activation_bytes(manifest: Manifest, counts: np.ndarray) -> float:
+    """Peak over layers of what one layer holds for the request's rows (fp32): hidden states, Q/K/V and
+    attention output (4·k·d), the FFN intermediate (k·ffn) and attention scores (heads·k²)."""
+    b = manifest.backbone
+    per_layer = counts * (4 * b.hidden_size + b.intermediate_size) + b.num_heads * counts**2  # (R, L)
+    return float(per_layer.sum(axis=0).max() * BYTES_PER_FLOAT) if per_layer.size else 0.0

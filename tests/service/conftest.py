@@ -1,0 +1,146 @@
+"""Fixtures for the service tests: tiny models exported through the real exporter, real onnxruntime
+sessions and tokenizers, and apps run with their lifespan (``with TestClient(app)``)."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from service.api.app import create_app
+from service.engine import RetentionEngine
+from service.settings import Settings
+from tests.tiny import build_tiny_model_dir
+
+TASKS = ("classification", "qa", "summarization")
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One exported tiny model directory per task (built once per session)."""
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {task: _build(root / f"tiny-{task}", task) for task in TASKS}
+
+
+def _build(path: Path, task: str) -> Path:
+    build_tiny_model_dir(path, task)
+    return path
+
+
+@pytest.fixture(scope="session")
+def models_root(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A read-only models root holding the three tiny models."""
+    root = tmp_path_factory.mktemp("models-root")
+    for task, source in tiny_models.items():
+        shutil.copytree(source, root / f"tiny-{task}")
+    return root
+
+
+def copy_models(tiny_models: dict[str, Path], root: Path, tasks: tuple[str, ...] = TASKS) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for task in tasks:
+        shutil.copytree(tiny_models[task], root / f"tiny-{task}")
+    return root
+
+
+def settings_for(root: Path, **overrides: Any) -> Settings:
+    base: dict[str, Any] = {
+        "models_dir": root,
+        "intra_op_threads": 1,
+        "max_batch_wait_ms": 1.0,
+        "auto_latency_target_s": 30.0,  # no accidental pressure on a busy machine; tests that want it set it
+    }
+    base.update(overrides)
+    return Settings(**base)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
+    """Poll (this is synchronisation, not a timing assertion)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if condition():
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_ready(client: TestClient) -> None:
+    wait_until(lambda: client.get("/readyz").status_code == 200, what="/readyz")
+
+
+def engine_of(app: FastAPI) -> RetentionEngine:
+    engine: RetentionEngine = app.state.engine
+    return engine
+
+
+@contextmanager
+def running(settings: Settings) -> Iterator[tuple[FastAPI, TestClient]]:
+    app = create_app(settings)
+    with TestClient(app) as client:
+        wait_ready(client)
+        yield app, client
+
+
+@contextmanager
+def blocked_inference(app: FastAPI, model: str) -> Iterator[threading.Event]:
+    """Occupy the model's onnxruntime worker thread until the block exits: batches queue up behind it.
+    (The real executor of the real batcher: nothing of ours is mocked.)"""
+    release = threading.Event()
+    blocker = engine_of(app).batcher_of(model).executor.submit(release.wait, 30)
+    try:
+        yield release
+    finally:
+        release.set()
+        blocker.result(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def app_client(models_root: Path) -> Iterator[tuple[FastAPI, TestClient]]:
+    with running(settings_for(models_root)) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def client(app_client: tuple[FastAPI, TestClient]) -> TestClient:
+    return app_client[1]
+
+
+@contextmanager
+def served(settings: Settings | None = None, app: Any = None, ready_path: str = "/readyz") -> Iterator[str]:
+    """An app (ours from ``settings``, or any ASGI ``app``) behind a real uvicorn server on a free loopback
+    port, in a thread. Yields the base URL."""
+    import socket
+
+    import httpx
+    import uvicorn
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    application = app if app is not None else create_app(settings)
+    config = uvicorn.Config(application, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{url}{ready_path}", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(ready, what="uvicorn ready")
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

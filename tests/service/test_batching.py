@@ -1,0 +1,190 @@
+"""Dynamic micro-batching: batched results equal single-request results; backpressure and deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.batcher import Batcher, JobResult, plan_runs
+from service.metrics import Metrics
+from service.runtime import load_model
+from service.tasks.base import Encoded
+from tests.service.conftest import blocked_inference, engine_of, running, settings_for, wait_until
+
+TEXTS = [
+    "short",
+    "a somewhat longer sentence about a movie that was fine",
+    "great",
+    "this one rambles on and on about nothing in particular, for quite a few more tokens than the rest",
+    "meh, not my cup of tea",
+    "x",
+]
+RHOS = [1.0, 0.3, 0.5, 0.1, 0.7, 1.0]
+
+
+def test_plan_runs_sorts_by_length_and_respects_the_token_budget() -> None:
+    lengths = [5, 50, 7, 30, 6, 64]
+    runs = plan_runs(lengths, max_tokens=64)
+    assert sorted(i for run in runs for i in run) == list(range(len(lengths)))
+    for run in runs:
+        assert len(run) == 1 or len(run) * max(lengths[i] for i in run) <= 64
+    flat = [lengths[i] for run in runs for i in run]
+    assert flat == sorted(flat)
+
+
+@pytest.mark.parametrize("task", ["classification", "qa", "summarization"])
+def test_batched_equals_unbatched(tiny_models: dict[str, Path], task: str) -> None:
+    """Different lengths and rhos in one batch give the same outputs and kept counts as one by one."""
+    settings = settings_for(tiny_models[task].parent, max_batch_wait_ms=50.0, max_batch_tokens=4096)
+    model = load_model(tiny_models[task], settings)
+    codec = model.codec
+    encoded: list[Encoded]
+    if task == "classification":
+        encoded = [codec.encode(text) for text in TEXTS]
+    elif task == "qa":
+        encoded = [codec.encode("what is it?", text + " " + TEXTS[1]) for text in TEXTS]
+    else:
+        encoded = [codec.encode([text, "Another sentence here.", TEXTS[3]]) for text in TEXTS]
+
+    async def scenario() -> tuple[list, list, Metrics]:
+        metrics = Metrics()
+        batcher = Batcher(model, settings, metrics)
+        batcher.start()
+        deadline = time.monotonic() + 60
+        try:
+            together = await asyncio.gather(
+                *(
+                    batcher.submit(e.rows, [rho] * len(e.rows), deadline)
+                    for e, rho in zip(encoded, RHOS, strict=True)
+                )
+            )
+            alone = [
+                await batcher.submit(e.rows, [rho] * len(e.rows), deadline)
+                for e, rho in zip(encoded, RHOS, strict=True)
+            ]
+        finally:
+            await batcher.close(5)
+        return together, alone, metrics
+
+    together, alone, metrics = asyncio.run(scenario())
+    for batched, single in zip(together, alone, strict=True):
+        np.testing.assert_array_equal(batched.kept_counts, single.kept_counts)
+        for a, b in zip(batched.outputs, single.outputs, strict=True):
+            assert a.shape == b.shape
+            np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    # it really was batched: one run held several requests
+    sizes = metrics.registry.get_sample_value("retention_batch_size_sum", {"model": model.name})
+    runs = metrics.registry.get_sample_value("retention_batch_size_count", {"model": model.name})
+    assert sizes is not None and runs is not None and sizes > runs
+
+
+def test_batched_equals_unbatched_over_http(models_root: Path) -> None:
+    with running(settings_for(models_root, max_batch_wait_ms=30.0)) as (_, client):
+        singles = [
+            client.post("/classify", json={"text": t, "rho": r}).json()
+            for t, r in zip(TEXTS, RHOS, strict=True)
+        ]
+        with ThreadPoolExecutor(len(TEXTS)) as pool:
+            futures = [
+                pool.submit(client.post, "/classify", json={"text": t, "rho": r})
+                for t, r in zip(TEXTS, RHOS, strict=True)
+            ]
+            batched = [f.result().json() for f in futures]
+        for a, b in zip(singles, batched, strict=True):
+            assert a["usage"]["kept_tokens_per_layer"] == b["usage"]["kept_tokens_per_layer"]
+            for label in a["scores"]:
+                assert a["scores"][label] == pytest.approx(b["scores"][label], abs=1e-5)
+
+
+def test_queue_full_is_429_with_retry_after(models_root: Path) -> None:
+    settings = settings_for(models_root, max_queue_requests=1, max_batch_wait_ms=0.0, retry_after_s=3)
+    with running(settings) as (app, client), ThreadPoolExecutor(2) as pool:
+        batcher = engine_of(app).batcher_of("tiny-classification")
+        with blocked_inference(app, "tiny-classification"):
+            first = pool.submit(client.post, "/classify", json={"text": "first"})
+            wait_until(lambda: batcher.busy, what="first request taken into a batch")
+            second = pool.submit(client.post, "/classify", json={"text": "second"})
+            wait_until(lambda: len(batcher.queue) == 1, what="second request queued")
+            third = client.post("/classify", json={"text": "third"})
+            assert third.status_code == 429
+            assert third.headers["retry-after"] == "3"
+            assert third.json()["error"]["code"] == "overloaded"
+            # other models have their own queues
+            assert client.post("/qa", json={"question": "q?", "context": "some context"}).status_code == 200
+        assert first.result().status_code == 200
+        assert second.result().status_code == 200
+        metrics = client.get("/metrics").text
+        assert 'retention_rejections_total{reason="queue_full"} 1.0' in metrics
+
+
+def test_deadline_is_504(models_root: Path) -> None:
+    with running(settings_for(models_root)) as (app, client):
+        with blocked_inference(app, "tiny-classification"):
+            late = client.post("/classify", json={"text": TEXTS[0]}, headers={"x-request-timeout": "0.05"})
+            assert late.status_code == 504
+            assert late.json()["error"]["code"] == "deadline_exceeded"
+        assert client.post("/classify", json={"text": TEXTS[0]}).status_code == 200
+        assert (
+            client.post("/classify", json={"text": "x"}, headers={"x-request-timeout": "nope"}).status_code
+            == 422
+        )
+        assert 'retention_rejections_total{reason="deadline"} 1.0' in client.get("/metrics").text
+
+
+def test_shutdown_drains_in_flight_requests(models_root: Path) -> None:
+    """Requests queued when the engine closes (lifespan shutdown) still get their answer."""
+    from service.engine import RetentionEngine
+
+    async def scenario() -> list:
+        engine = RetentionEngine(settings_for(models_root), Metrics())
+        await engine.load_all()
+        model = engine.get("tiny-classification")
+        batcher = engine.batcher_of(model.name)
+        release = threading.Event()
+        blocker = batcher.executor.submit(release.wait, 30)
+        deadline = time.monotonic() + 60
+        rows = [model.codec.encode(text).rows for text in TEXTS[:3]]
+        jobs = [asyncio.create_task(engine.infer(model, rows[0], [0.5], deadline))]
+        while not batcher.busy:  # the first batch waits on the blocked onnxruntime thread
+            await asyncio.sleep(0.005)
+        jobs += [asyncio.create_task(engine.infer(model, r, [0.5], deadline)) for r in rows[1:]]
+        while len(batcher.queue) < 2:
+            await asyncio.sleep(0.005)
+        closing = asyncio.create_task(engine.close())
+        await asyncio.sleep(0.05)
+        assert not engine.ready and not closing.done()
+        release.set()
+        results = await asyncio.gather(*jobs)
+        await closing
+        blocker.result()
+        return results
+
+    results = asyncio.run(scenario())
+    assert [r.kept_counts.shape for r in results] == [(1, 2)] * 3
+
+
+def test_a_failing_batch_fails_its_requests_and_the_worker_survives(tiny_models: dict[str, Path]) -> None:
+    from service.errors import InferenceFailed
+    from service.tasks.base import Row
+
+    settings = settings_for(tiny_models["classification"].parent)
+    model = load_model(tiny_models["classification"], settings)
+
+    async def scenario() -> JobResult:
+        batcher = Batcher(model, settings, Metrics())
+        batcher.start()
+        deadline = time.monotonic() + 60
+        try:
+            with pytest.raises(InferenceFailed):  # token id far outside the vocabulary: onnxruntime raises
+                await batcher.submit([Row((101, 10**9, 102))], [0.5], deadline)
+            return await batcher.submit(model.codec.encode("still serving").rows, [0.5], deadline)
+        finally:
+            await batcher.close(5)
+
+    assert asyncio.run(scenario()).kept_counts.shape == (1, 2)

@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -222,7 +223,7 @@ def quantize_int8(source: Path, target: Path) -> None:
     )
 
 
-def save_serving_tokenizer(tokenizer, path: Path) -> None:  # type: ignore[no-untyped-def]
+def save_serving_tokenizer(tokenizer: Any, path: Path) -> None:
     """tokenizer.json without padding/truncation: the service pads per batch and truncates by policy."""
     from tokenizers import Tokenizer
 

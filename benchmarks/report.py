@@ -157,6 +157,10 @@ def build_report(results_dir: Path = RESULTS, docs_dir: Path = DOCS) -> Path:
     memory_path = results_dir / "bench" / "memory.json"
     if (memory := _load(memory_path)) is not None:
         lines += memory_section(memory, memory_path)
+    load_md = results_dir / "bench" / "load.md"
+    if load_md.is_file():
+        body = load_md.read_text(encoding="utf-8").split("\n", 1)[1]  # drop its own title
+        lines += ["## Service under load", "", f"Source: `{load_md.with_suffix('.json')}`.", body, ""]
     for eval_path in sorted(results_dir.glob("*/eval.json")):
         payload = _load(eval_path)
         if payload is None or "meta" not in payload:

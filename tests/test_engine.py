@@ -69,7 +69,7 @@ def test_classification_rho_one_equals_dense_soft_pass_without_gates() -> None:
     ids, mask = ragged_batch(0)
     with torch.no_grad():
         pruned = model.forward_pruned(ids, mask, torch.ones(3)).logits
-        dense = model.forward_soft(ids, mask, torch.ones(3), use_gates=False).logits
+        dense = model.forward_soft(ids, mask, torch.ones(3), gates="none").logits
     torch.testing.assert_close(pruned, dense, atol=1e-5, rtol=1e-5)
 
 
@@ -225,3 +225,32 @@ def test_real_minilm_loads_offline_from_the_pypi_package() -> None:
     real = encoded["attention_mask"].bool()
     assert record.value is not None
     torch.testing.assert_close(record.value[real], reference[real], atol=1e-4, rtol=1e-4)
+
+
+def test_threshold_ablation_keeps_exactly_the_open_gates() -> None:
+    model, _ = tiny_model("classification")
+    ids, mask = ragged_batch(0)
+    rho = torch.full((3,), 0.5)
+    with torch.no_grad():
+        out = model.forward_pruned(ids, mask, rho, threshold=True)
+        scheduled = model.forward_pruned(ids, mask, rho)
+    counts = out.kept_counts
+    assert counts.shape == scheduled.kept_counts.shape
+    assert (counts[:, 1:] <= counts[:, :-1]).all()  # a dropped token never comes back
+    assert (counts >= 1).all()  # [CLS] is protected
+    assert (counts <= mask.sum(1, keepdim=True)).all()  # pads never kept
+    assert out.logits.isfinite().all()
+
+
+@pytest.mark.parametrize("gates", ["hard_concrete", "sigmoid"])
+def test_both_gate_kinds_report_expected_survivors_below_the_real_count(gates: str) -> None:
+    model, _ = tiny_model("classification")
+    ids, mask = ragged_batch(0)
+    out = model.train().forward_soft(
+        ids, mask, torch.full((3,), 0.4), gates=gates, generator=torch.Generator().manual_seed(0)
+    )
+    real = mask.sum(1, keepdim=True).float()
+    assert (out.expected_kept <= real + 1e-5).all()
+    assert (out.expected_kept < real).any()  # the gates close some tokens
+    out.logits.sum().backward()  # differentiable through either gate kind
+    assert model.scorers[0].parameters().__next__().grad is not None

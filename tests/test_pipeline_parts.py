@@ -16,7 +16,7 @@ from training.evaluate import truncate, truncated_lengths
 from training.fit import lr_multiplier
 from training.recipes import DatasetSpec, load_recipe
 
-RECIPES = sorted(Path(__file__).resolve().parents[1].joinpath("models", "recipes").glob("*.yaml"))
+RECIPES = sorted(Path(__file__).resolve().parents[1].joinpath("models", "recipes").rglob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])

@@ -149,12 +149,15 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     out_dir = args.out or DEFAULT_RESULTS_DIR / f"{recipe.name}-{recipe.profile}"
     meta = evaluation_meta(recipe, split, len(rows))
     if recipe.task == "classification":
-        from training.evaluate import ALL_METHODS, evaluate_classification, write_results
+        from training.evaluate import ALL_METHODS, evaluate_classification, merge_results, write_results
 
         methods = args.methods or list(ALL_METHODS)
         results = evaluate_classification(
             model, tokenizer, rows, rhos, methods, recipe.max_length, recipe.evaluation.batch_size
         )
+        previous = out_dir / "eval.json"
+        if args.merge and previous.is_file():
+            results = merge_results(previous, results)
         write_results(results, out_dir, meta)
     else:
         write_task_results(model, tokenizer, recipe, rows, rhos, args.methods, out_dir, meta)
@@ -233,6 +236,9 @@ def parser() -> argparse.ArgumentParser:
         default=["learned", "random", "attention", "first_k", "first_k_work", "head_tail_work"],
     )
     ev_p.add_argument("--out", type=Path, default=None)
+    ev_p.add_argument(
+        "--merge", action="store_true", help="keep the results already in --out (same split and examples)"
+    )
     ev_p.set_defaults(func=cmd_evaluate)
 
     build_p = sub.add_parser("build", help="build missing model directories from recipes")

@@ -5,6 +5,8 @@ Methods (classification):
 - ``random``: same per-layer counts, tokens chosen uniformly at random ([CLS] kept).
 - ``attention``: same counts, tokens ranked by the attention they receive in the next layer
   (PoWER-BERT / H2O style).
+- ``threshold`` (ablation): the trained scorers, but every token with an open gate is kept instead of
+  the scheduled top-M, so the kept count follows the scores and the budget is not enforced.
 - ``first_k``: plain truncation to the first round(ρ·n) tokens (same final budget).
 - ``first_k_work`` / ``head_tail_work``: truncation to the length that costs the *same encoder
   token-work* as the learned schedule (more tokens than ρ·n, since the learned model reaches ρ only
@@ -28,7 +30,7 @@ from training import retention as R
 from training.data import Row
 from training.model import RetentionModel, Selector, attention_selector, random_selector
 
-SELECTION_METHODS = ("learned", "random", "attention")
+SELECTION_METHODS = ("learned", "random", "attention", "threshold")
 TRUNCATION_METHODS = ("first_k", "first_k_work", "head_tail_work")
 ALL_METHODS = SELECTION_METHODS + TRUNCATION_METHODS
 HEAD_SHARE = 0.25  # head+tail truncation: a quarter from the start, the rest from the end
@@ -89,7 +91,7 @@ def truncate(ids: Sequence[int], keep: int, head_share: float | None) -> list[in
 
 
 def _selector(method: str) -> Selector | None:
-    if method == "learned":
+    if method in ("learned", "threshold"):
         return None
     if method == "random":
         return random_selector(torch.Generator().manual_seed(RANDOM_SEED))
@@ -121,7 +123,7 @@ def evaluate_method(
         else:
             batch_rho = torch.full((len(batch),), rho)
         ids, mask = pad_batch(batch, pad_id)
-        out = model.forward_pruned(ids, mask, batch_rho, selector=selector)
+        out = model.forward_pruned(ids, mask, batch_rho, selector=selector, threshold=method == "threshold")
         predictions = out.logits.argmax(-1).tolist()
         correct += sum(int(p == labels[i]) for p, i in zip(predictions, chunk, strict=True))
         work += R.encoder_token_work(out.kept_counts, num_real, model.last_layer_queries).sum().item()
@@ -167,6 +169,14 @@ def markdown_table(results: list[MethodResult], metric: str = "accuracy") -> str
             cells.append(f"{100 * result.accuracy:.2f} ({result.token_work:.2f})" if result else "—")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + f"\n\nCells: {metric} % (fraction of dense encoder token-work done).\n"
+
+
+def merge_results(previous: Path, results: list[MethodResult]) -> list[MethodResult]:
+    """Results of an earlier run (eval.json) plus the new ones; a new (method, ρ) replaces the old."""
+    payload = json.loads(previous.read_text(encoding="utf-8"))
+    merged = {(r["method"], r["rho"]): MethodResult(**r) for r in payload["results"]}
+    merged.update({(r.method, r.rho): r for r in results})
+    return list(merged.values())
 
 
 def write_results(results: list[MethodResult], out_dir: Path, meta: dict[str, object]) -> None:

@@ -142,7 +142,7 @@ def fit(
             protected=batch.protected,
             token_type_ids=batch.token_type_ids,
             generator=generator,
-            use_gates=recipe.budget.use_gates,
+            gates=recipe.retention.gates,
         )
         task_loss = adapter.loss(out.logits, batch)
         gap = R.budget_gap(out.expected_kept, out.target_kept, out.num_real)  # (P,)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import nn
@@ -24,6 +25,8 @@ from training.encoders import EncoderBackbone, LayerView
 
 # Selector: (point index, next layer, hidden (B,T,d), valid (B,T), generator) → scores (B, T).
 Selector = Callable[[int, LayerView, torch.Tensor, torch.Tensor], torch.Tensor]
+GateKind = Literal["hard_concrete", "sigmoid", "none"]
+OPEN_GATE_PROBABILITY = 0.5  # threshold ablation: a gate counts as open when P(z > 0) exceeds this
 
 CLASSIFICATION = "classification"
 TOKEN_TASKS = frozenset({"qa", "summarization"})
@@ -126,9 +129,13 @@ class RetentionModel(nn.Module):
         protected: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
-        use_gates: bool = True,
+        gates: GateKind = "hard_concrete",
     ) -> SoftOutput:
-        """Soft-masked pass for training. input_ids/attention_mask (B, T), rho (B,)."""
+        """Soft-masked pass for training. input_ids/attention_mask (B, T), rho (B,).
+
+        ``gates``: "hard_concrete" (the method), "sigmoid" (ablation: deterministic sigmoid gates,
+        no noise, no exact zeros) or "none" (dense; every token kept).
+        """
         valid = attention_mask.bool()  # (B, T)
         protected = self.default_protected(attention_mask) if protected is None else protected & valid
         num_real = valid.sum(1)  # (B,)
@@ -139,14 +146,10 @@ class RetentionModel(nn.Module):
         prob_product = valid.to(hidden.dtype)  # (B, T)
         expected = []
         for point, layer in enumerate(self.backbone.views):
-            if use_gates:
+            if gates != "none":
                 log_alpha = self.scorers[point](hidden, valid) + prior[:, point : point + 1]  # (B, T)
-                gate = (
-                    self.config.hard_concrete.sample(log_alpha, generator)
-                    if self.training
-                    else (self.config.hard_concrete.deterministic(log_alpha))
-                )
                 prob = self.config.hard_concrete.prob_nonzero(log_alpha)
+                gate = self._gate(log_alpha, prob, gates, generator)
                 gate_product = gate_product * torch.where(protected, torch.ones_like(gate), gate)
                 prob_product = prob_product * torch.where(protected, torch.ones_like(prob), prob)
             expected.append(prob_product.sum(1))
@@ -165,6 +168,19 @@ class RetentionModel(nn.Module):
         target = fractions * num_real.unsqueeze(-1).to(fractions.dtype)  # (B, P)
         return SoftOutput(self._head(hidden), torch.stack(expected, dim=1), target, num_real)
 
+    def _gate(
+        self,
+        log_alpha: torch.Tensor,
+        prob: torch.Tensor,
+        gates: GateKind,
+        generator: torch.Generator | None,
+    ) -> torch.Tensor:
+        if gates == "sigmoid":
+            return prob
+        if self.training:
+            return self.config.hard_concrete.sample(log_alpha, generator)
+        return self.config.hard_concrete.deterministic(log_alpha)
+
     # ------------------------------------------------------------------ inference
     def forward_pruned(
         self,
@@ -174,20 +190,30 @@ class RetentionModel(nn.Module):
         protected: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         selector: Selector | None = None,
+        threshold: bool = False,
     ) -> PrunedOutput:
-        """Physically pruned pass. input_ids/attention_mask (B, T), rho (B,) → logits, kept counts (B, P)."""
+        """Physically pruned pass. input_ids/attention_mask (B, T), rho (B,) → logits, kept counts (B, P).
+
+        ``threshold`` (ablation): instead of the scheduled top-M, keep every token whose gate would be
+        open, P(z > 0) > ½ under the budget prior; counts then vary per example and miss the budget.
+        """
         valid = attention_mask.bool()  # (B, T)
         protected = self.default_protected(attention_mask) if protected is None else protected & valid
         num_real = valid.sum(1)  # (B,)
         counts = R.keep_counts(
             rho, num_real, protected.sum(1), self.num_points, self.config.schedule_power
         )  # (B, P)
+        if threshold:
+            fractions = R.keep_fractions(rho, self.num_points, self.config.schedule_power)  # (B, P)
+            prior = self.config.hard_concrete.log_alpha_for_rate(R.conditional_keep_rates(fractions))
         hidden = self.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
         restore = self.task in TOKEN_TASKS
         restored = hidden  # (B, T, d): every token's latest state, scattered back at the end
         positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0).expand_as(valid)  # (B,T)
         for point, layer in enumerate(self.backbone.views):
             raw = selector(point, layer, hidden, valid) if selector else self.scorers[point](hidden, valid)
+            if threshold:
+                counts[:, point] = self._open_gates(raw, prior[:, point], valid, protected)
             index, valid = R.select_top_tokens(R.masked_scores(raw, valid, protected), counts[:, point])
             hidden = R.gather_tokens(hidden, index)  # (B, K, d)
             protected = R.gather_tokens(protected, index)  # (B, K)
@@ -199,6 +225,15 @@ class RetentionModel(nn.Module):
             if restore:
                 restored = _scatter_valid(restored, positions, hidden, valid)
         return PrunedOutput(self._head(restored if restore else hidden), counts)
+
+    def _open_gates(
+        self, raw: torch.Tensor, prior: torch.Tensor, valid: torch.Tensor, protected: torch.Tensor
+    ) -> torch.Tensor:
+        """Tokens (B, T) whose gate is open at this point → count per row (B,). Since the prior is one
+        number per row, these are exactly the top-count tokens by score, so top-k can select them."""
+        log_alpha = raw + prior.unsqueeze(-1)  # (B, T)
+        open_gate = self.config.hard_concrete.prob_nonzero(log_alpha) > OPEN_GATE_PROBABILITY
+        return (valid & (open_gate | protected)).sum(1)
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.task == CLASSIFICATION:

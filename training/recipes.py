@@ -32,6 +32,9 @@ class RetentionSpec(Strict):
     gate_temperature: float = 0.66
     gate_left: float = -0.1
     gate_right: float = 1.1
+    gates: Literal["hard_concrete", "sigmoid"] = Field(
+        default="hard_concrete", description="ablation: 'sigmoid' trains with plain deterministic gates"
+    )
 
 
 class RhoSpec(Strict):
@@ -54,7 +57,6 @@ class BudgetSpec(Strict):
     dual_lr: float = Field(default=1e-2, ge=0.0)
     quadratic_weight: float = Field(default=0.0, ge=0.0)
     fixed_lambda: float | None = Field(default=None, description="ablation: freeze λ at this value")
-    use_gates: bool = Field(default=True, description="ablation: False trains without Hard-Concrete gates")
 
 
 class OptimizerSpec(Strict):

@@ -61,19 +61,84 @@ def memory_section(payload: dict[str, Any], source: Path) -> list[str]:
     return [*lines, ""]
 
 
+TASK_METRICS = {"qa": ("exact_match", "f1"), "summarization": ("rouge1", "rouge2", "rougeL")}
+HEADLINE_METRIC = {"qa": "f1", "summarization": "rougeL"}
+ABLATION_PREFIX = "sst2-minilm"  # ablation runs are SST-2 variants compared with its quick profile
+ABLATION_VARIANTS = {
+    "sst2-minilm-quick": "Hard-Concrete + dual ascent (the method)",
+    "sst2-minilm-sigmoid-gates-quick": "no Hard-Concrete (sigmoid gates)",
+    "sst2-minilm-fixed-lambda-quick": "fixed λ = 0.01 (no dual ascent)",
+}
+
+
 def quality_section(payload: dict[str, Any], source: Path) -> list[str]:
+    from training import qa
     from training.evaluate import MethodResult, markdown_table
 
     meta = payload["meta"]
-    results = [MethodResult(**r) for r in payload["results"]]
+    task = payload.get("task", "classification")
+    if task in TASK_METRICS:
+        table = qa.markdown_table(payload, TASK_METRICS[task])
+    else:
+        table = markdown_table([MethodResult(**r) for r in payload["results"]])
     return [
         f"## Quality vs ρ — {meta['model']} ({meta['profile']} recipe), {meta['split']}",
         "",
         f"Source: `{source}`; {meta['num_examples']} examples ({meta.get('subset', '')}). "
         f"Command: `{meta.get('command', '')}`.",
         "",
-        markdown_table(results),
+        table,
     ]
+
+
+def quality_points(payload: dict[str, Any]) -> dict[str, list[tuple[float, float]]]:
+    """method → sorted (ρ, headline metric in %) for any task's eval.json."""
+    task = payload.get("task", "classification")
+    if task in HEADLINE_METRIC:
+        metric = HEADLINE_METRIC[task]
+        return {
+            method: sorted((float(rho), values[metric]) for rho, values in by_rho.items())
+            for method, by_rho in payload["results"].items()
+        }
+    curves: dict[str, list[tuple[float, float]]] = {}
+    for r in payload["results"]:
+        curves.setdefault(r["method"], []).append((r["rho"], 100 * r["accuracy"]))
+    return {method: sorted(points) for method, points in curves.items()}
+
+
+def ablation_section(results_dir: Path) -> list[str]:
+    """Learned retention of each SST-2 training variant, plus threshold pruning, side by side."""
+    rows: list[tuple[str, dict[float, tuple[float, float]]]] = []
+    for run, label in ABLATION_VARIANTS.items():
+        payload = _load(results_dir / run / "eval.json")
+        if payload is None:
+            continue
+        for method, name in (("learned", label), ("threshold", "threshold pruning (no top-M budget)")):
+            cells = {
+                r["rho"]: (r["accuracy"], r["token_work"])
+                for r in payload["results"]
+                if r["method"] == method
+            }
+            if cells:
+                rows.append((name, cells))
+    if len(rows) < 2:
+        return []
+    rhos = sorted({rho for _, cells in rows for rho in cells})
+    lines = [
+        "## Ablations (SST-2 validation, 600 training steps each)",
+        "",
+        "Sources: `results/sst2-minilm*-quick/eval.json`. Cells: accuracy % (fraction of dense token-work).",
+        "",
+        "| variant | " + " | ".join(f"ρ={rho:g}" for rho in rhos) + " |",
+        "|" + "---|" * (len(rhos) + 1),
+    ]
+    for name, cells in rows:
+        lines.append(
+            f"| {name} | "
+            + " | ".join(f"{100 * cells[r][0]:.2f} ({cells[r][1]:.2f})" if r in cells else "—" for r in rhos)
+            + " |"
+        )
+    return [*lines, ""]
 
 
 def plot_quality(payload: dict[str, Any], path: Path) -> None:
@@ -83,12 +148,10 @@ def plot_quality(payload: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    methods = list(dict.fromkeys(r["method"] for r in payload["results"]))
-    for method in methods:
-        points = sorted((r["rho"], 100 * r["accuracy"]) for r in payload["results"] if r["method"] == method)
+    for method, points in quality_points(payload).items():
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
     ax.set_xlabel("ρ (fraction of real tokens kept at the last layer)")
-    ax.set_ylabel("accuracy (%)")
+    ax.set_ylabel(f"{HEADLINE_METRIC.get(payload.get('task', ''), 'accuracy')} (%)")
     ax.set_title(f"{payload['meta']['model']} — {payload['meta']['split']}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -139,6 +202,77 @@ def plot_speed(payload: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_memory(payload: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    names = [r["variant"] for r in payload["results"]]
+    ax.bar(names, [r["peak_bytes"] / 2**20 for r in payload["results"]], label="peak RSS")
+    ax.bar(
+        names, [r["activation_bytes"] / 2**20 for r in payload["results"]], label="activation (peak − before)"
+    )
+    ax.set_ylabel("MiB")
+    ax.set_title(f"peak memory, batch {payload['batch']} × {payload['seq_len']} tokens")
+    ax.tick_params(axis="x", labelsize=7, rotation=20)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_load(payload: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    series: dict[str, list[tuple[int, float, float]]] = {}
+    for r in payload["results"]:
+        name = "FastAPI + transformers" if r["target"] == "baseline" else f"service ρ={r['rho']}"
+        series.setdefault(name, []).append((r["concurrency"], r["throughput_rps"], r["p99_ms"]))
+    for name, points in series.items():
+        points.sort()
+        left.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+        right.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=name)
+    for ax, label in ((left, "throughput (req/s)"), (right, "p99 latency (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    left.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_budget(log_path: Path, path: Path) -> None:
+    """Training log: expected kept fraction vs the batch's target ρ, and the largest λ."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    entries = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line]
+    steps = [e["step"] for e in entries]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6, 5), sharex=True)
+    top.plot(steps, [e["target_fraction"] for e in entries], label="target ρ (batch mean)")
+    top.plot(steps, [e["kept_fraction"] for e in entries], label="expected kept fraction")
+    top.set_ylabel("fraction of real tokens")
+    top.legend(fontsize=8)
+    bottom.plot(steps, [max(e["lam"]) for e in entries], color="tab:red")
+    bottom.set_ylabel("max λ over layers")
+    bottom.set_xlabel("step")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def build_report(results_dir: Path = RESULTS, docs_dir: Path = DOCS) -> Path:
     plots = docs_dir / "plots"
     plots.mkdir(parents=True, exist_ok=True)
@@ -157,20 +291,34 @@ def build_report(results_dir: Path = RESULTS, docs_dir: Path = DOCS) -> Path:
     memory_path = results_dir / "bench" / "memory.json"
     if (memory := _load(memory_path)) is not None:
         lines += memory_section(memory, memory_path)
+        plot_memory(memory, plots / "memory_vs_rho.png")
+        lines += ["![peak memory vs ρ](plots/memory_vs_rho.png)", ""]
     load_md = results_dir / "bench" / "load.md"
     if load_md.is_file():
         body = load_md.read_text(encoding="utf-8").split("\n", 1)[1]  # drop its own title
         lines += ["## Service under load", "", f"Source: `{load_md.with_suffix('.json')}`.", body, ""]
+        if (load := _load(load_md.with_suffix(".json"))) is not None:
+            plot_load(load, plots / "latency_vs_load.png")
+            lines += ["![throughput and p99 vs load](plots/latency_vs_load.png)", ""]
     for eval_path in sorted(results_dir.glob("*/eval.json")):
         payload = _load(eval_path)
         if payload is None or "meta" not in payload:
             continue
         lines += quality_section(payload, eval_path)
-        if payload.get("task") in ("qa", "summarization"):
-            continue
         plot_name = f"quality_{eval_path.parent.name}.png"
         plot_quality(payload, plots / plot_name)
         lines += [f"![quality vs ρ]({'plots/' + plot_name})", ""]
+        train_log = eval_path.parent / "train_log.jsonl"
+        if train_log.is_file():
+            budget_name = f"budget_{eval_path.parent.name}.png"
+            plot_budget(train_log, plots / budget_name)
+            lines += [
+                f"Budget tracking during training (`{train_log}`):",
+                "",
+                f"![budget](plots/{budget_name})",
+                "",
+            ]
+    lines += ablation_section(results_dir)
     out = docs_dir / "benchmarks.md"
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -140,7 +141,7 @@ def evaluation_meta(recipe: Recipe, split: str, num_examples: int) -> dict[str, 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from training.data import load_split, shuffled
-    from training.fit import load_run
+    from training.fit import LOG_FILE, load_run
 
     model, recipe, tokenizer = load_run(args.run_dir)
     split = args.split or recipe.dataset.test_split
@@ -149,9 +150,9 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     out_dir = args.out or DEFAULT_RESULTS_DIR / f"{recipe.name}-{recipe.profile}"
     meta = evaluation_meta(recipe, split, len(rows))
     if recipe.task == "classification":
-        from training.evaluate import ALL_METHODS, evaluate_classification, merge_results, write_results
+        from training.evaluate import DEFAULT_METHODS, evaluate_classification, merge_results, write_results
 
-        methods = args.methods or list(ALL_METHODS)
+        methods = args.methods or list(DEFAULT_METHODS)
         results = evaluate_classification(
             model, tokenizer, rows, rhos, methods, recipe.max_length, recipe.evaluation.batch_size
         )
@@ -161,6 +162,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         write_results(results, out_dir, meta)
     else:
         write_task_results(model, tokenizer, recipe, rows, rhos, args.methods, out_dir, meta)
+    shutil.copyfile(args.run_dir / LOG_FILE, out_dir / LOG_FILE)  # the budget curve, beside the results
     print((out_dir / "eval.md").read_text(encoding="utf-8"))
 
 
@@ -231,9 +233,7 @@ def parser() -> argparse.ArgumentParser:
     ev_p.add_argument("--limit", type=int, default=None)
     ev_p.add_argument("--rhos", type=float, nargs="+", default=None)
     ev_p.add_argument(
-        "--methods",
-        nargs="+",
-        default=["learned", "random", "attention", "first_k", "first_k_work", "head_tail_work"],
+        "--methods", nargs="+", default=None, help="default: the task's learned method and baselines"
     )
     ev_p.add_argument("--out", type=Path, default=None)
     ev_p.add_argument(

@@ -33,6 +33,7 @@ from training.model import RetentionModel, Selector, attention_selector, random_
 SELECTION_METHODS = ("learned", "random", "attention", "threshold")
 TRUNCATION_METHODS = ("first_k", "first_k_work", "head_tail_work")
 ALL_METHODS = SELECTION_METHODS + TRUNCATION_METHODS
+DEFAULT_METHODS = tuple(m for m in ALL_METHODS if m != "threshold")  # threshold is an ablation
 HEAD_SHARE = 0.25  # head+tail truncation: a quarter from the start, the rest from the end
 RANDOM_SEED = 0
 

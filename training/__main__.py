@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import shutil
 import subprocess
@@ -158,6 +159,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         )
         previous = out_dir / "eval.json"
         if args.merge and previous.is_file():
+            earlier = json.loads(previous.read_text(encoding="utf-8"))["meta"]
+            meta["command"] = f"{earlier['command']} && {meta['command']}"  # both runs reproduce the file
             results = merge_results(previous, results)
         write_results(results, out_dir, meta)
     else:
@@ -177,8 +180,6 @@ def write_task_results(
     meta: dict[str, object],
 ) -> None:
     """QA / summarization: their modules evaluate; we add the run's metadata and write JSON + markdown."""
-    import json
-
     from training import qa, summarization
 
     module = qa if recipe.task == "qa" else summarization

@@ -66,3 +66,27 @@ def test_memory_harness_and_report_quick_mode(tmp_path: Path) -> None:
     assert all(r["peak_bytes"] > 0 for r in payload["results"])
     out = report.build_report(results_dir, docs_dir)
     assert "## Peak memory" in out.read_text()
+
+
+def test_merged_evaluation_and_its_report(tmp_path: Path) -> None:
+    from benchmarks import report
+    from training.evaluate import merge_results, write_results
+
+    model, tokenizer = tiny_model()
+    run_dir = tmp_path / "results" / "sst2-minilm-quick"
+    meta = {"model": "tiny", "profile": "quick", "split": "validation", "num_examples": len(ROWS)}
+    first = evaluate_classification(model, tokenizer, ROWS, [0.5], ["learned", "threshold"], 64, 4, False)
+    write_results(first, run_dir, meta)
+    second = evaluate_classification(model, tokenizer, ROWS, [0.3, 0.5], ["learned"], 64, 4, False)
+    merged = merge_results(run_dir / "eval.json", second)
+    assert sorted((r.method, r.rho) for r in merged) == [
+        ("learned", 0.3),
+        ("learned", 0.5),
+        ("threshold", 0.5),
+    ]
+    write_results(merged, run_dir, meta)
+    log = {"step": 0, "kept_fraction": 0.5, "target_fraction": 0.5, "lam": [0.0, 0.01]}
+    (run_dir / "train_log.jsonl").write_text(json.dumps(log) + "\n")
+    text = report.build_report(tmp_path / "results", tmp_path / "docs").read_text()
+    assert "## Quality vs ρ — tiny" in text and "| threshold |" in text
+    assert (tmp_path / "docs" / "plots" / "budget_sst2-minilm-quick.png").is_file()

@@ -14,7 +14,7 @@ from benchmarks.flops import EncoderShape, dense_macs, flop_ratio, pruned_macs
 from training.data import load_split
 from training.evaluate import truncate, truncated_lengths
 from training.fit import lr_multiplier
-from training.recipes import DatasetSpec, load_recipe
+from training.recipes import DatasetSpec, Recipe, load_recipe
 
 RECIPES = sorted(Path(__file__).resolve().parents[1].joinpath("models", "recipes").rglob("*.yaml"))
 
@@ -97,3 +97,10 @@ def test_flop_model_is_dense_at_rho_one_and_shrinks_with_rho() -> None:
     ratios = [flop_ratio(512, rho, shape, 0.5, 1) for rho in (1.0, 0.5, 0.3, 0.2)]
     assert ratios == sorted(ratios)
     assert flop_ratio(512, 0.3, shape, 0.5, 1) > flop_ratio(512, 0.3, shape, 1.0, 1)
+
+
+def test_runs_from_before_the_gate_kind_moved_still_load() -> None:
+    legacy = {"name": "old", "dataset": {"name": "sst2"}, "budget": {"use_gates": True}}
+    assert Recipe.model_validate(legacy).retention.gates == "hard_concrete"
+    with pytest.raises(ValueError, match="use_gates"):
+        Recipe.model_validate({**legacy, "budget": {"use_gates": False}})

@@ -58,6 +58,15 @@ class BudgetSpec(Strict):
     quadratic_weight: float = Field(default=0.0, ge=0.0)
     fixed_lambda: float | None = Field(default=None, description="ablation: freeze λ at this value")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_legacy_use_gates(cls, data: Any) -> Any:
+        """Runs written before the gate kind moved to ``retention.gates`` carry ``use_gates: true``
+        (the default, Hard-Concrete); anything else stays an error."""
+        if isinstance(data, dict) and data.get("use_gates") is True:
+            return {key: value for key, value in data.items() if key != "use_gates"}
+        return data
+
 
 class OptimizerSpec(Strict):
     lr: float = 3e-5

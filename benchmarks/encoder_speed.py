@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.flops import EncoderShape, flop_ratio
+from benchmarks.machine import describe
 
 DEFAULT_RHOS = (1.0, 0.7, 0.5, 0.3, 0.2)
 DENSE = "dense-onnx-fp32"
@@ -214,32 +215,6 @@ def time_variants(
     return out
 
 
-def machine() -> dict[str, object]:
-    import platform
-
-    import onnxruntime
-    import torch
-
-    cpu = platform.processor()
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    import subprocess
-
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "onnxruntime": onnxruntime.__version__,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "commit": commit,
-    }
-
-
 def markdown(payload: dict[str, Any]) -> str:
     lines = [
         "| seq | batch | variant | seq/s | speed-up vs dense ONNX (min–max) | theoretical FLOP ratio |",
@@ -282,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     started = time.perf_counter()
     payload = measure(args)
-    payload["machine"] = machine()
+    payload["machine"] = describe()
     payload["command"] = "python -m benchmarks.encoder_speed " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )

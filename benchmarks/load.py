@@ -17,12 +17,15 @@ import asyncio
 import json
 import random
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from benchmarks.machine import describe
 
 RHOS = ("1", "0.5", "0.3", "auto")
 WORDS = [
@@ -276,6 +279,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     report = asyncio.run(run(args))
+    report["machine"] = describe()
+    report["command"] = "python -m benchmarks.load " + " ".join(argv if argv is not None else sys.argv[1:])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     args.out.with_suffix(".md").write_text(markdown(report), encoding="utf-8")

@@ -152,14 +152,14 @@ def main(argv: list[str] | None = None) -> None:
         result["activation_bytes"] = activation
         result["activation_vs_dense"] = activation / dense_activation if dense_activation > 0 else None
         result["peak_vs_dense"] = result["peak_bytes"] / dense_result["peak_bytes"]
-    from benchmarks.encoder_speed import machine
+    from benchmarks.machine import describe
 
     payload = {
         "batch": args.batch,
         "seq_len": args.seq_len,
         "arena": args.arena,
         "results": results,
-        "machine": machine(),
+        "machine": describe(),
         "command": "python -m benchmarks.memory " + " ".join(argv if argv is not None else sys.argv[1:]),
         "wall_seconds": round(time.perf_counter() - started, 1),
         "pid": os.getpid(),

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -102,29 +100,11 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 
 def machine_description() -> dict[str, object]:
-    import os
-
     import torch
 
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "commit": commit,
-    }
+    from benchmarks.machine import describe
+
+    return {**describe(), "torch_threads": torch.get_num_threads()}
 
 
 def evaluation_meta(recipe: Recipe, split: str, num_examples: int) -> dict[str, object]:

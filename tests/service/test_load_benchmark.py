@@ -40,6 +40,7 @@ def test_quick_load_benchmark(models_root: Path, tmp_path: Path) -> None:
         )
     saved = json.loads(out.read_text())
     assert saved == json.loads(json.dumps(report))
+    assert saved["machine"]["cores"] >= 1 and saved["command"].startswith("python -m benchmarks.load ")
     cells = saved["results"]
     service = [c for c in cells if c["target"] == "service"]
     assert {(c["rho"], c["concurrency"]) for c in service} == {(r, c) for r in load.RHOS for c in (1, 4)}

@@ -273,6 +273,22 @@ def plot_budget(log_path: Path, path: Path) -> None:
     plt.close(fig)
 
 
+def load_section(load_md: Path, plots: Path) -> list[str]:
+    """One load run (``scripts/load_benchmark.sh``): its markdown table, model, command and plot."""
+    body = load_md.read_text(encoding="utf-8").split("\n", 1)[1]  # drop its own title
+    payload = _load(load_md.with_suffix(".json")) or {}
+    lines = [f"## Service under load ({load_md.stem})", "", f"Source: `{load_md.with_suffix('.json')}`"]
+    if payload.get("machine"):
+        lines[-1] += f" — {_machine_line(payload)}"
+    lines[-1] += f". Command: `{payload.get('command', 'scripts/load_benchmark.sh')}`."
+    lines += [body, ""]
+    if payload.get("results"):
+        plot_name = f"latency_vs_{load_md.stem}.png"
+        plot_load(payload, plots / plot_name)
+        lines += [f"![throughput and p99 vs load](plots/{plot_name})", ""]
+    return lines
+
+
 def build_report(results_dir: Path = RESULTS, docs_dir: Path = DOCS) -> Path:
     plots = docs_dir / "plots"
     plots.mkdir(parents=True, exist_ok=True)
@@ -293,13 +309,8 @@ def build_report(results_dir: Path = RESULTS, docs_dir: Path = DOCS) -> Path:
         lines += memory_section(memory, memory_path)
         plot_memory(memory, plots / "memory_vs_rho.png")
         lines += ["![peak memory vs ρ](plots/memory_vs_rho.png)", ""]
-    load_md = results_dir / "bench" / "load.md"
-    if load_md.is_file():
-        body = load_md.read_text(encoding="utf-8").split("\n", 1)[1]  # drop its own title
-        lines += ["## Service under load", "", f"Source: `{load_md.with_suffix('.json')}`.", body, ""]
-        if (load := _load(load_md.with_suffix(".json"))) is not None:
-            plot_load(load, plots / "latency_vs_load.png")
-            lines += ["![throughput and p99 vs load](plots/latency_vs_load.png)", ""]
+    for load_md in sorted((results_dir / "bench").glob("load*.md")):
+        lines += load_section(load_md, plots)
     for eval_path in sorted(results_dir.glob("*/eval.json")):
         payload = _load(eval_path)
         if payload is None or "meta" not in payload:

@@ -12,6 +12,7 @@ from typing import Any
 RESULTS = Path("results")
 DOCS = Path("docs")
 PLOTS = DOCS / "plots"
+PLOT_DPI = 120
 
 
 def _load(path: Path) -> dict[str, Any] | None:
@@ -69,6 +70,24 @@ ABLATION_VARIANTS = {
     "sst2-minilm-sigmoid-gates-quick": "no Hard-Concrete (sigmoid gates)",
     "sst2-minilm-fixed-lambda-quick": "fixed λ = 0.01 (no dual ascent)",
 }
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the file-only backend (no display on CI or servers)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=PLOT_DPI)
+    plt.close(fig)
 
 
 def quality_section(payload: dict[str, Any], source: Path) -> list[str]:
@@ -142,11 +161,7 @@ def ablation_section(results_dir: Path) -> list[str]:
 
 
 def plot_quality(payload: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for method, points in quality_points(payload).items():
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
@@ -155,17 +170,11 @@ def plot_quality(payload: dict[str, Any], path: Path) -> None:
     ax.set_title(f"{payload['meta']['model']} — {payload['meta']['split']}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_speed(payload: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     cells = sorted({(r["seq_len"], r["batch"]) for r in payload["results"]})
     for seq_len, batch in cells:
@@ -197,19 +206,13 @@ def plot_speed(payload: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("speed-up over dense ONNX fp32")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_memory(payload: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
-    names = [r["variant"] for r in payload["results"]]
+    names = [r["variant"] if r["rho"] is None else f"ρ={r['rho']:g}" for r in payload["results"]]
     ax.bar(names, [r["peak_bytes"] / 2**20 for r in payload["results"]], label="peak RSS")
     ax.bar(
         names, [r["activation_bytes"] / 2**20 for r in payload["results"]], label="activation (peak − before)"
@@ -218,17 +221,11 @@ def plot_memory(payload: dict[str, Any], path: Path) -> None:
     ax.set_title(f"peak memory, batch {payload['batch']} × {payload['seq_len']} tokens")
     ax.tick_params(axis="x", labelsize=7, rotation=20)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_load(payload: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     series: dict[str, list[tuple[int, float, float]]] = {}
     for r in payload["results"]:
@@ -244,18 +241,12 @@ def plot_load(payload: dict[str, Any], path: Path) -> None:
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     left.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_budget(log_path: Path, path: Path) -> None:
     """Training log: expected kept fraction vs the batch's target ρ, and the largest λ."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     entries = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line]
     steps = [e["step"] for e in entries]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(6, 5), sharex=True)
@@ -268,9 +259,7 @@ def plot_budget(log_path: Path, path: Path) -> None:
     bottom.set_xlabel("step")
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def load_section(load_md: Path, plots: Path) -> list[str]:

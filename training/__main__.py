@@ -145,7 +145,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         write_results(results, out_dir, meta)
     else:
         write_task_results(model, tokenizer, recipe, rows, rhos, args.methods, out_dir, meta)
-    shutil.copyfile(args.run_dir / LOG_FILE, out_dir / LOG_FILE)  # the budget curve, beside the results
+    if (args.run_dir / LOG_FILE).is_file():  # runs saved without fit (e.g. converted ones) have no log
+        shutil.copyfile(args.run_dir / LOG_FILE, out_dir / LOG_FILE)  # the budget curve, beside the results
     print((out_dir / "eval.md").read_text(encoding="utf-8"))
 
 

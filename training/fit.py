@@ -152,7 +152,7 @@ def fit(
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.optimizer.grad_clip)
         optimizer.step()
         if recipe.budget.fixed_lambda is None:
-            lam = R.dual_ascent(lam, gap, recipe.budget.dual_lr)
+            lam = R.dual_ascent(lam, gap, recipe.budget.dual_lr, recipe.budget.two_sided)
         if step % recipe.log_every == 0 or step == recipe.steps - 1:
             kept = (out.expected_kept[:, -1] / out.num_real).mean().item()
             entry = StepLog(

@@ -57,6 +57,7 @@ class BudgetSpec(Strict):
     dual_lr: float = Field(default=1e-2, ge=0.0)
     quadratic_weight: float = Field(default=0.0, ge=0.0)
     fixed_lambda: float | None = Field(default=None, description="ablation: freeze λ at this value")
+    two_sided: bool = Field(default=False, description="equality constraint: λ may go negative")
 
     @model_validator(mode="before")
     @classmethod

@@ -168,9 +168,16 @@ def lagrangian_penalty(gap: torch.Tensor, lam: torch.Tensor, quadratic_weight: f
     return (lam.detach() * gap).sum() + 0.5 * quadratic_weight * (gap**2).sum()
 
 
-def dual_ascent(lam: torch.Tensor, gap: torch.Tensor, lr: float) -> torch.Tensor:
-    """Projected dual ascent: λ ← max(0, λ + η·gap). Rises while over budget. (P,) → (P,)"""
-    return torch.clamp(lam + lr * gap.detach(), min=0.0)
+def dual_ascent(lam: torch.Tensor, gap: torch.Tensor, lr: float, two_sided: bool = False) -> torch.Tensor:
+    """Dual ascent on λ: λ ← λ + η·gap, rising while over budget. (P,) → (P,)
+
+    One-sided (the default, an inequality Σp ≤ M): λ is projected onto λ ≥ 0, so nothing stops the
+    gates from closing *more* than the budget asks. Two-sided (an equality Σp = M): λ may go
+    negative and then pulls under-budget points back up, so training sees the token counts that
+    inference keeps (token-level tasks, whose states are restored and read at every position).
+    """
+    stepped = lam + lr * gap.detach()
+    return stepped if two_sided else torch.clamp(stepped, min=0.0)
 
 
 # --------------------------------------------------------------------------------------------

@@ -245,7 +245,8 @@ def plot_load(payload: dict[str, Any], path: Path) -> None:
 
 
 def plot_budget(log_path: Path, path: Path) -> None:
-    """Training log: expected kept fraction vs the batch's target ρ, and the largest λ."""
+    """Training log: expected kept fraction vs the batch's target ρ, and λ of every pruning point
+    (two-sided budgets take negative λ, so the largest one alone would hide them)."""
     plt = _pyplot()
     entries = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line]
     steps = [e["step"] for e in entries]
@@ -254,8 +255,11 @@ def plot_budget(log_path: Path, path: Path) -> None:
     top.plot(steps, [e["kept_fraction"] for e in entries], label="expected kept fraction")
     top.set_ylabel("fraction of real tokens")
     top.legend(fontsize=8)
-    bottom.plot(steps, [max(e["lam"]) for e in entries], color="tab:red")
-    bottom.set_ylabel("max λ over layers")
+    for point in range(len(entries[0]["lam"])):
+        bottom.plot(steps, [e["lam"][point] for e in entries], label=f"λ point {point}")
+    bottom.axhline(0.0, color="black", linewidth=0.5)
+    bottom.set_ylabel("λ per pruning point")
+    bottom.legend(fontsize=7, ncol=3)
     bottom.set_xlabel("step")
     for ax in (top, bottom):
         ax.grid(alpha=0.3)

@@ -83,7 +83,6 @@ def test_lambda_rises_when_over_budget_and_stays_non_negative() -> None:
     assert lam.item() == pytest.approx(0.4)  # falls when under budget
 
 
-
 def test_two_sided_lambda_goes_negative_and_pushes_an_under_budget_point_back_up() -> None:
     under = torch.tensor([-0.3])
     lam = R.dual_ascent(torch.zeros(1), under, lr=0.1, two_sided=True)
@@ -92,6 +91,7 @@ def test_two_sided_lambda_goes_negative_and_pushes_an_under_budget_point_back_up
     gap = torch.sigmoid(keep_logit) - 0.8  # expected kept 0.5 against a target of 0.8
     R.lagrangian_penalty(gap, lam).backward()
     assert keep_logit.grad is not None and keep_logit.grad.item() < 0  # descent raises the keep rate
+
 
 def test_budget_gap_is_normalised_by_real_tokens() -> None:
     expected = torch.tensor([[6.0, 4.0], [20.0, 10.0]])

@@ -12,7 +12,6 @@ are built from the pretrained backbone with freshly initialised scorers; ``--run
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.flops import EncoderShape, flop_ratio
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_result
 
 DEFAULT_RHOS = (1.0, 0.7, 0.5, 0.3, 0.2)
 DENSE = "dense-onnx-fp32"
@@ -262,9 +261,7 @@ def main(argv: list[str] | None = None) -> None:
         argv if argv is not None else sys.argv[1:]
     )
     payload["wall_seconds"] = round(time.perf_counter() - started, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    args.out.with_suffix(".md").write_text(markdown(payload), encoding="utf-8")
+    write_result(args.out, payload, markdown(payload))
     print(markdown(payload))
 
 

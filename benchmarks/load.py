@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import sys
@@ -25,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.machine import describe
+from benchmarks.machine import describe, write_result
 
 RHOS = ("1", "0.5", "0.3", "auto")
 WORDS = [
@@ -281,9 +280,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report = asyncio.run(run(args))
     report["machine"] = describe()
     report["command"] = "python -m benchmarks.load " + " ".join(argv if argv is not None else sys.argv[1:])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    args.out.with_suffix(".md").write_text(markdown(report), encoding="utf-8")
+    write_result(args.out, report, markdown(report))
     print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
     return report
 

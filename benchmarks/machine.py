@@ -6,11 +6,13 @@ record it too.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 LIBRARIES = ("onnxruntime", "torch", "transformers", "tokenizers")
 
@@ -46,3 +48,10 @@ def describe() -> dict[str, object]:
         **versions,
         "commit": git_commit(),
     }
+
+
+def write_result(out: Path, payload: dict[str, Any], table: str) -> None:
+    """Raw JSON at ``out`` and its markdown table beside it (``out`` with ``.md``)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    out.with_suffix(".md").write_text(table, encoding="utf-8")

@@ -90,3 +90,17 @@ def test_merged_evaluation_and_its_report(tmp_path: Path) -> None:
     text = report.build_report(tmp_path / "results", tmp_path / "docs").read_text()
     assert "## Quality vs ρ — tiny" in text and "| threshold |" in text
     assert (tmp_path / "docs" / "plots" / "budget_sst2-minilm-quick.png").is_file()
+
+
+def test_soft_budget_reports_expected_and_target_kept_per_point(tmp_path: Path) -> None:
+    from benchmarks.soft_budget import main as soft_budget_main
+
+    run_dir = _tiny_run(tmp_path)
+    out = tmp_path / "soft_budget.json"
+    soft_budget_main([str(run_dir), "--rhos", "0.3", "1.0", "--examples", "8", "--out", str(out)])
+    payload = json.loads(out.read_text())
+    low, dense = payload["rhos"]["0.3"], payload["rhos"]["1"]
+    assert len(low["expected"]) == len(low["target"]) == 2  # one pruning point per tiny layer
+    assert low["target"][-1] == 0.3 and dense["target"] == [1.0, 1.0]
+    assert all(0.0 < e <= 1.0 for e in low["expected"])
+    assert "| 0.3 |" in out.with_suffix(".md").read_text()

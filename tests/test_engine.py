@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -254,3 +255,21 @@ def test_both_gate_kinds_report_expected_survivors_below_the_real_count(gates: s
     assert (out.expected_kept < real).any()  # the gates close some tokens
     out.logits.sum().backward()  # differentiable through either gate kind
     assert model.scorers[0].parameters().__next__().grad is not None
+
+
+@pytest.mark.parametrize("spread", [1.0, 100.0])
+def test_normalized_scores_let_the_budget_set_the_counts_when_the_scorer_saturates(spread: float) -> None:
+    model, _ = tiny_model("classification")
+    for scorer in model.scorers:  # a saturated scorer: every token far on the "keep" side
+        scorer.v.weight.data.mul_(spread)
+        scorer.v.bias.data.fill_(50.0)
+    ids = torch.randint(3, 120, (2, 80), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    rho = torch.full((2,), 0.3)
+    with torch.no_grad():
+        raw = model.forward_soft(ids, mask, rho)
+        model.config = replace(model.config, normalize_scores=True)
+        normalized = model.forward_soft(ids, mask, rho)
+    target = normalized.target_kept / 80  # (B, P) fractions of real tokens
+    assert (raw.expected_kept / 80 > 0.99).all()  # λ would have to fight a vanished gradient
+    torch.testing.assert_close(normalized.expected_kept / 80, target, atol=0.05, rtol=0.0)

@@ -176,3 +176,11 @@ def test_encoder_token_work_counts_last_layer_queries() -> None:
     torch.testing.assert_close(work, torch.tensor([1.0, 10 / 30]))
     cls_only = R.encoder_token_work(counts, num_real, last_layer_queries=1)
     torch.testing.assert_close(cls_only, torch.tensor([21 / 30, 9 / 30]))
+
+
+def test_budget_threshold_is_the_weighted_quantile_of_the_candidates() -> None:
+    scores = torch.tensor([[4.0, 1.0, 3.0, 2.0, 9.0]])
+    weights = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])  # the last token is protected: no weight
+    assert R.budget_threshold(scores, weights, torch.tensor([0.5])).item() == 3.0
+    half_alive = torch.tensor([[0.5, 1.0, 0.5, 1.0, 0.0]])  # 4 and 3 half-dropped already
+    assert R.budget_threshold(scores, half_alive, torch.tensor([0.5])).item() == 2.0

@@ -46,6 +46,7 @@ def retention_config(recipe: Recipe) -> RetentionConfig:
         ema_decay=spec.ema_decay,
         schedule_power=spec.schedule_power,
         hard_concrete=R.HardConcrete(spec.gate_temperature, spec.gate_left, spec.gate_right),
+        normalize_scores=spec.normalize_scores,
     )
 
 

@@ -38,6 +38,7 @@ class RetentionConfig:
     ema_decay: float = 0.9
     schedule_power: float = 1.0
     hard_concrete: R.HardConcrete = field(default_factory=R.HardConcrete)
+    normalize_scores: bool = False  # training only: shift scores per row so the budget sets counts
 
 
 @dataclass
@@ -140,14 +141,19 @@ class RetentionModel(nn.Module):
         protected = self.default_protected(attention_mask) if protected is None else protected & valid
         num_real = valid.sum(1)  # (B,)
         fractions = R.keep_fractions(rho, self.num_points, self.config.schedule_power)  # (B, P)
-        prior = self.config.hard_concrete.log_alpha_for_rate(R.conditional_keep_rates(fractions))  # (B,P)
+        rates = R.conditional_keep_rates(fractions)  # (B, P)
+        prior = self.config.hard_concrete.log_alpha_for_rate(rates)  # (B, P)
         hidden = self.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
         gate_product = valid.to(hidden.dtype)  # (B, T)
         prob_product = valid.to(hidden.dtype)  # (B, T)
         expected = []
         for point, layer in enumerate(self.backbone.views):
             if gates != "none":
-                log_alpha = self.scorers[point](hidden, valid) + prior[:, point : point + 1]  # (B, T)
+                scores = self.scorers[point](hidden, valid)  # (B, T)
+                if self.config.normalize_scores:
+                    candidates = torch.where(protected, torch.zeros_like(prob_product), prob_product)
+                    scores = scores - R.budget_threshold(scores, candidates, rates[:, point])
+                log_alpha = scores + prior[:, point : point + 1]  # (B, T)
                 prob = self.config.hard_concrete.prob_nonzero(log_alpha)
                 gate = self._gate(log_alpha, prob, gates, generator)
                 gate_product = gate_product * torch.where(protected, torch.ones_like(gate), gate)

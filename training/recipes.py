@@ -35,6 +35,9 @@ class RetentionSpec(Strict):
     gates: Literal["hard_concrete", "sigmoid"] = Field(
         default="hard_concrete", description="ablation: 'sigmoid' trains with plain deterministic gates"
     )
+    normalize_scores: bool = Field(
+        default=False, description="training: shift scores per row to the budget quantile (budget_threshold)"
+    )
 
 
 class RhoSpec(Strict):

@@ -153,6 +153,22 @@ def sample_rho(batch_size: int, low: float, high: float, generator: torch.Genera
     return low + (high - low) * torch.rand(batch_size, generator=generator)
 
 
+def budget_threshold(scores: torch.Tensor, weights: torch.Tensor, rate: torch.Tensor) -> torch.Tensor:
+    """Per-row score above which a ``rate`` share of the candidate weight lies; detached.
+
+    scores (B, T), weights (B, T) ≥ 0 (a token's soft survival so far; 0 for pads and protected
+    tokens), rate (B,) → (B, 1). Subtracting it before the budget prior (``normalize_scores``) makes
+    Σ P(z > 0) ≈ rate · Σ weights whatever the scale of the scores, so the budget sets the counts
+    instead of a λ whose gradient vanishes once the scorer saturates. A per-row shift leaves the
+    top-M ranking of inference unchanged.
+    """
+    ranked, order = torch.sort(scores.detach(), dim=1, descending=True)  # (B, T)
+    cumulative = torch.cumsum(torch.gather(weights.detach(), 1, order), dim=1)  # (B, T)
+    wanted = rate.unsqueeze(-1) * cumulative[:, -1:]  # (B, 1)
+    position = (cumulative < wanted).sum(1, keepdim=True).clamp(max=scores.shape[1] - 1)  # (B, 1)
+    return torch.gather(ranked, 1, position)  # (B, 1)
+
+
 # --------------------------------------------------------------------------------------------
 # Lagrangian budget
 # --------------------------------------------------------------------------------------------
@@ -254,6 +270,7 @@ __all__ = [
     "RetentionScorer",
     "attention_bias",
     "budget_gap",
+    "budget_threshold",
     "conditional_keep_rates",
     "dual_ascent",
     "encoder_token_work",

@@ -36,13 +36,7 @@ def soft_budget(run_dir: Path, rhos: list[float], examples: int) -> dict[str, ob
     for rho in rhos:
         budgets = torch.full((batch.input_ids.shape[0],), rho)  # (B,)
         with torch.no_grad():
-            out = model.forward_soft(
-                batch.input_ids,
-                batch.attention_mask,
-                budgets,
-                protected=batch.protected,
-                token_type_ids=batch.token_type_ids,
-            )
+            out = model.forward_soft(**batch.encoder_inputs(), rho=budgets)
         real = out.num_real.unsqueeze(-1).to(out.expected_kept.dtype)  # (B, 1)
         per_rho[f"{rho:g}"] = {
             "expected": [round(x, DECIMALS) for x in (out.expected_kept / real).mean(0).tolist()],

@@ -273,3 +273,27 @@ def test_normalized_scores_let_the_budget_set_the_counts_when_the_scorer_saturat
     target = normalized.target_kept / 80  # (B, P) fractions of real tokens
     assert (raw.expected_kept / 80 > 0.99).all()  # λ would have to fight a vanished gradient
     torch.testing.assert_close(normalized.expected_kept / 80, target, atol=0.05, rtol=0.0)
+
+
+def test_pruned_pass_loss_trains_backbone_and_head_but_not_the_scorers() -> None:
+    from training.fit import pruned_pass_loss
+    from training.recipes import ObjectiveSpec
+    from training.tasks import adapter_for
+
+    model, tokenizer = tiny_model("classification")
+    recipe = tiny_recipe("classification").model_copy(
+        update={"objective": ObjectiveSpec(pruned_loss_weight=1.0)}
+    )
+    adapter = adapter_for("classification")
+    rows = [{"text": "a good movie with a long plot", "label": 1}, {"text": "bad", "label": 0}]
+    batch = adapter.make_batch(rows, tokenizer, recipe.max_length)
+    rho = torch.full((2,), 0.3)
+    loss = pruned_pass_loss(model, adapter, batch, rho, recipe)
+    assert loss is not None and torch.isfinite(loss)
+    loss.backward()
+    assert model.head.out.weight.grad is not None and model.head.out.weight.grad.abs().sum() > 0
+    first_query = model.backbone.views[0].query.weight.grad
+    assert first_query is not None and first_query.abs().sum() > 0
+    assert all(param.grad is None for param in model.scorers.parameters())  # top-M has no gradient
+    without = recipe.model_copy(update={"objective": ObjectiveSpec()})
+    assert pruned_pass_loss(model, adapter, batch, rho, without) is None

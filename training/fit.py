@@ -80,6 +80,7 @@ class StepLog:
     task_loss: float
     kept_fraction: float  # expected survivors at the last point / real tokens
     target_fraction: float  # mean ρ of the batch
+    pruned_loss: float | None  # task loss of the hard top-M pass, when the objective has one
     lam: list[float]
     lr: float
     seconds: float
@@ -137,17 +138,14 @@ def fit(
         batch = adapter.make_batch(next(batches), tokenizer, recipe.max_length)
         rho = R.sample_rho(batch.input_ids.shape[0], recipe.rho.low, recipe.rho.high, generator)
         out = model.forward_soft(
-            batch.input_ids,
-            batch.attention_mask,
-            rho,
-            protected=batch.protected,
-            token_type_ids=batch.token_type_ids,
-            generator=generator,
-            gates=recipe.retention.gates,
+            **batch.encoder_inputs(), rho=rho, generator=generator, gates=recipe.retention.gates
         )
         task_loss = adapter.loss(out.logits, batch)
         gap = R.budget_gap(out.expected_kept, out.target_kept, out.num_real)  # (P,)
         loss = task_loss + R.lagrangian_penalty(gap, lam, recipe.budget.quadratic_weight)
+        pruned_loss = pruned_pass_loss(model, adapter, batch, rho, recipe)
+        if pruned_loss is not None:
+            loss = loss + recipe.objective.pruned_loss_weight * pruned_loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.optimizer.grad_clip)
@@ -162,6 +160,7 @@ def fit(
                 task_loss.item(),
                 kept,
                 rho.mean().item(),
+                None if pruned_loss is None else pruned_loss.item(),
                 [round(x, 5) for x in lam.tolist()],
                 optimizer.param_groups[0]["lr"],
                 time.perf_counter() - started,
@@ -176,6 +175,20 @@ def fit(
             )
     save_run(model, recipe, tokenizer, run_dir)
     return model
+
+
+def pruned_pass_loss(
+    model: RetentionModel, adapter, batch, rho: torch.Tensor, recipe: Recipe
+) -> torch.Tensor | None:
+    """Task loss of ``forward_pruned`` at the batch's ρ, or None when the objective has no weight.
+
+    The soft pass never freezes a token completely, while inference drops tokens for good and
+    restores their early states; this pass trains backbone and head on exactly that. Top-M is not
+    differentiable, so the scorers still learn only from the soft pass.
+    """
+    if recipe.objective.pruned_loss_weight <= 0.0:
+        return None
+    return adapter.loss(model.forward_pruned(**batch.encoder_inputs(), rho=rho).logits, batch)
 
 
 def save_run(model: RetentionModel, recipe: Recipe, tokenizer, run_dir: Path) -> None:

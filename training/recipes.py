@@ -80,6 +80,19 @@ class OptimizerSpec(Strict):
     grad_clip: float = 1.0
 
 
+class ObjectiveSpec(Strict):
+    """What the training loss is made of, beyond the task loss of the soft (gated) pass."""
+
+    pruned_loss_weight: float = Field(
+        default=0.0,
+        ge=0.0,
+        description=(
+            "add this weight × the task loss of the hard top-M pass that inference runs (same ρ, "
+            "learned scores): backbone and head then train on really-dropped, restored tokens"
+        ),
+    )
+
+
 class EvalSpec(Strict):
     validation_size: int = 500
     rhos: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
@@ -101,6 +114,7 @@ class Recipe(Strict):
     rho: RhoSpec = RhoSpec()
     budget: BudgetSpec = BudgetSpec()
     optimizer: OptimizerSpec = OptimizerSpec()
+    objective: ObjectiveSpec = ObjectiveSpec()
     evaluation: EvalSpec = EvalSpec()
     profile: str = "full"
 

@@ -8,11 +8,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 import torch.nn.functional as F
 
 from training.data import Row
+
+
+class EncoderInputs(TypedDict):
+    """Keyword arguments of ``RetentionModel.forward_soft`` / ``forward_pruned`` that come from data."""
+
+    input_ids: torch.Tensor  # (B, T)
+    attention_mask: torch.Tensor  # (B, T)
+    protected: torch.Tensor | None  # (B, T) bool
+    token_type_ids: torch.Tensor | None  # (B, T)
 
 
 @dataclass
@@ -23,6 +33,15 @@ class Batch:
     protected: torch.Tensor | None = None  # (B, T) bool; None = [CLS] only
     token_type_ids: torch.Tensor | None = None  # (B, T)
     extra: dict[str, torch.Tensor] | None = None  # task-specific tensors for the loss
+
+    def encoder_inputs(self) -> EncoderInputs:
+        """The keyword arguments every ``RetentionModel`` forward pass takes from a batch."""
+        return {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "protected": self.protected,
+            "token_type_ids": self.token_type_ids,
+        }
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,12 @@ def library_version(name: str) -> str | None:
 
 
 def git_commit() -> str:
-    result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return result.stdout.strip()
+    """The checkout's short commit; ``GIT_COMMIT`` where the tree travelled without its .git."""
+    try:
+        result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    except OSError:  # no git on this machine
+        return os.environ.get("GIT_COMMIT", "")
+    return result.stdout.strip() or os.environ.get("GIT_COMMIT", "")
 
 
 def describe() -> dict[str, object]:

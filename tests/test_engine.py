@@ -275,25 +275,123 @@ def test_normalized_scores_let_the_budget_set_the_counts_when_the_scorer_saturat
     torch.testing.assert_close(normalized.expected_kept / 80, target, atol=0.05, rtol=0.0)
 
 
-def test_pruned_pass_loss_trains_backbone_and_head_but_not_the_scorers() -> None:
-    from training.fit import pruned_pass_loss
+def _objective_setup(task: str, **weights: float):
     from training.recipes import ObjectiveSpec
     from training.tasks import adapter_for
 
-    model, tokenizer = tiny_model("classification")
-    recipe = tiny_recipe("classification").model_copy(
-        update={"objective": ObjectiveSpec(pruned_loss_weight=1.0)}
-    )
-    adapter = adapter_for("classification")
+    model, tokenizer = tiny_model(task)
+    recipe = tiny_recipe(task).model_copy(update={"objective": ObjectiveSpec(**weights)})
+    adapter = adapter_for(task)
+    return model.train(), tokenizer, recipe, adapter
+
+
+def test_pruned_pass_loss_trains_backbone_and_head_but_not_the_scorers() -> None:
+    from training.fit import extra_losses
+    from training.recipes import ObjectiveSpec
+
+    model, tokenizer, recipe, adapter = _objective_setup("classification", pruned_loss_weight=1.0)
     rows = [{"text": "a good movie with a long plot", "label": 1}, {"text": "bad", "label": 0}]
     batch = adapter.make_batch(rows, tokenizer, recipe.max_length)
     rho = torch.full((2,), 0.3)
-    loss = pruned_pass_loss(model, adapter, batch, rho, recipe)
-    assert loss is not None and torch.isfinite(loss)
-    loss.backward()
+    losses = extra_losses(model, adapter, batch, rho, recipe)
+    assert losses.pruned is not None and torch.isfinite(losses.pruned)
+    assert losses.dense is None and losses.distill is None  # no distillation asked for
+    total = losses.total(recipe)
+    assert isinstance(total, torch.Tensor)
+    total.backward()
     assert model.head.out.weight.grad is not None and model.head.out.weight.grad.abs().sum() > 0
     first_query = model.backbone.views[0].query.weight.grad
     assert first_query is not None and first_query.abs().sum() > 0
     assert all(param.grad is None for param in model.scorers.parameters())  # top-M has no gradient
     without = recipe.model_copy(update={"objective": ObjectiveSpec()})
-    assert pruned_pass_loss(model, adapter, batch, rho, without) is None
+    assert extra_losses(model, adapter, batch, rho, without).total(without) == 0.0
+
+
+QA_ROWS = [
+    {
+        "question": "Who beat Carolina?",
+        "context": "Denver beat Carolina 24-10 in Super Bowl 50, played in Santa Clara, California.",
+        "answers": {"text": ["Denver"], "answer_start": [0]},
+    },
+    {
+        "question": "Where was it played?",
+        "context": "Denver beat Carolina 24-10 in Super Bowl 50, played in Santa Clara, California.",
+        "answers": {"text": ["Santa Clara, California"], "answer_start": [55]},
+    },
+]
+
+
+def test_distillation_adds_the_dense_pass_and_a_divergence_that_vanishes_at_rho_one() -> None:
+    from training.fit import extra_losses
+
+    model, tokenizer, recipe, adapter = _objective_setup("qa", pruned_loss_weight=1.0, distill_weight=0.5)
+    batch = adapter.make_batch(QA_ROWS, tokenizer, recipe.max_length)
+    losses = extra_losses(model.eval(), adapter, batch, torch.full((2,), 0.3), recipe)
+    assert losses.dense is not None and losses.distill is not None and losses.pruned is not None
+    assert losses.distill > 0  # dropped context tokens change the span distributions
+    expected = losses.pruned + losses.dense + 0.5 * losses.distill
+    torch.testing.assert_close(losses.total(recipe), expected)
+    # At ρ = 1 the top-M pass is the dense pass: nothing left to distil (dropout off in eval).
+    dense = extra_losses(model.eval(), adapter, batch, torch.ones(2), recipe)
+    assert dense.distill is not None and dense.distill.abs().item() < 1e-6
+    torch.testing.assert_close(dense.pruned, dense.dense)
+
+
+@pytest.mark.parametrize("task", ["classification", "qa", "summarization"])
+def test_every_task_has_a_distillation_loss_that_is_zero_against_itself(task: str) -> None:
+    from training.tasks import adapter_for
+
+    model, tokenizer = tiny_model(task)
+    adapter = adapter_for(task)
+    rows = {
+        "classification": [{"text": "a good movie", "label": 1}, {"text": "bad", "label": 0}],
+        "qa": QA_ROWS,
+        "summarization": [
+            {"document": ["One sentence.", "Another one here."], "extractive_labels": [0, 1]},
+            {"document": ["Only this."], "extractive_labels": [1]},
+        ],
+    }[task]
+    batch = adapter.make_batch(rows, tokenizer, 48)
+    assert adapter.distill is not None
+    with torch.no_grad():
+        logits = model.forward_pruned(**batch.encoder_inputs(), rho=torch.ones(len(rows))).logits
+        other = model.forward_pruned(**batch.encoder_inputs(), rho=torch.full((len(rows),), 0.2)).logits
+    self_divergence = adapter.distill(logits, logits, batch)
+    if task == "summarization":  # BCE against soft targets bottoms out at their entropy, not 0
+        assert adapter.distill(other, logits, batch) >= self_divergence - 1e-6
+    else:
+        assert self_divergence.abs().item() < 1e-6
+        assert adapter.distill(other, logits, batch) >= 0
+
+
+def test_batch_moves_every_tensor() -> None:
+    from training.tasks import adapter_for
+
+    _, tokenizer = tiny_model("summarization")
+    adapter = adapter_for("summarization")
+    rows = [{"document": ["One sentence.", "Another one here."], "extractive_labels": [0, 1]}]
+    batch = adapter.make_batch(rows, tokenizer, 48)
+    moved = batch.to("meta")  # any device but the CPU the batch lives on
+    assert moved.input_ids.device.type == "meta" and moved.attention_mask.device.type == "meta"
+    assert moved.targets.device.type == "meta" and moved.token_type_ids is None
+    assert moved.extra is not None and moved.extra["segments"].device.type == "meta"
+    assert batch.input_ids.device.type == "cpu"  # the original is untouched
+
+
+def test_budgets_and_random_scores_are_drawn_on_the_generator_device() -> None:
+    generator = torch.Generator().manual_seed(0)
+    rho = R.sample_rho(5, 0.2, 1.0, generator)
+    assert rho.device == generator.device and ((rho >= 0.2) & (rho <= 1.0)).all()
+    valid = torch.ones(2, 7, dtype=torch.bool)
+    assert R.random_scores(valid, torch.Generator().manual_seed(1)).shape == (2, 7)
+    assert R.random_scores(valid).device == valid.device
+
+
+def test_fit_uses_the_cores_it_may_run_on() -> None:
+    import os
+
+    from training.fit import usable_cores
+
+    assert 1 <= usable_cores() <= (os.cpu_count() or 1)
+    if hasattr(os, "sched_getaffinity"):
+        assert usable_cores() == len(os.sched_getaffinity(0))

@@ -30,7 +30,7 @@ def cmd_fit(args: argparse.Namespace) -> None:
 
     recipe = load_recipe(args.recipe, args.profile)
     run_dir = args.run_dir or run_dir_for(recipe, args.runs_dir)
-    fit(recipe, run_dir)
+    fit(recipe, run_dir, device=args.device)
     print(f"run written to {run_dir}")
 
 
@@ -99,15 +99,19 @@ def cmd_export(args: argparse.Namespace) -> None:
     export_run(args.run_dir, out_dir, args.int8, not args.no_quality)
 
 
-def machine_description() -> dict[str, object]:
+def machine_description(device: str = "cpu") -> dict[str, object]:
     import torch
 
     from benchmarks.machine import describe
 
-    return {**describe(), "torch_threads": torch.get_num_threads()}
+    description: dict[str, object] = {**describe(), "torch_threads": torch.get_num_threads()}
+    if device != "cpu":
+        description["torch_device"] = device
+        description["accelerator"] = torch.cuda.get_device_name(torch.device(device))
+    return description
 
 
-def evaluation_meta(recipe: Recipe, split: str, num_examples: int) -> dict[str, object]:
+def evaluation_meta(recipe: Recipe, split: str, num_examples: int, device: str = "cpu") -> dict[str, object]:
     return {
         "model": recipe.name,
         "profile": recipe.profile,
@@ -116,7 +120,7 @@ def evaluation_meta(recipe: Recipe, split: str, num_examples: int) -> dict[str, 
         "subset": f"first {num_examples} after a seeded shuffle (seed {recipe.seed})",
         "max_length": recipe.max_length,
         "command": " ".join(["python -m training", *sys.argv[1:]]),
-        "machine": machine_description(),
+        "machine": machine_description(device),
     }
 
 
@@ -124,12 +128,12 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from training.data import load_split, shuffled
     from training.fit import LOG_FILE, load_run
 
-    model, recipe, tokenizer = load_run(args.run_dir)
+    model, recipe, tokenizer = load_run(args.run_dir, args.device)
     split = args.split or recipe.dataset.test_split
     rows = shuffled(load_split(recipe.dataset, split), recipe.seed, args.limit)
     rhos = args.rhos or list(recipe.evaluation.rhos)
     out_dir = args.out or DEFAULT_RESULTS_DIR / f"{recipe.name}-{recipe.profile}"
-    meta = evaluation_meta(recipe, split, len(rows))
+    meta = evaluation_meta(recipe, split, len(rows), args.device)
     if recipe.task == "classification":
         from training.evaluate import DEFAULT_METHODS, evaluate_classification, merge_results, write_results
 
@@ -199,6 +203,7 @@ def parser() -> argparse.ArgumentParser:
     fit_p.add_argument("--profile", default="full")
     fit_p.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS_DIR)
     fit_p.add_argument("--run-dir", type=Path, default=None)
+    fit_p.add_argument("--device", default="cpu", help="torch device to train on, e.g. cuda")
     fit_p.set_defaults(func=cmd_fit)
 
     exp_p = sub.add_parser("export", help="export a run to a model directory (ONNX + manifest)")
@@ -218,6 +223,7 @@ def parser() -> argparse.ArgumentParser:
         "--methods", nargs="+", default=None, help="default: the task's learned method and baselines"
     )
     ev_p.add_argument("--out", type=Path, default=None)
+    ev_p.add_argument("--device", default="cpu", help="torch device to evaluate on, e.g. cuda")
     ev_p.add_argument(
         "--merge", action="store_true", help="keep the results already in --out (same split and examples)"
     )

@@ -220,7 +220,7 @@ def load_backbone(name_or_path: str) -> EncoderBackbone:
     path = resolve_backbone_path(name_or_path)
     offline = Path(path).is_dir() or os.environ.get("HF_HUB_OFFLINE") == "1"
     hf_model = AutoModel.from_pretrained(path, local_files_only=offline, attn_implementation="eager")
-    return EncoderBackbone(hf_model)
+    return EncoderBackbone(hf_model.float())  # train in fp32 whatever dtype the checkpoint stores
 
 
 def backbone_from_config(config: Any) -> EncoderBackbone:

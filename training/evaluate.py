@@ -110,6 +110,7 @@ def evaluate_method(
     pad_id: int,
 ) -> MethodResult:
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))  # length-sorted batches
+    device = next(model.parameters()).device
     correct, work, started = 0, 0.0, time.perf_counter()
     selector = _selector(method) if method in SELECTION_METHODS else None
     for start in range(0, len(order), batch_size):
@@ -124,10 +125,16 @@ def evaluate_method(
         else:
             batch_rho = torch.full((len(batch),), rho)
         ids, mask = pad_batch(batch, pad_id)
-        out = model.forward_pruned(ids, mask, batch_rho, selector=selector, threshold=method == "threshold")
+        out = model.forward_pruned(
+            ids.to(device),
+            mask.to(device),
+            batch_rho.to(device),
+            selector=selector,
+            threshold=method == "threshold",
+        )
         predictions = out.logits.argmax(-1).tolist()
         correct += sum(int(p == labels[i]) for p, i in zip(predictions, chunk, strict=True))
-        work += R.encoder_token_work(out.kept_counts, num_real, model.last_layer_queries).sum().item()
+        work += R.encoder_token_work(out.kept_counts.cpu(), num_real, model.last_layer_queries).sum().item()
     return MethodResult(
         method, rho, correct / len(order), work / len(order), len(order), time.perf_counter() - started
     )

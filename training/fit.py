@@ -39,6 +39,13 @@ def lr_multiplier(step: int, total_steps: int, warmup_steps: int) -> float:
     return max(0.0, (total_steps - step) / remaining)
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity, e.g. under ``taskset``), not the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
 def retention_config(recipe: Recipe) -> RetentionConfig:
     spec = recipe.retention
     return RetentionConfig(
@@ -81,6 +88,8 @@ class StepLog:
     kept_fraction: float  # expected survivors at the last point / real tokens
     target_fraction: float  # mean ρ of the batch
     pruned_loss: float | None  # task loss of the hard top-M pass, when the objective has one
+    dense_loss: float | None  # task loss of the dense pass, when the objective distills
+    distill_loss: float | None  # divergence of the top-M pass from the dense pass
     lam: list[float]
     lr: float
     seconds: float
@@ -102,15 +111,17 @@ def fit(
     tokenizer=None,
     train_rows: list[Row] | None = None,
     progress: bool = True,
+    device: str = "cpu",
 ) -> RetentionModel:
-    """Train per the recipe and write the run directory. Deterministic given ``recipe.seed``."""
+    """Train per the recipe and write the run directory. Deterministic given ``recipe.seed`` and
+    the device (gate noise and ρ are drawn on it)."""
     adapter = adapter_for(recipe.task)
     torch.manual_seed(recipe.seed)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    generator = torch.Generator().manual_seed(recipe.seed)
+    torch.set_num_threads(usable_cores())
+    generator = torch.Generator(device=device).manual_seed(recipe.seed)
     backbone = backbone or load_backbone(recipe.backbone)
     tokenizer = tokenizer or load_tokenizer(recipe.backbone)
-    model = build_model(recipe, backbone)
+    model = build_model(recipe, backbone).to(device)
     rows = (
         train_rows
         if train_rows is not None
@@ -121,7 +132,7 @@ def fit(
     optimizer = torch.optim.AdamW(parameter_groups(model, recipe))
     base_lrs = [group["lr"] for group in optimizer.param_groups]
     warmup = int(recipe.optimizer.warmup_ratio * recipe.steps)
-    lam = torch.zeros(model.num_points)
+    lam = torch.zeros(model.num_points, device=device)
     if recipe.budget.fixed_lambda is not None:
         lam.fill_(recipe.budget.fixed_lambda)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -135,7 +146,7 @@ def fit(
         scale = lr_multiplier(step, recipe.steps, warmup)
         for group, base in zip(optimizer.param_groups, base_lrs, strict=True):
             group["lr"] = base * scale
-        batch = adapter.make_batch(next(batches), tokenizer, recipe.max_length)
+        batch = adapter.make_batch(next(batches), tokenizer, recipe.max_length).to(device)
         rho = R.sample_rho(batch.input_ids.shape[0], recipe.rho.low, recipe.rho.high, generator)
         out = model.forward_soft(
             **batch.encoder_inputs(), rho=rho, generator=generator, gates=recipe.retention.gates
@@ -143,9 +154,8 @@ def fit(
         task_loss = adapter.loss(out.logits, batch)
         gap = R.budget_gap(out.expected_kept, out.target_kept, out.num_real)  # (P,)
         loss = task_loss + R.lagrangian_penalty(gap, lam, recipe.budget.quadratic_weight)
-        pruned_loss = pruned_pass_loss(model, adapter, batch, rho, recipe)
-        if pruned_loss is not None:
-            loss = loss + recipe.objective.pruned_loss_weight * pruned_loss
+        extra = extra_losses(model, adapter, batch, rho, recipe)
+        loss = loss + extra.total(recipe)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.optimizer.grad_clip)
@@ -160,7 +170,9 @@ def fit(
                 task_loss.item(),
                 kept,
                 rho.mean().item(),
-                None if pruned_loss is None else pruned_loss.item(),
+                extra.item("pruned"),
+                extra.item("dense"),
+                extra.item("distill"),
                 [round(x, 5) for x in lam.tolist()],
                 optimizer.param_groups[0]["lr"],
                 time.perf_counter() - started,
@@ -177,31 +189,64 @@ def fit(
     return model
 
 
-def pruned_pass_loss(
-    model: RetentionModel, adapter, batch, rho: torch.Tensor, recipe: Recipe
-) -> torch.Tensor | None:
-    """Task loss of ``forward_pruned`` at the batch's ρ, or None when the objective has no weight.
+@dataclass
+class ExtraLosses:
+    """The terms of the objective beyond the soft pass: scalars, or None when not computed."""
+
+    pruned: torch.Tensor | None = None  # task loss of the hard top-M pass
+    dense: torch.Tensor | None = None  # task loss of the dense pass (sandwich rule)
+    distill: torch.Tensor | None = None  # divergence of the top-M pass from the dense pass
+
+    def total(self, recipe: Recipe) -> torch.Tensor | float:
+        objective = recipe.objective
+        terms: list[tuple[float, torch.Tensor | None]] = [
+            (objective.pruned_loss_weight, self.pruned),
+            (1.0, self.dense),
+            (objective.distill_weight, self.distill),
+        ]
+        return sum((weight * value for weight, value in terms if value is not None), 0.0)
+
+    def item(self, name: str) -> float | None:
+        value = getattr(self, name)
+        return None if value is None else value.item()
+
+
+def extra_losses(model: RetentionModel, adapter, batch, rho: torch.Tensor, recipe: Recipe) -> ExtraLosses:
+    """The hard top-M pass at the batch's ρ and, with distillation, the dense pass.
 
     The soft pass never freezes a token completely, while inference drops tokens for good and
-    restores their early states; this pass trains backbone and head on exactly that. Top-M is not
-    differentiable, so the scorers still learn only from the soft pass.
+    restores their early states; the top-M pass trains backbone and head on exactly that. Top-M is
+    not differentiable, so the scorers still learn only from the soft pass. With ``distill_weight``
+    the dense pass (ρ = 1) trains on the gold targets too and its detached outputs teach the top-M
+    pass (the Length-Adaptive Transformer's sandwich rule with in-place distillation).
     """
-    if recipe.objective.pruned_loss_weight <= 0.0:
-        return None
-    return adapter.loss(model.forward_pruned(**batch.encoder_inputs(), rho=rho).logits, batch)
+    objective = recipe.objective
+    distill = objective.distill_weight > 0.0
+    if objective.pruned_loss_weight <= 0.0 and not distill:
+        return ExtraLosses()
+    if distill and adapter.distill is None:
+        raise ValueError(f"task {recipe.task!r} has no distillation loss")
+    inputs = batch.encoder_inputs()
+    pruned_logits = model.forward_pruned(**inputs, rho=rho).logits
+    losses = ExtraLosses(pruned=adapter.loss(pruned_logits, batch))
+    if distill:
+        dense_logits = model.forward_pruned(**inputs, rho=torch.ones_like(rho)).logits
+        losses.dense = adapter.loss(dense_logits, batch)
+        losses.distill = adapter.distill(pruned_logits, dense_logits.detach(), batch)
+    return losses
 
 
 def save_run(model: RetentionModel, recipe: Recipe, tokenizer, run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+    state = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
     save_file(state, str(run_dir / WEIGHTS_FILE))
     model.backbone.config.save_pretrained(str(run_dir / BACKBONE_CONFIG_DIR))
     (run_dir / RECIPE_FILE).write_text(recipe.model_dump_json(indent=2), encoding="utf-8")
     tokenizer.save_pretrained(str(run_dir / TOKENIZER_DIR))
 
 
-def load_run(run_dir: Path) -> tuple[RetentionModel, Recipe, object]:
-    """Rebuild a trained model from its run directory, offline."""
+def load_run(run_dir: Path, device: str = "cpu") -> tuple[RetentionModel, Recipe, object]:
+    """Rebuild a trained model from its run directory, offline, on ``device``."""
     from transformers import AutoConfig, AutoTokenizer
 
     recipe = Recipe.model_validate_json((run_dir / RECIPE_FILE).read_text(encoding="utf-8"))
@@ -209,4 +254,4 @@ def load_run(run_dir: Path) -> tuple[RetentionModel, Recipe, object]:
     model = build_model(recipe, backbone_from_config(config))
     model.load_state_dict(load_file(str(run_dir / WEIGHTS_FILE)))
     tokenizer = AutoTokenizer.from_pretrained(str(run_dir / TOKENIZER_DIR), use_fast=True)
-    return model.eval(), recipe, tokenizer
+    return model.to(device).eval(), recipe, tokenizer

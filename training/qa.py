@@ -35,7 +35,7 @@ from training import retention as R
 from training.data import Row as DataRow
 from training.model import RetentionModel, attention_selector, random_selector
 from training.recipes import Recipe
-from training.tasks import ADAPTERS, Batch, TaskAdapter
+from training.tasks import ADAPTERS, Batch, TaskAdapter, softmax_divergence
 
 DOC_STRIDE = 128  # the QACodec default the service uses
 MAX_ANSWER_TOKENS = 30
@@ -118,7 +118,16 @@ def qa_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     return (start + end) / 2
 
 
-ADAPTERS["qa"] = TaskAdapter(qa_batch, qa_loss)
+def qa_distill(student: torch.Tensor, teacher: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """(N, T, 2) student and teacher span logits → mean KL of the start and end distributions
+    over the real tokens of each window."""
+    real = batch.attention_mask.bool().unsqueeze(-1)  # (N, T, 1)
+    return softmax_divergence(
+        student.masked_fill(~real, MASKED_LOGIT), teacher.masked_fill(~real, MASKED_LOGIT), dim=1
+    )
+
+
+ADAPTERS["qa"] = TaskAdapter(qa_batch, qa_loss, qa_distill)
 
 
 # ---------------------------------------------------------------------- shared evaluation plumbing
@@ -150,13 +159,14 @@ def predict_rows(
 ) -> list[RowPrediction]:
     """Run ``forward_pruned`` over codec rows in padded batches; unpadded outputs in row order."""
     model.eval()
+    device = next(model.parameters()).device
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))  # length-sorted batches: less padding
     predictions: list[RowPrediction | None] = [None] * len(rows)
     for begin in range(0, len(order), batch_size):
         members = order[begin : begin + batch_size]
         chunk = [rows[i] for i in members]
-        feeds = rows_to_tensors(chunk, pad_id)
-        rho_tensor = torch.full((len(chunk),), float(rho))
+        feeds = {name: tensor.to(device) for name, tensor in rows_to_tensors(chunk, pad_id).items()}
+        rho_tensor = torch.full((len(chunk),), float(rho), device=device)
         out = model.forward_pruned(
             feeds["input_ids"],
             feeds["attention_mask"],
@@ -168,7 +178,8 @@ def predict_rows(
         num_real = feeds["attention_mask"].sum(1)  # (B,)
         work = R.encoder_token_work(out.kept_counts, num_real, model.last_layer_queries)  # (B,)
         kept = out.kept_counts[:, -1].to(torch.float32) / num_real.to(torch.float32)  # (B,)
-        logits = out.logits.numpy()
+        logits = out.logits.cpu().numpy()
+        kept, work = kept.cpu(), work.cpu()
         for i, (member, row) in enumerate(zip(members, chunk, strict=True)):
             predictions[member] = RowPrediction(logits[i, : len(row)], float(kept[i]), float(work[i]))
     return [prediction for prediction in predictions if prediction is not None]

@@ -91,6 +91,15 @@ class ObjectiveSpec(Strict):
             "learned scores): backbone and head then train on really-dropped, restored tokens"
         ),
     )
+    distill_weight: float = Field(
+        default=0.0,
+        ge=0.0,
+        description=(
+            "sandwich rule with in-place distillation (Length-Adaptive Transformer): each step also "
+            "runs the dense pass (ρ = 1) with its own task loss, and adds this weight × the divergence "
+            "of the hard top-M pass from the dense pass's (detached) outputs"
+        ),
+    )
 
 
 class EvalSpec(Strict):

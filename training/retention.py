@@ -149,8 +149,9 @@ def conditional_keep_rates(fractions: torch.Tensor) -> torch.Tensor:
 
 
 def sample_rho(batch_size: int, low: float, high: float, generator: torch.Generator) -> torch.Tensor:
-    """Budgets for one training batch: one ρ per example, uniform in [low, high]. (B,)"""
-    return low + (high - low) * torch.rand(batch_size, generator=generator)
+    """Budgets for one training batch: one ρ per example, uniform in [low, high]. (B,) on the
+    generator's device."""
+    return low + (high - low) * torch.rand(batch_size, generator=generator, device=generator.device)
 
 
 def budget_threshold(scores: torch.Tensor, weights: torch.Tensor, rate: torch.Tensor) -> torch.Tensor:
@@ -245,8 +246,9 @@ def soft_attention_bias(gate_product: torch.Tensor) -> torch.Tensor:
 
 
 def random_scores(valid: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Random-k baseline: uniform scores (B, T)."""
-    return torch.rand(valid.shape, generator=generator)
+    """Random-k baseline: uniform scores (B, T) on ``valid``'s device (drawn on the generator's)."""
+    device = valid.device if generator is None else generator.device
+    return torch.rand(valid.shape, generator=generator, device=device).to(valid.device)
 
 
 def encoder_token_work(

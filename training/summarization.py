@@ -189,7 +189,18 @@ def summarization_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     return F.binary_cross_entropy_with_logits(pooled[valid], batch.targets[valid])
 
 
-ADAPTERS["summarization"] = TaskAdapter(summarization_batch, summarization_loss)
+def summarization_distill(student: torch.Tensor, teacher: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """(N, T, 1) student and teacher token logits → BCE of the student's pooled sentence logits
+    against the teacher's sentence probabilities."""
+    assert batch.extra is not None
+    width = batch.targets.shape[1]
+    valid = batch.targets != IGNORE_LABEL  # (N, S)
+    pooled = sentence_logits(student, batch.extra["segments"], width)  # (N, S)
+    soft_targets = torch.sigmoid(sentence_logits(teacher, batch.extra["segments"], width))  # (N, S)
+    return F.binary_cross_entropy_with_logits(pooled[valid], soft_targets[valid])
+
+
+ADAPTERS["summarization"] = TaskAdapter(summarization_batch, summarization_loss, summarization_distill)
 
 
 # ---------------------------------------------------------------------- evaluation

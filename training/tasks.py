@@ -34,6 +34,22 @@ class Batch:
     token_type_ids: torch.Tensor | None = None  # (B, T)
     extra: dict[str, torch.Tensor] | None = None  # task-specific tensors for the loss
 
+    def to(self, device: torch.device | str) -> Batch:
+        """The same batch with every tensor on ``device``."""
+
+        def move(value: torch.Tensor | None) -> torch.Tensor | None:
+            return None if value is None else value.to(device)
+
+        extra = None if self.extra is None else {key: value.to(device) for key, value in self.extra.items()}
+        return Batch(
+            input_ids=self.input_ids.to(device),
+            attention_mask=self.attention_mask.to(device),
+            targets=self.targets.to(device),
+            protected=move(self.protected),
+            token_type_ids=move(self.token_type_ids),
+            extra=extra,
+        )
+
     def encoder_inputs(self) -> EncoderInputs:
         """The keyword arguments every ``RetentionModel`` forward pass takes from a batch."""
         return {
@@ -48,6 +64,8 @@ class Batch:
 class TaskAdapter:
     make_batch: Callable[[list[Row], object, int], Batch]  # (rows, tokenizer, max_length)
     loss: Callable[[torch.Tensor, Batch], torch.Tensor]  # (logits, batch) → scalar
+    # (student logits, teacher logits (detached), batch) → scalar divergence, for distillation
+    distill: Callable[[torch.Tensor, torch.Tensor, Batch], torch.Tensor] | None = None
 
 
 def classification_batch(rows: list[Row], tokenizer, max_length: int) -> Batch:
@@ -68,8 +86,20 @@ def classification_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     return F.cross_entropy(logits, batch.targets)
 
 
+def softmax_divergence(student: torch.Tensor, teacher: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """KL(teacher ‖ student) of the softmax over ``dim``, averaged over every other position. Scalar."""
+    log_student = F.log_softmax(student, dim=dim)
+    log_teacher = F.log_softmax(teacher, dim=dim)
+    return (log_teacher.exp() * (log_teacher - log_student)).sum(dim).mean()
+
+
+def classification_distill(student: torch.Tensor, teacher: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """(B, C) student and teacher logits → KL over the labels."""
+    return softmax_divergence(student, teacher)
+
+
 ADAPTERS: dict[str, TaskAdapter] = {
-    "classification": TaskAdapter(classification_batch, classification_loss),
+    "classification": TaskAdapter(classification_batch, classification_loss, classification_distill),
 }
 
 

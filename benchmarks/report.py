@@ -101,7 +101,9 @@ def quality_section(payload: dict[str, Any], source: Path) -> list[str]:
     else:
         table = markdown_table([MethodResult(**r) for r in payload["results"]])
     return [
-        f"## Quality vs ρ — {meta['model']} ({meta['profile']} recipe), {meta['split']}",
+        # The directory names the result: superseded recipes keep theirs under a new name.
+        f"## Quality vs ρ — {source.parent.name} ({meta['model']}, {meta['profile']} recipe), "
+        f"{meta['split']}",
         "",
         f"Source: `{source}`; {meta['num_examples']} examples ({meta.get('subset', '')}). "
         f"Command: `{meta.get('command', '')}`.",

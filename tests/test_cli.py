@@ -88,7 +88,7 @@ def test_merged_evaluation_and_its_report(tmp_path: Path) -> None:
     log = {"step": 0, "kept_fraction": 0.5, "target_fraction": 0.5, "lam": [0.0, 0.01]}
     (run_dir / "train_log.jsonl").write_text(json.dumps(log) + "\n")
     text = report.build_report(tmp_path / "results", tmp_path / "docs").read_text()
-    assert "## Quality vs ρ — tiny" in text and "| threshold |" in text
+    assert "## Quality vs ρ — sst2-minilm-quick (tiny, quick recipe)" in text and "| threshold |" in text
     assert (tmp_path / "docs" / "plots" / "budget_sst2-minilm-quick.png").is_file()
 
 

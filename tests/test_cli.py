@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -95,7 +96,16 @@ def test_merged_evaluation_and_its_report(tmp_path: Path) -> None:
 def test_soft_budget_reports_expected_and_target_kept_per_point(tmp_path: Path) -> None:
     from benchmarks.soft_budget import main as soft_budget_main
 
-    run_dir = _tiny_run(tmp_path)
+    data_root = tmp_path / "data"
+    rows = [{"text": f"a {'fine ' * (i % 5)}film number {i}", "label": i % 2} for i in range(8)]
+    (data_root / "sst2").mkdir(parents=True)
+    with gzip.open(data_root / "sst2" / "validation.jsonl.gz", "wt", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in rows)
+    model, tokenizer = tiny_model()
+    recipe = tiny_recipe()
+    recipe = recipe.model_copy(update={"dataset": recipe.dataset.model_copy(update={"root": str(data_root)})})
+    run_dir = tmp_path / "run"
+    save_run(model, recipe, tokenizer, run_dir)
     out = tmp_path / "soft_budget.json"
     soft_budget_main([str(run_dir), "--rhos", "0.3", "1.0", "--examples", "8", "--out", str(out)])
     payload = json.loads(out.read_text())

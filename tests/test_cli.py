@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
-from tests.tiny import tiny_model, tiny_recipe
+from tests.tiny import tiny_model, tiny_recipe, write_rows
 from training.__main__ import main as training_main
 from training.contract import Manifest
 from training.evaluate import evaluate_classification, markdown_table
@@ -15,10 +14,14 @@ from training.fit import save_run
 ROWS = [{"text": f"{'great fun' if i % 2 else 'dull and slow'} film {i}", "label": i % 2} for i in range(12)]
 
 
-def _tiny_run(tmp_path: Path) -> Path:
+def _tiny_run(tmp_path: Path, data_root: Path | None = None) -> Path:
     model, tokenizer = tiny_model()
+    recipe = tiny_recipe()
+    if data_root is not None:
+        dataset = recipe.dataset.model_copy(update={"root": str(data_root)})
+        recipe = recipe.model_copy(update={"dataset": dataset})
     run_dir = tmp_path / "run"
-    save_run(model, tiny_recipe(), tokenizer, run_dir)
+    save_run(model, recipe, tokenizer, run_dir)
     return run_dir
 
 
@@ -98,14 +101,8 @@ def test_soft_budget_reports_expected_and_target_kept_per_point(tmp_path: Path) 
 
     data_root = tmp_path / "data"
     rows = [{"text": f"a {'fine ' * (i % 5)}film number {i}", "label": i % 2} for i in range(8)]
-    (data_root / "sst2").mkdir(parents=True)
-    with gzip.open(data_root / "sst2" / "validation.jsonl.gz", "wt", encoding="utf-8") as handle:
-        handle.writelines(json.dumps(row) + "\n" for row in rows)
-    model, tokenizer = tiny_model()
-    recipe = tiny_recipe()
-    recipe = recipe.model_copy(update={"dataset": recipe.dataset.model_copy(update={"root": str(data_root)})})
-    run_dir = tmp_path / "run"
-    save_run(model, recipe, tokenizer, run_dir)
+    write_rows(data_root / "sst2" / "validation.jsonl.gz", rows)
+    run_dir = _tiny_run(tmp_path, data_root)
     out = tmp_path / "soft_budget.json"
     soft_budget_main([str(run_dir), "--rhos", "0.3", "1.0", "--examples", "8", "--out", str(out)])
     payload = json.loads(out.read_text())

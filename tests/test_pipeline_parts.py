@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import gzip
 import itertools
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from benchmarks.flops import EncoderShape, dense_macs, flop_ratio, pruned_macs
+from tests.tiny import write_rows
 from training.data import load_split
 from training.evaluate import truncate, truncated_lengths
 from training.fit import lr_multiplier
@@ -47,16 +46,9 @@ def test_lr_multiplier_warms_up_then_decays_linearly() -> None:
     assert lr_multiplier(0, 10, 0) == 1.0
 
 
-def _write_rows(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wt", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-
-
 def test_local_data_root_and_deterministic_holdout(tmp_path: Path) -> None:
     rows = [{"text": f"review {i} é", "label": i % 2} for i in range(400)]
-    _write_rows(tmp_path / "imdb" / "train.jsonl.gz", rows)
+    write_rows(tmp_path / "imdb" / "train.jsonl.gz", rows)
     spec = DatasetSpec(name="imdb", root=str(tmp_path))
     train, validation = load_split(spec, "train"), load_split(spec, "validation")
     assert len(train) + len(validation) == 400

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 
 from training.contract import Manifest
@@ -57,3 +59,11 @@ def build_tiny_model_dir(
 
     model, tokenizer = tiny_model(task, seed)
     return export_model(model, tiny_recipe(task, name), tokenizer, out_dir, name=name, int8=int8)
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    """A dataset split file in the layout of ../shared/data (gzip JSON Lines)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")

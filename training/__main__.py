@@ -30,8 +30,23 @@ def cmd_fit(args: argparse.Namespace) -> None:
 
     recipe = load_recipe(args.recipe, args.profile)
     run_dir = args.run_dir or run_dir_for(recipe, args.runs_dir)
-    fit(recipe, run_dir, device=args.device)
-    print(f"run written to {run_dir}")
+    fit(
+        recipe,
+        run_dir,
+        device=args.device,
+        init_run=init_run_for(recipe, args.runs_dir),
+        resume=args.resume,
+        stop_at=args.stop_at,
+    )
+    if args.stop_at is not None and args.stop_at < recipe.steps:
+        print(f"stopped after step {args.stop_at} of {recipe.steps}; continue with: fit ... --resume")
+    else:
+        print(f"run written to {run_dir}")
+
+
+def init_run_for(recipe: Recipe, runs_dir: Path) -> Path | None:
+    """The finished run a second-stage recipe starts from (``init_from`` names it under runs_dir)."""
+    return None if recipe.init_from is None else runs_dir / recipe.init_from
 
 
 def manifest_quality(model_path: Path, recipe: Recipe, tokenizer, runtime: str) -> QualityCurve:
@@ -179,7 +194,7 @@ def write_task_results(
 
 def cmd_build(args: argparse.Namespace) -> None:
     """Build every model directory that is missing: fit (unless the run exists), export, validate."""
-    from training.fit import WEIGHTS_FILE, fit
+    from training.fit import CHECKPOINT_FILE, WEIGHTS_FILE, fit
 
     for recipe_path in args.recipes:
         recipe = load_recipe(recipe_path, args.profile)
@@ -189,8 +204,10 @@ def cmd_build(args: argparse.Namespace) -> None:
             continue
         run_dir = run_dir_for(recipe, args.runs_dir)
         if not (run_dir / WEIGHTS_FILE).is_file():
-            print(f"{recipe.name}: training ({recipe.profile} profile, {recipe.steps} steps)")
-            fit(recipe, run_dir)
+            resume = (run_dir / CHECKPOINT_FILE).is_file()  # an interrupted build picks up
+            how = "resuming" if resume else "training"
+            print(f"{recipe.name}: {how} ({recipe.profile} profile, {recipe.steps} steps)")
+            fit(recipe, run_dir, init_run=init_run_for(recipe, args.runs_dir), resume=resume)
         export_run(run_dir, out_dir, int8=args.int8, quality=True)
 
 
@@ -204,6 +221,12 @@ def parser() -> argparse.ArgumentParser:
     fit_p.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS_DIR)
     fit_p.add_argument("--run-dir", type=Path, default=None)
     fit_p.add_argument("--device", default="cpu", help="torch device to train on, e.g. cuda")
+    fit_p.add_argument(
+        "--resume", action="store_true", help="continue from the run dir's checkpoint.pt (same recipe)"
+    )
+    fit_p.add_argument(
+        "--stop-at", type=int, default=None, help="checkpoint and exit after this many steps (resume later)"
+    )
     fit_p.set_defaults(func=cmd_fit)
 
     exp_p = sub.add_parser("export", help="export a run to a model directory (ONNX + manifest)")

@@ -11,6 +11,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -28,6 +29,7 @@ BACKBONE_CONFIG_DIR = "backbone"
 RECIPE_FILE = "recipe.json"
 LOG_FILE = "train_log.jsonl"
 TOKENIZER_DIR = "tokenizer"
+CHECKPOINT_FILE = "checkpoint.pt"
 NO_DECAY_SUFFIXES = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
 
 
@@ -95,13 +97,56 @@ class StepLog:
     seconds: float
 
 
-def _batches(rows: list[Row], batch_size: int, seed: int):
+def _batches(rows: list[Row], batch_size: int, seed: int, skip: int = 0):
+    """Endless seeded batches; ``skip`` drops the first ones (a resumed run sees what it would have)."""
     epoch = 0
     while True:
         order = shuffled(rows, seed + epoch)
         for start in range(0, len(order) - batch_size + 1, batch_size):
+            if skip > 0:
+                skip -= 1
+                continue
             yield order[start : start + batch_size]
         epoch += 1
+
+
+def final_lambda(run_dir: Path) -> list[float]:
+    """The λ a finished run ended with: the last line of its log (fit always logs the last step)."""
+    lines = (run_dir / LOG_FILE).read_text(encoding="utf-8").splitlines()
+    if not lines:
+        raise ValueError(f"run {run_dir} has an empty {LOG_FILE}")
+    return [float(x) for x in json.loads(lines[-1])["lam"]]
+
+
+def start_from_run(model: RetentionModel, recipe: Recipe, parent: Path) -> torch.Tensor:
+    """Load a finished run's weights into ``model`` (a second stage) and return the λ it ended with."""
+    if not (parent / WEIGHTS_FILE).is_file():
+        raise FileNotFoundError(f"init_from run {parent} has no {WEIGHTS_FILE}: train it first")
+    parent_recipe = Recipe.model_validate_json((parent / RECIPE_FILE).read_text(encoding="utf-8"))
+    if parent_recipe.task != recipe.task:
+        raise ValueError(f"init_from run {parent} is a {parent_recipe.task} run, not {recipe.task}")
+    model.load_state_dict(load_file(str(parent / WEIGHTS_FILE)))  # strict: shapes must agree
+    lam = final_lambda(parent)
+    if len(lam) != model.num_points:
+        raise ValueError(f"init_from run {parent} has {len(lam)} retention points, not {model.num_points}")
+    return torch.tensor(lam)
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Write atomically: an interrupted save must not destroy the previous checkpoint."""
+    partial = path.with_suffix(".partial")
+    torch.save(state, partial)
+    partial.replace(path)
+
+
+def _trim_log(log_path: Path, next_step: int) -> None:
+    """Drop log lines a crashed run wrote after its last checkpoint; the resumed run rewrites them."""
+    kept = [
+        line
+        for line in log_path.read_text(encoding="utf-8").splitlines()
+        if line and json.loads(line)["step"] < next_step
+    ]
+    log_path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
 def fit(
@@ -112,16 +157,34 @@ def fit(
     train_rows: list[Row] | None = None,
     progress: bool = True,
     device: str = "cpu",
+    init_run: Path | None = None,
+    resume: bool = False,
+    stop_at: int | None = None,
 ) -> RetentionModel:
     """Train per the recipe and write the run directory. Deterministic given ``recipe.seed`` and
-    the device (gate noise and ρ are drawn on it)."""
+    the device (gate noise and ρ are drawn on it).
+
+    Every ``recipe.checkpoint_every`` steps the full training state (weights, optimizer, λ, random
+    generators) goes to ``checkpoint.pt``; ``resume=True`` continues from it, on CPU bit-for-bit
+    as if never stopped. ``stop_at`` ends the call after that many steps with a checkpoint (to split
+    a long run across sessions). ``init_run`` is the finished run ``recipe.init_from`` names.
+    """
     adapter = adapter_for(recipe.task)
     torch.manual_seed(recipe.seed)
     torch.set_num_threads(usable_cores())
     generator = torch.Generator(device=device).manual_seed(recipe.seed)
     backbone = backbone or load_backbone(recipe.backbone)
     tokenizer = tokenizer or load_tokenizer(recipe.backbone)
-    model = build_model(recipe, backbone).to(device)
+    model = build_model(recipe, backbone)
+    lam = torch.zeros(model.num_points)
+    if recipe.init_from is not None:
+        if init_run is None:
+            raise ValueError(f"recipe {recipe.name} starts from run {recipe.init_from!r}: pass init_run")
+        lam = start_from_run(model, recipe, init_run)
+    if recipe.budget.fixed_lambda is not None:
+        lam.fill_(recipe.budget.fixed_lambda)
+    model = model.to(device)
+    lam = lam.to(device)
     rows = (
         train_rows
         if train_rows is not None
@@ -132,16 +195,37 @@ def fit(
     optimizer = torch.optim.AdamW(parameter_groups(model, recipe))
     base_lrs = [group["lr"] for group in optimizer.param_groups]
     warmup = int(recipe.optimizer.warmup_ratio * recipe.steps)
-    lam = torch.zeros(model.num_points, device=device)
-    if recipe.budget.fixed_lambda is not None:
-        lam.fill_(recipe.budget.fixed_lambda)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / LOG_FILE
-    log_path.write_text("", encoding="utf-8")
-    batches = _batches(rows, recipe.batch_size, recipe.seed)
+    checkpoint_path = run_dir / CHECKPOINT_FILE
+    first_step, elapsed_before = 0, 0.0
+    if resume:
+        if not checkpoint_path.is_file():
+            raise FileNotFoundError(f"nothing to resume: {checkpoint_path} does not exist")
+        saved = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+        if saved["recipe"] != recipe.model_dump(mode="json"):
+            raise ValueError(f"{checkpoint_path} was written by a different recipe; start a new run dir")
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        lam = saved["lam"].to(device)
+        generator.set_state(saved["generator"])
+        torch.set_rng_state(saved["torch_rng"])
+        first_step, elapsed_before = saved["next_step"], saved["seconds"]
+        _trim_log(log_path, first_step)
+    else:
+        log_path.write_text("", encoding="utf-8")
+    last_step = recipe.steps if stop_at is None else min(stop_at, recipe.steps)
+    batches = _batches(rows, recipe.batch_size, recipe.seed, skip=first_step)
     model.train()
-    started = time.perf_counter()
-    bar = tqdm(range(recipe.steps), desc=f"fit {recipe.name}", disable=not progress, mininterval=2.0)
+    started = time.perf_counter() - elapsed_before
+    bar = tqdm(
+        range(first_step, last_step),
+        desc=f"fit {recipe.name}",
+        disable=not progress,
+        mininterval=2.0,
+        initial=first_step,
+        total=recipe.steps,
+    )
     for step in bar:
         scale = lr_multiplier(step, recipe.steps, warmup)
         for group, base in zip(optimizer.param_groups, base_lrs, strict=True):
@@ -185,7 +269,23 @@ def fit(
                 rho=f"{entry.target_fraction:.2f}",
                 lam=f"{max(entry.lam):.3f}",
             )
+        done = step + 1
+        if done < recipe.steps and (done % recipe.checkpoint_every == 0 or done == last_step):
+            state = {
+                "recipe": recipe.model_dump(mode="json"),
+                "next_step": done,
+                "seconds": time.perf_counter() - started,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "lam": lam.detach().cpu(),
+                "generator": generator.get_state(),
+                "torch_rng": torch.get_rng_state(),
+            }
+            save_checkpoint(checkpoint_path, state)
+    if last_step < recipe.steps:
+        return model  # stopped early on purpose; the checkpoint holds everything
     save_run(model, recipe, tokenizer, run_dir)
+    checkpoint_path.unlink(missing_ok=True)  # the weights are final; nothing left to resume
     return model
 
 

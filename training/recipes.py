@@ -119,6 +119,16 @@ class Recipe(Strict):
     steps: int = Field(default=500, ge=1)
     seed: int = 0
     log_every: int = 20
+    checkpoint_every: int = Field(
+        default=50, ge=1, description="steps between resumable checkpoints (fit --resume continues)"
+    )
+    init_from: str | None = Field(
+        default=None,
+        description=(
+            "a second training stage: start from this finished run (a directory name under the runs "
+            "dir) — its weights and the λ it ended with — instead of the pretrained backbone"
+        ),
+    )
     retention: RetentionSpec = RetentionSpec()
     rho: RhoSpec = RhoSpec()
     budget: BudgetSpec = BudgetSpec()

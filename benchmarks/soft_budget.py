@@ -25,12 +25,12 @@ def soft_budget(run_dir: Path, rhos: list[float], examples: int) -> dict[str, ob
     import torch
 
     from benchmarks.machine import describe
-    from training.data import load_split, shuffled
+    from training.data import EVAL_SEED, load_split, shuffled
     from training.fit import load_run
     from training.tasks import adapter_for
 
     model, recipe, tokenizer = load_run(run_dir)
-    rows = shuffled(load_split(recipe.dataset, recipe.dataset.validation_split), recipe.seed, examples)
+    rows = shuffled(load_split(recipe.dataset, recipe.dataset.validation_split), EVAL_SEED, examples)
     batch = adapter_for(recipe.task).make_batch(rows, tokenizer, recipe.max_length)
     per_rho: dict[str, dict[str, list[float]]] = {}
     for rho in rhos:

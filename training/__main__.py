@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from training.contract import MANIFEST_FILE, MODEL_FILE, QualityCurve, QualityPoint
+from training.data import EVAL_SEED
 from training.recipes import Recipe, load_recipe
 
 if TYPE_CHECKING:
@@ -50,12 +51,12 @@ def init_run_for(recipe: Recipe, runs_dir: Path) -> Path | None:
 
 
 def manifest_quality(model_path: Path, recipe: Recipe, tokenizer, runtime: str) -> QualityCurve:
-    """Measure the exported graph on the validation subset (fixed, shuffled by the recipe seed)."""
+    """Measure the exported graph on the validation subset (fixed: shuffled with EVAL_SEED)."""
     from training.data import load_split, shuffled
 
     rows = shuffled(
         load_split(recipe.dataset, recipe.dataset.validation_split),
-        recipe.seed,
+        EVAL_SEED,
         recipe.evaluation.validation_size,
     )
     args = (
@@ -132,7 +133,7 @@ def evaluation_meta(recipe: Recipe, split: str, num_examples: int, device: str =
         "profile": recipe.profile,
         "split": f"{recipe.dataset.name}/{split}",
         "num_examples": num_examples,
-        "subset": f"first {num_examples} after a seeded shuffle (seed {recipe.seed})",
+        "subset": f"first {num_examples} after a seeded shuffle (seed {EVAL_SEED})",
         "max_length": recipe.max_length,
         "command": " ".join(["python -m training", *sys.argv[1:]]),
         "machine": machine_description(device),
@@ -145,7 +146,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
     model, recipe, tokenizer = load_run(args.run_dir, args.device)
     split = args.split or recipe.dataset.test_split
-    rows = shuffled(load_split(recipe.dataset, split), recipe.seed, args.limit)
+    rows = shuffled(load_split(recipe.dataset, split), EVAL_SEED, args.limit)
     rhos = args.rhos or list(recipe.evaluation.rhos)
     out_dir = args.out or DEFAULT_RESULTS_DIR / f"{recipe.name}-{recipe.profile}"
     meta = evaluation_meta(recipe, split, len(rows), args.device)

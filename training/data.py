@@ -127,6 +127,11 @@ def _load_from_hub(source: SplitSource) -> list[Row]:
     return [dict(row) for row in datasets.load_dataset(*source.hf_name, split=source.hf_split)]
 
 
+# Evaluation subsets and the random-k baseline are drawn with this seed, not the recipe's training
+# seed, so every seed and every training stage of a recipe is measured on the same examples.
+EVAL_SEED = 0
+
+
 def shuffled(rows: list[Row], seed: int, limit: int | None = None) -> list[Row]:
     """A seeded shuffle (IMDb files are sorted by label), optionally truncated."""
     order = list(rows)

@@ -32,6 +32,7 @@ from service.tasks.metrics import squad_scores
 from service.tasks.qa import QACodec, QAContext, QAWindow
 from service.tasks.text import backend_tokenizer, pad_token_id
 from training import retention as R
+from training.data import EVAL_SEED
 from training.data import Row as DataRow
 from training.model import RetentionModel, attention_selector, random_selector
 from training.recipes import Recipe
@@ -308,7 +309,7 @@ def evaluate(
             else:
                 inputs = encodings
                 flat = [row for encoded in inputs for row in encoded.rows]
-                selector = make_selector(method, recipe.seed)
+                selector = make_selector(method, EVAL_SEED)
                 predictions = predict_rows(model, flat, rho, pad_id, selector, recipe.evaluation.batch_size)
             cursor = 0
             for row, encoded in zip(rows, inputs, strict=True):

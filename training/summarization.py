@@ -38,6 +38,7 @@ from service.tasks.base import Encoded
 from service.tasks.metrics import rouge_scores
 from service.tasks.summarization import SummarizationCodec, SummaryContext, selection_size
 from service.tasks.text import backend_tokenizer, normalize_whitespace, pad_token_id, split_sentences
+from training.data import EVAL_SEED
 from training.data import Row as DataRow
 from training.model import RetentionModel
 from training.qa import (
@@ -267,7 +268,7 @@ def evaluate(
             else:
                 inputs = encodings
                 flat = [row for encoded in inputs for row in encoded.rows]
-                selector = make_selector(method, recipe.seed)
+                selector = make_selector(method, EVAL_SEED)
                 predictions = predict_rows(model, flat, rho, pad_id, selector, recipe.evaluation.batch_size)
             per_document: list[dict[str, float]] = []
             cursor = 0

@@ -275,6 +275,20 @@ def test_normalized_scores_let_the_budget_set_the_counts_when_the_scorer_saturat
     torch.testing.assert_close(normalized.expected_kept / 80, target, atol=0.05, rtol=0.0)
 
 
+def test_calibrated_shift_keeps_the_soft_pass_on_the_schedule() -> None:
+    model, _ = tiny_model("classification")
+    ids = torch.randint(3, 120, (2, 80), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    rho = torch.full((2,), 0.3)
+    model.config = replace(model.config, normalize_scores=True, score_shift="calibrated")
+    with torch.no_grad():
+        out = model.forward_soft(ids, mask, rho)
+    protected = model.default_protected(mask).sum(1, keepdim=True)  # (B, 1): kept with certainty
+    candidates = 80 - protected
+    fractions = out.target_kept / 80  # (B, P)
+    torch.testing.assert_close(out.expected_kept, protected + fractions * candidates, atol=1e-3, rtol=0.0)
+
+
 def _objective_setup(task: str, **weights: float):
     from training.recipes import ObjectiveSpec
     from training.tasks import adapter_for

@@ -178,6 +178,28 @@ def test_encoder_token_work_counts_last_layer_queries() -> None:
     torch.testing.assert_close(cls_only, torch.tensor([21 / 30, 9 / 30]))
 
 
+@pytest.mark.parametrize("rate", [0.3, 0.5, 0.82])
+@pytest.mark.parametrize("spread", [0.5, 2.0, 8.0])
+def test_calibrated_threshold_keeps_the_budget_in_expectation(rate: float, spread: float) -> None:
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(3, 64, generator=generator) * spread  # (B, T)
+    weights = torch.rand(3, 64, generator=generator)  # soft survival so far
+    weights[:, :2] = 0.0  # protected tokens carry no weight, whatever their score
+    scores[:, :2] = 1e4
+    rates = torch.full((3,), rate)
+    logit_rate = torch.logit(rates).unsqueeze(-1)  # (B, 1)
+
+    def expected_share(threshold: torch.Tensor) -> torch.Tensor:
+        kept = (weights * torch.sigmoid(scores - threshold + logit_rate)).sum(1)
+        return kept / weights.sum(1)  # (B,)
+
+    calibrated = expected_share(R.calibrated_threshold(scores, weights, rates))
+    torch.testing.assert_close(calibrated, rates, atol=1e-4, rtol=0.0)
+    quantile = expected_share(R.budget_threshold(scores, weights, rates))
+    if rate != 0.5:  # the quantile shift misses the budget for unsaturated scores (its docstring)
+        assert (quantile - rates).abs().mean() > 0.02
+
+
 def test_budget_threshold_is_the_weighted_quantile_of_the_candidates() -> None:
     scores = torch.tensor([[4.0, 1.0, 3.0, 2.0, 9.0]])
     weights = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])  # the last token is protected: no weight

@@ -56,6 +56,7 @@ def retention_config(recipe: Recipe) -> RetentionConfig:
         schedule_power=spec.schedule_power,
         hard_concrete=R.HardConcrete(spec.gate_temperature, spec.gate_left, spec.gate_right),
         normalize_scores=spec.normalize_scores,
+        score_shift=spec.score_shift,
     )
 
 

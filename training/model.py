@@ -26,6 +26,8 @@ from training.encoders import EncoderBackbone, LayerView
 # Selector: (point index, next layer, hidden (B,T,d), valid (B,T), generator) → scores (B, T).
 Selector = Callable[[int, LayerView, torch.Tensor, torch.Tensor], torch.Tensor]
 GateKind = Literal["hard_concrete", "sigmoid", "none"]
+ScoreShift = Literal["quantile", "calibrated"]
+SCORE_SHIFTS = {"quantile": R.budget_threshold, "calibrated": R.calibrated_threshold}
 OPEN_GATE_PROBABILITY = 0.5  # threshold ablation: a gate counts as open when P(z > 0) exceeds this
 
 CLASSIFICATION = "classification"
@@ -39,6 +41,7 @@ class RetentionConfig:
     schedule_power: float = 1.0
     hard_concrete: R.HardConcrete = field(default_factory=R.HardConcrete)
     normalize_scores: bool = False  # training only: shift scores per row so the budget sets counts
+    score_shift: ScoreShift = "quantile"  # with normalize_scores: budget_threshold or calibrated_threshold
 
 
 @dataclass
@@ -152,7 +155,8 @@ class RetentionModel(nn.Module):
                 scores = self.scorers[point](hidden, valid)  # (B, T)
                 if self.config.normalize_scores:
                     candidates = torch.where(protected, torch.zeros_like(prob_product), prob_product)
-                    scores = scores - R.budget_threshold(scores, candidates, rates[:, point])
+                    threshold = SCORE_SHIFTS[self.config.score_shift]
+                    scores = scores - threshold(scores, candidates, rates[:, point])
                 log_alpha = scores + prior[:, point : point + 1]  # (B, T)
                 prob = self.config.hard_concrete.prob_nonzero(log_alpha)
                 gate = self._gate(log_alpha, prob, gates, generator)

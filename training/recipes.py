@@ -38,6 +38,11 @@ class RetentionSpec(Strict):
     normalize_scores: bool = Field(
         default=False, description="training: shift scores per row to the budget quantile (budget_threshold)"
     )
+    score_shift: Literal["quantile", "calibrated"] = Field(
+        default="quantile",
+        description="with normalize_scores: 'quantile' puts the budget quantile at P = rate; 'calibrated' "
+        "makes the expected kept count equal the budget (calibrated_threshold)",
+    )
 
 
 class RhoSpec(Strict):

@@ -96,3 +96,13 @@ def test_runs_from_before_the_gate_kind_moved_still_load() -> None:
     assert Recipe.model_validate(legacy).retention.gates == "hard_concrete"
     with pytest.raises(ValueError, match="use_gates"):
         Recipe.model_validate({**legacy, "budget": {"use_gates": False}})
+
+
+def test_score_shift_benchmark_shows_the_quantile_shift_over_keeping_at_the_schedule_rate() -> None:
+    from benchmarks.score_shift import SCHEDULE_RATE, markdown, score_shift
+
+    payload = score_shift(num_tokens=4_000)
+    at_schedule = [cell for cell in payload["cells"] if cell["rate"] == SCHEDULE_RATE]  # type: ignore[attr-defined]
+    assert at_schedule and all(cell["quantile"] > cell["rate"] + 0.02 for cell in at_schedule)
+    assert all(abs(cell["calibrated"] - cell["rate"]) < 1e-3 for cell in payload["cells"])  # type: ignore[attr-defined]
+    assert "vs 0.3" in markdown(payload)

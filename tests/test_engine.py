@@ -283,10 +283,26 @@ def test_calibrated_shift_keeps_the_soft_pass_on_the_schedule() -> None:
     model.config = replace(model.config, normalize_scores=True, score_shift="calibrated")
     with torch.no_grad():
         out = model.forward_soft(ids, mask, rho)
-    protected = model.default_protected(mask).sum(1, keepdim=True)  # (B, 1): kept with certainty
-    candidates = 80 - protected
-    fractions = out.target_kept / 80  # (B, P)
-    torch.testing.assert_close(out.expected_kept, protected + fractions * candidates, atol=1e-3, rtol=0.0)
+    # Protected tokens count against the budget, as in top-M inference: the expected survivors
+    # (protected ones included) equal the scheduled counts.
+    torch.testing.assert_close(out.expected_kept, out.target_kept, atol=1e-3, rtol=0.0)
+
+
+def test_calibrated_soft_pass_keeps_as_many_tokens_as_top_m_inference() -> None:
+    model, _ = tiny_model("qa")
+    ids = torch.randint(3, 120, (2, 60), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    protected = torch.zeros_like(mask, dtype=torch.bool)
+    protected[:, :15] = True  # a 15-token question
+    rho = torch.tensor([0.3, 0.5])
+    model.config = replace(model.config, normalize_scores=True, score_shift="calibrated")
+    with torch.no_grad():
+        soft = model.forward_soft(ids, mask, rho, protected=protected)
+        pruned = model.forward_pruned(ids, mask, rho, protected=protected)
+    # keep_counts rounds to whole tokens; the soft pass aims at the exact fraction.
+    torch.testing.assert_close(
+        soft.expected_kept, pruned.kept_counts.to(soft.expected_kept.dtype), atol=0.51, rtol=0.0
+    )
 
 
 def _objective_setup(task: str, **weights: float):

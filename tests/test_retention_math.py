@@ -47,6 +47,18 @@ def test_conditional_rates_multiply_back_to_fractions() -> None:
     torch.testing.assert_close(torch.cumprod(rates, dim=1), fractions)
 
 
+def test_candidate_fractions_count_protected_tokens_against_the_budget() -> None:
+    fractions = torch.tensor([[0.8, 0.5, 0.2], [0.8, 0.5, 0.2], [1.0, 1.0, 1.0]])  # (B, P)
+    num_real = torch.tensor([100, 100, 10])
+    num_protected = torch.tensor([0, 20, 10])  # the last row has nothing to drop
+    shares = R.candidate_keep_fractions(fractions, num_real, num_protected)
+    torch.testing.assert_close(shares[0], fractions[0])
+    torch.testing.assert_close(shares[1], torch.tensor([0.75, 0.375, 0.0]))  # (80−20)/80, (50−20)/80, 0
+    torch.testing.assert_close(shares[2], torch.ones(3))
+    rates = R.conditional_keep_rates(shares)
+    assert torch.isfinite(rates).all() and rates[1, 2] == 0.0
+
+
 # ----------------------------------------------------------------------------- gates
 def test_hard_concrete_statistics_match_expected_l0() -> None:
     gate = R.HardConcrete()

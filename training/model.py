@@ -144,7 +144,7 @@ class RetentionModel(nn.Module):
         protected = self.default_protected(attention_mask) if protected is None else protected & valid
         num_real = valid.sum(1)  # (B,)
         fractions = R.keep_fractions(rho, self.num_points, self.config.schedule_power)  # (B, P)
-        rates = R.conditional_keep_rates(fractions)  # (B, P)
+        rates = R.conditional_keep_rates(self._droppable_fractions(fractions, num_real, protected))
         prior = self.config.hard_concrete.log_alpha_for_rate(rates)  # (B, P)
         hidden = self.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
         gate_product = valid.to(hidden.dtype)  # (B, T)
@@ -177,6 +177,16 @@ class RetentionModel(nn.Module):
             hidden = updated
         target = fractions * num_real.unsqueeze(-1).to(fractions.dtype)  # (B, P)
         return SoftOutput(self._head(hidden), torch.stack(expected, dim=1), target, num_real)
+
+    def _droppable_fractions(
+        self, fractions: torch.Tensor, num_real: torch.Tensor, protected: torch.Tensor
+    ) -> torch.Tensor:
+        """(B, P) schedule → the share of droppable tokens the soft gates aim at. The calibrated shift
+        counts protected tokens against the budget like top-M inference; the quantile shift keeps the
+        recorded runs' accounting (a share of the droppable tokens equal to the schedule)."""
+        if self.config.normalize_scores and self.config.score_shift == "calibrated":
+            return R.candidate_keep_fractions(fractions, num_real, protected.sum(1))
+        return fractions
 
     def _gate(
         self,

@@ -143,9 +143,27 @@ def keep_counts(
 
 
 def conditional_keep_rates(fractions: torch.Tensor) -> torch.Tensor:
-    """Per-point survival rate given survival so far: (B, P) cumulative → (B, P) conditional."""
+    """Per-point survival rate given survival so far: (B, P) cumulative → (B, P) conditional.
+    A point after one that kept nothing gets rate 0 (the clamp only guards 0 / 0)."""
     previous = torch.cat([torch.ones_like(fractions[:, :1]), fractions[:, :-1]], dim=1)  # (B, P)
-    return fractions / previous
+    return fractions / previous.clamp(min=LOGIT_CLAMP)
+
+
+def candidate_keep_fractions(
+    fractions: torch.Tensor, num_real: torch.Tensor, num_protected: torch.Tensor
+) -> torch.Tensor:
+    """Share of the droppable (real, unprotected) tokens alive entering each layer when the protected
+    tokens count against the budget, as they do in top-M inference (``keep_counts``): (B, P) → (B, P).
+
+    (frac·n_real − n_protected) / (n_real − n_protected), clamped to [0, 1]; 1 for rows with nothing
+    to drop. Without it the soft pass keeps frac of the droppable tokens *plus* every protected one —
+    at ρ = 0.3 with a 20-token question in a 150-token window, 39 droppable tokens where top-M keeps 25.
+    """
+    real = num_real.unsqueeze(-1).to(fractions.dtype)  # (B, 1)
+    protected = num_protected.unsqueeze(-1).to(fractions.dtype)  # (B, 1)
+    droppable = real - protected  # (B, 1)
+    share = ((fractions * real - protected) / droppable.clamp(min=1.0)).clamp(0.0, 1.0)  # (B, P)
+    return torch.where(droppable > 0, share, torch.ones_like(share))
 
 
 def sample_rho(batch_size: int, low: float, high: float, generator: torch.Generator) -> torch.Tensor:
@@ -308,6 +326,7 @@ __all__ = [
     "budget_gap",
     "budget_threshold",
     "calibrated_threshold",
+    "candidate_keep_fractions",
     "conditional_keep_rates",
     "dual_ascent",
     "encoder_token_work",

@@ -111,3 +111,37 @@ def test_soft_budget_reports_expected_and_target_kept_per_point(tmp_path: Path) 
     assert low["target"][-1] == 0.3 and dense["target"] == [1.0, 1.0]
     assert all(0.0 < e <= 1.0 for e in low["expected"])
     assert "| 0.3 |" in out.with_suffix(".md").read_text()
+
+
+def test_answer_survival_reports_answer_and_droppable_survival_per_method(tmp_path: Path) -> None:
+    from benchmarks.answer_survival import main as answer_survival_main
+
+    data_root = tmp_path / "data"
+    context = "The game was played at Levi's Stadium in Santa Clara, California, in February."
+    rows = [
+        {
+            "id": str(i),
+            "title": "Super Bowl",
+            "question": f"Where was game {i} played?",
+            "context": context,
+            "answers": {"text": ["Santa Clara, California"], "answer_start": [context.index("Santa")]},
+        }
+        for i in range(4)
+    ]
+    write_rows(data_root / "squad" / "validation.jsonl.gz", rows)
+    model, tokenizer = tiny_model("qa")
+    recipe = tiny_recipe("qa")
+    recipe = recipe.model_copy(update={"dataset": recipe.dataset.model_copy(update={"root": str(data_root)})})
+    run_dir = tmp_path / "run"
+    save_run(model, recipe, tokenizer, run_dir)
+    out = tmp_path / "answer_survival.json"
+    answer_survival_main([str(run_dir), "--rhos", "0.3", "--questions", "4", "--out", str(out)])
+    payload = json.loads(out.read_text())
+    assert payload["windows_with_answer"] == 4 and 0.0 <= payload["dense_span_hit"] <= 1.0
+    assert set(payload["methods"]) == {"learned", "attention", "random"}
+    for per_rho in payload["methods"].values():
+        row = per_rho["0.3"]
+        assert row["windows"] == 4 and len(row["answer_alive"]) == len(row["droppable_alive"]) == 2
+        assert all(0.0 <= x <= 1.0 for x in row["answer_alive"] + row["droppable_alive"])
+        assert row["droppable_alive"][-1] < 1.0  # ρ = 0.3 dropped tokens
+    assert "| random | 0.3 |" in out.with_suffix(".md").read_text()

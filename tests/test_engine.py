@@ -124,6 +124,23 @@ def test_protected_tokens_are_never_dropped() -> None:
     assert out.kept_counts[:, -1].min().item() >= 3
 
 
+def test_recorded_survivors_match_the_kept_counts_and_only_shrink() -> None:
+    model, _ = tiny_model("qa")
+    ids, mask = ragged_batch(0)
+    protected = torch.zeros_like(mask, dtype=torch.bool)
+    protected[:, :2] = True
+    with torch.no_grad():
+        out = model.forward_pruned(
+            ids, mask, torch.full((3,), 0.3), protected=protected, record_survivors=True
+        )
+    survivors = out.survivors
+    assert survivors is not None and survivors.shape == (3, model.num_points, ids.shape[1])
+    assert survivors.sum(-1).tolist() == out.kept_counts.tolist()
+    assert not (survivors & ~mask.bool().unsqueeze(1)).any()  # padding never survives
+    assert not (survivors[:, 1:] & ~survivors[:, :-1]).any()  # a dropped token never comes back
+    assert survivors[:, -1][protected].all()
+
+
 def test_tiny_model_trains_deterministically_exports_and_round_trips(tmp_path: Path) -> None:
     import onnxruntime as ort
 

@@ -56,6 +56,7 @@ class SoftOutput:
 class PrunedOutput:
     logits: torch.Tensor  # (B, C) or (B, T, C)
     kept_counts: torch.Tensor  # (B, P) tokens entering each layer
+    survivors: torch.Tensor | None = None  # (B, P, T) bool: real tokens entering each layer, if asked
 
 
 class ClassificationHead(nn.Module):
@@ -211,11 +212,14 @@ class RetentionModel(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         selector: Selector | None = None,
         threshold: bool = False,
+        record_survivors: bool = False,
     ) -> PrunedOutput:
         """Physically pruned pass. input_ids/attention_mask (B, T), rho (B,) → logits, kept counts (B, P).
 
         ``threshold`` (ablation): instead of the scheduled top-M, keep every token whose gate would be
         open, P(z > 0) > ½ under the budget prior; counts then vary per example and miss the budget.
+        ``record_survivors`` (diagnostics, not exported): also return which original positions entered
+        each layer.
         """
         valid = attention_mask.bool()  # (B, T)
         protected = self.default_protected(attention_mask) if protected is None else protected & valid
@@ -229,6 +233,7 @@ class RetentionModel(nn.Module):
         hidden = self.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
         restore = self.task in TOKEN_TASKS
         restored = hidden  # (B, T, d): every token's latest state, scattered back at the end
+        survivors: list[torch.Tensor] = []  # per point (B, T) bool, filled if record_survivors
         positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0).expand_as(valid)  # (B,T)
         for point, layer in enumerate(self.backbone.views):
             raw = selector(point, layer, hidden, valid) if selector else self.scorers[point](hidden, valid)
@@ -238,13 +243,16 @@ class RetentionModel(nn.Module):
             hidden = R.gather_tokens(hidden, index)  # (B, K, d)
             protected = R.gather_tokens(protected, index)  # (B, K)
             positions = R.gather_tokens(positions, index)  # (B, K)
+            if record_survivors:
+                survivors.append(_alive_positions(positions, valid, input_ids.shape[1]))
             is_last = point == self.num_points - 1
             hidden = layer(
                 hidden, R.attention_bias(valid, hidden.dtype), self.last_layer_queries if is_last else None
             )
             if restore:
                 restored = _scatter_valid(restored, positions, hidden, valid)
-        return PrunedOutput(self._head(restored if restore else hidden), counts)
+        logits = self._head(restored if restore else hidden)
+        return PrunedOutput(logits, counts, torch.stack(survivors, dim=1) if record_survivors else None)
 
     def _open_gates(
         self, raw: torch.Tensor, prior: torch.Tensor, valid: torch.Tensor, protected: torch.Tensor
@@ -259,6 +267,13 @@ class RetentionModel(nn.Module):
         if self.task == CLASSIFICATION:
             return self.head(hidden[:, 0])  # (B, d) → (B, C)
         return self.head(hidden)  # (B, T, d) → (B, T, C)
+
+
+def _alive_positions(positions: torch.Tensor, valid: torch.Tensor, length: int) -> torch.Tensor:
+    """Kept slots (B, K) → (B, T) bool over the original positions. Counts, not a bool scatter: a
+    padding slot may carry the same position as a kept one."""
+    hits = torch.zeros(positions.shape[0], length, dtype=torch.long, device=positions.device)  # (B, T)
+    return hits.scatter_add(1, positions, valid.long()) > 0
 
 
 def _scatter_valid(

@@ -442,3 +442,59 @@ def test_fit_uses_the_cores_it_may_run_on() -> None:
     assert 1 <= usable_cores() <= (os.cpu_count() or 1)
     if hasattr(os, "sched_getaffinity"):
         assert usable_cores() == len(os.sched_getaffinity(0))
+
+
+def test_answer_span_mask_marks_the_gold_tokens_of_each_window() -> None:
+    from training.qa import answer_span_mask
+
+    _, tokenizer, recipe, adapter = _objective_setup("qa")
+    batch = adapter.make_batch(QA_ROWS, tokenizer, recipe.max_length)
+    salient = answer_span_mask(batch)  # (N, T)
+    for row, (start, end) in enumerate(batch.targets.tolist()):
+        assert salient[row].nonzero().flatten().tolist() == list(range(start, end + 1))
+    without_answer = batch.targets.clone()
+    without_answer[0] = 0  # a window that lacks the answer points at [CLS]
+    batch.targets = without_answer
+    assert not answer_span_mask(batch)[0].any()
+
+
+def test_salient_keep_loss_raises_the_answer_gates_within_the_same_budget() -> None:
+    from training.fit import salient_loss
+
+    model, tokenizer, recipe, adapter = _objective_setup("qa", salient_keep_weight=1.0)
+    model.config = replace(model.config, normalize_scores=True, score_shift="calibrated")
+    batch = adapter.make_batch(QA_ROWS, tokenizer, recipe.max_length)
+    rho = torch.full((2,), 0.3)
+    salient = adapter.salient(batch)  # (N, T)
+    optimizer = torch.optim.SGD(model.scorers.parameters(), lr=0.5)
+
+    def answer_gates() -> tuple[float, torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            out = model.eval().forward_soft(**batch.encoder_inputs(), rho=rho)
+        assert out.open_prob is not None
+        return out.open_prob[:, -1][salient].mean().item(), out.expected_kept, out.target_kept
+
+    before, _, _ = answer_gates()
+    for _ in range(5):
+        out = model.train().forward_soft(**batch.encoder_inputs(), rho=rho, generator=torch.Generator())
+        loss = salient_loss(out, adapter, batch, recipe)
+        assert loss is not None and loss > 0
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    after, expected, target = answer_gates()
+    assert after > before  # the scorers learned to keep the answer ...
+    assert batch.protected is not None
+    floor = batch.protected.sum(1, keepdim=True).to(target.dtype)  # (N, 1): never dropped, as in top-M
+    torch.testing.assert_close(expected, target.maximum(floor), atol=1e-3, rtol=0.0)  # ... nor more
+
+
+def test_fit_rejects_salient_supervision_for_a_task_without_salient_tokens() -> None:
+    from training.fit import fit
+    from training.recipes import ObjectiveSpec
+
+    recipe = tiny_recipe("classification").model_copy(
+        update={"objective": ObjectiveSpec(salient_keep_weight=1.0)}
+    )
+    with pytest.raises(ValueError, match="salient"):
+        fit(recipe, Path("unused"))

@@ -218,3 +218,11 @@ def test_budget_threshold_is_the_weighted_quantile_of_the_candidates() -> None:
     assert R.budget_threshold(scores, weights, torch.tensor([0.5])).item() == 3.0
     half_alive = torch.tensor([[0.5, 1.0, 0.5, 1.0, 0.0]])  # 4 and 3 half-dropped already
     assert R.budget_threshold(scores, half_alive, torch.tensor([0.5])).item() == 2.0
+
+
+def test_salient_keep_loss_is_the_mean_negative_log_gate_of_the_salient_tokens() -> None:
+    open_prob = torch.tensor([[[0.5, 0.9, 0.2], [0.25, 0.8, 0.1]]])  # (B=1, P=2, T=3)
+    salient = torch.tensor([[True, False, False]])  # (B, T)
+    expected = -(math.log(0.5) + math.log(0.25)) / 2
+    assert R.salient_keep_loss(open_prob, salient).item() == pytest.approx(expected)
+    assert R.salient_keep_loss(open_prob, torch.zeros_like(salient)).item() == 0.0

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from training import retention as R
 from training.data import Row, load_split, shuffled
 from training.encoders import EncoderBackbone, backbone_from_config, load_backbone, load_tokenizer
-from training.model import RetentionConfig, RetentionModel
+from training.model import RetentionConfig, RetentionModel, SoftOutput
 from training.recipes import Recipe
 from training.tasks import adapter_for
 
@@ -96,6 +96,7 @@ class StepLog:
     lam: list[float]
     lr: float
     seconds: float
+    salient_loss: float | None = None  # −log P(gate open) of the salient tokens, when trained on
 
 
 def _batches(rows: list[Row], batch_size: int, seed: int, skip: int = 0):
@@ -171,6 +172,8 @@ def fit(
     a long run across sessions). ``init_run`` is the finished run ``recipe.init_from`` names.
     """
     adapter = adapter_for(recipe.task)
+    if recipe.objective.salient_keep_weight > 0.0 and adapter.salient is None:
+        raise ValueError(f"objective.salient_keep_weight needs salient tokens; task {recipe.task!r} has none")
     torch.manual_seed(recipe.seed)
     torch.set_num_threads(usable_cores())
     generator = torch.Generator(device=device).manual_seed(recipe.seed)
@@ -240,6 +243,7 @@ def fit(
         gap = R.budget_gap(out.expected_kept, out.target_kept, out.num_real)  # (P,)
         loss = task_loss + R.lagrangian_penalty(gap, lam, recipe.budget.quadratic_weight)
         extra = extra_losses(model, adapter, batch, rho, recipe)
+        extra.salient = salient_loss(out, adapter, batch, recipe)
         loss = loss + extra.total(recipe)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -261,6 +265,7 @@ def fit(
                 [round(x, 5) for x in lam.tolist()],
                 optimizer.param_groups[0]["lr"],
                 time.perf_counter() - started,
+                extra.item("salient"),
             )
             with log_path.open("a", encoding="utf-8") as handle:
                 handle.write(json.dumps(entry.__dict__) + "\n")
@@ -297,6 +302,7 @@ class ExtraLosses:
     pruned: torch.Tensor | None = None  # task loss of the hard top-M pass
     dense: torch.Tensor | None = None  # task loss of the dense pass (sandwich rule)
     distill: torch.Tensor | None = None  # divergence of the top-M pass from the dense pass
+    salient: torch.Tensor | None = None  # −log P(gate open) of the task's salient tokens
 
     def total(self, recipe: Recipe) -> torch.Tensor | float:
         objective = recipe.objective
@@ -304,6 +310,7 @@ class ExtraLosses:
             (objective.pruned_loss_weight, self.pruned),
             (1.0, self.dense),
             (objective.distill_weight, self.distill),
+            (objective.salient_keep_weight, self.salient),
         ]
         return sum((weight * value for weight, value in terms if value is not None), 0.0)
 
@@ -335,6 +342,13 @@ def extra_losses(model: RetentionModel, adapter, batch, rho: torch.Tensor, recip
         losses.dense = adapter.loss(dense_logits, batch)
         losses.distill = adapter.distill(pruned_logits, dense_logits.detach(), batch)
     return losses
+
+
+def salient_loss(out: SoftOutput, adapter, batch, recipe: Recipe) -> torch.Tensor | None:
+    """The scorers' supervised term (``objective.salient_keep_weight``) from the soft pass, or None."""
+    if recipe.objective.salient_keep_weight <= 0.0 or out.open_prob is None or adapter.salient is None:
+        return None
+    return R.salient_keep_loss(out.open_prob, adapter.salient(batch))
 
 
 def save_run(model: RetentionModel, recipe: Recipe, tokenizer, run_dir: Path) -> None:

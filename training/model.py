@@ -50,6 +50,7 @@ class SoftOutput:
     expected_kept: torch.Tensor  # (B, P) expected survivors entering each layer
     target_kept: torch.Tensor  # (B, P) budget M_p = frac_p(ρ)·n_real
     num_real: torch.Tensor  # (B,)
+    open_prob: torch.Tensor | None = None  # (B, P, T) P(z > 0) of each token's gate; None without gates
 
 
 @dataclass
@@ -151,6 +152,7 @@ class RetentionModel(nn.Module):
         gate_product = valid.to(hidden.dtype)  # (B, T)
         prob_product = valid.to(hidden.dtype)  # (B, T)
         expected = []
+        open_probs: list[torch.Tensor] = []  # per point (B, T)
         for point, layer in enumerate(self.backbone.views):
             if gates != "none":
                 scores = self.scorers[point](hidden, valid)  # (B, T)
@@ -160,6 +162,7 @@ class RetentionModel(nn.Module):
                     scores = scores - threshold(scores, candidates, rates[:, point])
                 log_alpha = scores + prior[:, point : point + 1]  # (B, T)
                 prob = self.config.hard_concrete.prob_nonzero(log_alpha)
+                open_probs.append(prob)
                 gate = self._gate(log_alpha, prob, gates, generator)
                 gate_product = gate_product * torch.where(protected, torch.ones_like(gate), gate)
                 prob_product = prob_product * torch.where(protected, torch.ones_like(prob), prob)
@@ -177,7 +180,8 @@ class RetentionModel(nn.Module):
                 updated = keep * updated + (1.0 - keep) * hidden
             hidden = updated
         target = fractions * num_real.unsqueeze(-1).to(fractions.dtype)  # (B, P)
-        return SoftOutput(self._head(hidden), torch.stack(expected, dim=1), target, num_real)
+        open_prob = torch.stack(open_probs, dim=1) if open_probs else None  # (B, P, T)
+        return SoftOutput(self._head(hidden), torch.stack(expected, dim=1), target, num_real, open_prob)
 
     def _droppable_fractions(
         self, fractions: torch.Tensor, num_real: torch.Tensor, protected: torch.Tensor

@@ -128,7 +128,15 @@ def qa_distill(student: torch.Tensor, teacher: torch.Tensor, batch: Batch) -> to
     )
 
 
-ADAPTERS["qa"] = TaskAdapter(qa_batch, qa_loss, qa_distill)
+def answer_span_mask(batch: Batch) -> torch.Tensor:
+    """targets (N, 2) → (N, T) bool: the gold answer tokens of each window; none where the window
+    lacks the answer (its targets point at [CLS], position 0)."""
+    positions = torch.arange(batch.input_ids.shape[1], device=batch.targets.device).unsqueeze(0)  # (1, T)
+    start, end = batch.targets[:, :1], batch.targets[:, 1:]  # (N, 1) each
+    return (positions >= start) & (positions <= end) & (start > 0)
+
+
+ADAPTERS["qa"] = TaskAdapter(qa_batch, qa_loss, qa_distill, salient=answer_span_mask)
 
 
 # ---------------------------------------------------------------------- shared evaluation plumbing

@@ -105,6 +105,15 @@ class ObjectiveSpec(Strict):
             "of the hard top-M pass from the dense pass's (detached) outputs"
         ),
     )
+    salient_keep_weight: float = Field(
+        default=0.0,
+        ge=0.0,
+        description=(
+            "add this weight × the mean −log P(gate open) of the tokens the task marks salient (QA: "
+            "the gold answer span) at every point, so the scorers learn to keep them; the budget still "
+            "sets how many tokens survive. Needs a task adapter with a salient-token mask"
+        ),
+    )
 
 
 class EvalSpec(Strict):

@@ -222,6 +222,19 @@ def calibrated_threshold(scores: torch.Tensor, weights: torch.Tensor, rate: torc
     return 0.5 * (low + high)  # (B, 1)
 
 
+def salient_keep_loss(open_prob: torch.Tensor, salient: torch.Tensor) -> torch.Tensor:
+    """Mean −log P(z > 0) of the salient tokens' gates over all points: (B, P, T), (B, T) bool → ().
+
+    A supervised nudge for the scorers (e.g. the gold answer span in extractive QA): the budget still
+    fixes how many tokens survive (the score shift is per row), so raising the salient tokens' gates
+    pushes the others below the cut instead of keeping more. 0 when a batch has no salient token.
+    """
+    mask = salient.unsqueeze(1).expand_as(open_prob)  # (B, P, T)
+    if not bool(mask.any()):
+        return open_prob.sum() * 0.0  # keeps the graph (and the device) of a normal loss
+    return -torch.log(open_prob[mask].clamp(min=LOGIT_CLAMP)).mean()
+
+
 # --------------------------------------------------------------------------------------------
 # Lagrangian budget
 # --------------------------------------------------------------------------------------------
@@ -336,6 +349,7 @@ __all__ = [
     "lagrangian_penalty",
     "masked_scores",
     "random_scores",
+    "salient_keep_loss",
     "sample_rho",
     "select_top_tokens",
     "soft_attention_bias",

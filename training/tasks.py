@@ -66,6 +66,8 @@ class TaskAdapter:
     loss: Callable[[torch.Tensor, Batch], torch.Tensor]  # (logits, batch) → scalar
     # (student logits, teacher logits (detached), batch) → scalar divergence, for distillation
     distill: Callable[[torch.Tensor, torch.Tensor, Batch], torch.Tensor] | None = None
+    # batch → (B, T) bool tokens the scorers should keep (objective.salient_keep_weight)
+    salient: Callable[[Batch], torch.Tensor] | None = None
 
 
 def classification_batch(rows: list[Row], tokenizer, max_length: int) -> Batch:

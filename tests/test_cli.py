@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.tiny import tiny_model, tiny_recipe, write_rows
 from training.__main__ import main as training_main
 from training.contract import Manifest
@@ -113,9 +115,8 @@ def test_soft_budget_reports_expected_and_target_kept_per_point(tmp_path: Path) 
     assert "| 0.3 |" in out.with_suffix(".md").read_text()
 
 
-def test_answer_survival_reports_answer_and_droppable_survival_per_method(tmp_path: Path) -> None:
-    from benchmarks.answer_survival import main as answer_survival_main
-
+def _tiny_qa_run(tmp_path: Path) -> Path:
+    """A tiny QA run whose dataset root holds four SQuAD-style validation questions."""
     data_root = tmp_path / "data"
     context = "The game was played at Levi's Stadium in Santa Clara, California, in February."
     rows = [
@@ -134,6 +135,13 @@ def test_answer_survival_reports_answer_and_droppable_survival_per_method(tmp_pa
     recipe = recipe.model_copy(update={"dataset": recipe.dataset.model_copy(update={"root": str(data_root)})})
     run_dir = tmp_path / "run"
     save_run(model, recipe, tokenizer, run_dir)
+    return run_dir
+
+
+def test_answer_survival_reports_answer_and_droppable_survival_per_method(tmp_path: Path) -> None:
+    from benchmarks.answer_survival import main as answer_survival_main
+
+    run_dir = _tiny_qa_run(tmp_path)
     out = tmp_path / "answer_survival.json"
     answer_survival_main([str(run_dir), "--rhos", "0.3", "--questions", "4", "--out", str(out)])
     payload = json.loads(out.read_text())
@@ -145,3 +153,19 @@ def test_answer_survival_reports_answer_and_droppable_survival_per_method(tmp_pa
         assert all(0.0 <= x <= 1.0 for x in row["answer_alive"] + row["droppable_alive"])
         assert row["droppable_alive"][-1] < 1.0  # ρ = 0.3 dropped tokens
     assert "| random | 0.3 |" in out.with_suffix(".md").read_text()
+
+
+def test_task_evaluation_merge_keeps_earlier_cells_and_refuses_other_examples(tmp_path: Path) -> None:
+    run_dir = _tiny_qa_run(tmp_path)
+    out = tmp_path / "results"
+    common = ["evaluate", str(run_dir), "--split", "test", "--out", str(out)]  # test = validation.jsonl.gz
+    training_main([*common, "--limit", "4", "--rhos", "0.3", "--methods", "learned"])
+    training_main([*common, "--limit", "4", "--rhos", "0.3", "0.5", "--methods", "random", "--merge"])
+    payload = json.loads((out / "eval.json").read_text())
+    assert set(payload["results"]["learned"]) == {"0.3"}  # the first run's cells survive
+    assert set(payload["results"]["random"]) == {"0.3", "0.5"}
+    assert payload["meta"]["command"].count("python -m training evaluate") == 2
+    assert "| learned |" in (out / "eval.md").read_text() and "| random |" in (out / "eval.md").read_text()
+    with pytest.raises(SystemExit, match="num_examples"):  # other questions: merging would mix subsets
+        training_main([*common, "--limit", "2", "--rhos", "0.3", "--methods", "learned", "--merge"])
+    assert set(json.loads((out / "eval.json").read_text())["results"]) == {"learned", "random"}

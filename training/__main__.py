@@ -127,7 +127,9 @@ def machine_description(device: str = "cpu") -> dict[str, object]:
     return description
 
 
-def evaluation_meta(recipe: Recipe, split: str, num_examples: int, device: str = "cpu") -> dict[str, object]:
+def evaluation_meta(
+    recipe: Recipe, split: str, num_examples: int, argv: list[str], device: str = "cpu"
+) -> dict[str, object]:
     return {
         "model": recipe.name,
         "profile": recipe.profile,
@@ -135,7 +137,7 @@ def evaluation_meta(recipe: Recipe, split: str, num_examples: int, device: str =
         "num_examples": num_examples,
         "subset": f"first {num_examples} after a seeded shuffle (seed {EVAL_SEED})",
         "max_length": recipe.max_length,
-        "command": " ".join(["python -m training", *sys.argv[1:]]),
+        "command": " ".join(["python -m training", *argv]),
         "machine": machine_description(device),
     }
 
@@ -149,7 +151,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     rows = shuffled(load_split(recipe.dataset, split), EVAL_SEED, args.limit)
     rhos = args.rhos or list(recipe.evaluation.rhos)
     out_dir = args.out or DEFAULT_RESULTS_DIR / f"{recipe.name}-{recipe.profile}"
-    meta = evaluation_meta(recipe, split, len(rows), args.device)
+    meta = evaluation_meta(recipe, split, len(rows), args.argv, args.device)
     if recipe.task == "classification":
         from training.evaluate import DEFAULT_METHODS, evaluate_classification, merge_results, write_results
 
@@ -157,17 +159,40 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         results = evaluate_classification(
             model, tokenizer, rows, rhos, methods, recipe.max_length, recipe.evaluation.batch_size
         )
-        previous = out_dir / "eval.json"
-        if args.merge and previous.is_file():
-            earlier = json.loads(previous.read_text(encoding="utf-8"))["meta"]
-            meta["command"] = f"{earlier['command']} && {meta['command']}"  # both runs reproduce the file
+        previous = earlier_results(out_dir, meta) if args.merge else None
+        if previous is not None:
             results = merge_results(previous, results)
         write_results(results, out_dir, meta)
     else:
-        write_task_results(model, tokenizer, recipe, rows, rhos, args.methods, out_dir, meta)
+        previous = earlier_results(out_dir, meta) if args.merge else None
+        write_task_results(model, tokenizer, recipe, rows, rhos, args.methods, out_dir, meta, previous)
     if (args.run_dir / LOG_FILE).is_file():  # runs saved without fit (e.g. converted ones) have no log
         shutil.copyfile(args.run_dir / LOG_FILE, out_dir / LOG_FILE)  # the budget curve, beside the results
     print((out_dir / "eval.md").read_text(encoding="utf-8"))
+
+
+def earlier_results(out_dir: Path, meta: dict[str, object]) -> Path | None:
+    """The eval.json that ``--merge`` extends, if any; raises when it scored other examples.
+
+    On success ``meta["command"]`` becomes both commands, so the merged file stays reproducible.
+    """
+    previous = out_dir / "eval.json"
+    if not previous.is_file():
+        return None
+    earlier = json.loads(previous.read_text(encoding="utf-8"))["meta"]
+    for key in ("split", "num_examples"):
+        if earlier.get(key) != meta[key]:
+            raise SystemExit(f"--merge: {previous} has {key}={earlier.get(key)!r}, this run {meta[key]!r}")
+    meta["command"] = f"{earlier['command']} && {meta['command']}"
+    return previous
+
+
+def merge_task_report(previous: Path, report: dict[str, Any]) -> dict[str, Any]:
+    """An earlier task report's ``results`` plus the new ones; a new (method, ρ) replaces the old."""
+    merged: dict[str, dict[str, Any]] = json.loads(previous.read_text(encoding="utf-8"))["results"]
+    for method, by_rho in report["results"].items():
+        merged.setdefault(method, {}).update(by_rho)
+    return {**report, "results": merged}
 
 
 def write_task_results(
@@ -179,12 +204,18 @@ def write_task_results(
     methods: list[str] | None,
     out_dir: Path,
     meta: dict[str, object],
+    previous: Path | None = None,
 ) -> None:
-    """QA / summarization: their modules evaluate; we add the run's metadata and write JSON + markdown."""
+    """QA / summarization: their modules evaluate; we add the run's metadata and write JSON + markdown.
+
+    ``previous``: an earlier eval.json of the same examples whose other (method, ρ) cells are kept.
+    """
     from training import qa, summarization
 
     module = qa if recipe.task == "qa" else summarization
     report = module.evaluate(model, tokenizer, recipe, rows, rhos, *([methods] if methods else []))
+    if previous is not None:
+        report = merge_task_report(previous, report)
     report["meta"] = meta
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -264,7 +295,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
+    args.argv = argv  # recorded in results as the command that reproduces them
     args.func(args)
 
 

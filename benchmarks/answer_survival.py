@@ -68,14 +68,14 @@ def answer_survival(run_dir: Path, rhos: list[float], questions: int) -> dict[st
     from training.evaluate import RANDOM_SEED
     from training.fit import load_run
     from training.model import attention_selector, random_selector
-    from training.tasks import adapter_for
+    from training.tasks import training_task
 
     model, recipe, tokenizer = load_run(run_dir)
     model = model.eval()
     if recipe.task != "qa":
         raise ValueError(f"answer_survival needs an extractive QA run, got task {recipe.task!r}")
     rows = shuffled(load_split(recipe.dataset, recipe.dataset.test_split), EVAL_SEED, questions)
-    batch = adapter_for("qa").make_batch(rows, tokenizer, recipe.max_length)
+    batch = training_task("qa").make_batch(rows, tokenizer, recipe.max_length)
     has_answer = batch.targets[:, 0] != NO_ANSWER_POSITION  # (N,)
     assert batch.protected is not None and batch.token_type_ids is not None  # qa_batch sets both
     inputs = {

@@ -27,11 +27,11 @@ def soft_budget(run_dir: Path, rhos: list[float], examples: int) -> dict[str, ob
     from benchmarks.machine import describe
     from training.data import EVAL_SEED, load_split, shuffled
     from training.fit import load_run
-    from training.tasks import adapter_for
+    from training.tasks import training_task
 
     model, recipe, tokenizer = load_run(run_dir)
     rows = shuffled(load_split(recipe.dataset, recipe.dataset.validation_split), EVAL_SEED, examples)
-    batch = adapter_for(recipe.task).make_batch(rows, tokenizer, recipe.max_length)
+    batch = training_task(recipe.task).make_batch(rows, tokenizer, recipe.max_length)
     per_rho: dict[str, dict[str, list[float]]] = {}
     for rho in rhos:
         budgets = torch.full((batch.input_ids.shape[0],), rho)  # (B,)

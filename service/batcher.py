@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from retention_core.codecs.base import Row
 from service.errors import DeadlineExceeded, InferenceFailed, QueueFull, ShuttingDown
 from service.metrics import Metrics
 from service.runtime import LoadedModel
 from service.settings import Settings
-from service.tasks.base import Row
 
 log = logging.getLogger("service")
 

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from retention_core.codecs.base import Row
+from retention_core.contract import MANIFEST_FILE
 from service.batcher import Batcher, JobResult
 from service.errors import ModelNotFound, NotReady, ShuttingDown, TaskMismatch
 from service.metrics import Metrics
 from service.runtime import LoadedModel, ModelLoadError, fingerprint, load_model
 from service.settings import Settings
-from service.tasks.base import Row
-from training.contract import MANIFEST_FILE
 
 log = logging.getLogger("service")
 

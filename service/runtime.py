@@ -7,7 +7,6 @@ models root) and what is wrong; the service logs it and keeps serving whatever i
 from __future__ import annotations
 
 import hashlib
-import inspect
 import logging
 import time
 from dataclasses import dataclass, field
@@ -19,13 +18,11 @@ import onnxruntime as ort
 from pydantic import ValidationError
 from tokenizers import Tokenizer
 
+from retention_core.codecs.base import Row, TaskCodec, pad_rows
+from retention_core.contract import MANIFEST_FILE, Manifest, TensorSpec
+from retention_core.tasks import CodecOptions, TaskSpec, task_spec
+from retention_core.text import pad_token_id
 from service.settings import Settings
-from service.tasks.base import Row, TaskCodec, pad_rows
-from service.tasks.classification import ClassificationCodec
-from service.tasks.qa import QACodec
-from service.tasks.summarization import SummarizationCodec
-from service.tasks.text import pad_token_id
-from training.contract import MANIFEST_FILE, ONNX_INPUTS, ONNX_OUTPUTS, Manifest, TensorSpec
 
 log = logging.getLogger("service")
 
@@ -36,23 +33,9 @@ class ModelLoadError(Exception):
     """A model directory is broken. The message is safe to show to an operator (no absolute paths)."""
 
 
-def filter_kwargs(fn: Any, **kwargs: Any) -> dict[str, Any]:
-    """Keep the keyword arguments ``fn`` accepts (codecs of different tasks take different options)."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return kwargs
-    return {k: v for k, v in kwargs.items() if k in params}
-
-
-def make_codec(manifest: Manifest, tokenizer: Tokenizer, settings: Settings) -> TaskCodec:
-    """The task codec of ``service.tasks`` for this manifest."""
-    if manifest.task == "classification":
-        if not manifest.labels:
-            raise ValueError("classification manifest has no labels")
-        return ClassificationCodec(tokenizer, manifest.max_length, list(manifest.labels))
-    if manifest.task == "qa":
-        return QACodec(tokenizer, manifest.max_length, max_windows=settings.max_windows)
-    return SummarizationCodec(tokenizer, manifest.max_length, max_windows=settings.max_windows)
+def make_codec(spec: TaskSpec, manifest: Manifest, tokenizer: Tokenizer, settings: Settings) -> TaskCodec:
+    """The registered codec of this manifest's task, with the service's limits."""
+    return spec.make_codec(manifest, tokenizer, CodecOptions(max_windows=settings.max_windows))
 
 
 def check_specs(
@@ -87,7 +70,7 @@ class LoadedModel:
     precision: str
     session: ort.InferenceSession
     tokenizer: Tokenizer
-    codec: Any  # ClassificationCodec | QACodec | SummarizationCodec
+    codec: Any  # the task's codec (retention_core.tasks)
     pad_id: int
     fingerprint: str
     providers: list[str]
@@ -117,13 +100,7 @@ class LoadedModel:
 
     def warm_up(self) -> None:
         ids = self.tokenizer.encode("warm up the session with a short input").ids[: self.manifest.max_length]
-        row = Row(tuple(ids))
-        if self.task == "qa":
-            row = Row(
-                tuple(ids),
-                token_type_ids=tuple(0 for _ in ids),
-                protected=tuple(int(i == 0) for i in range(len(ids))),
-            )
+        row = task_spec(self.task).example_row(tuple(ids))
         for rho in (1.0, self.manifest.default_rho):
             begin = time.perf_counter()
             self.run([row, row], [rho, rho])
@@ -194,16 +171,20 @@ def load_model(directory: Path, settings: Settings, name: str | None = None) -> 
         log.error("onnxruntime could not load %s: %s", model_path, exc)
         raise ModelLoadError(f"{label}: {variant.file} could not be loaded by onnxruntime") from exc
 
-    check_specs(label, "inputs", session.get_inputs(), manifest.inputs, ONNX_INPUTS[manifest.task])
-    check_specs(label, "outputs", session.get_outputs(), manifest.outputs, ONNX_OUTPUTS[manifest.task])
+    try:
+        spec = task_spec(manifest.task)
+    except KeyError as exc:
+        raise ModelLoadError(f"{label}: unknown task {manifest.task!r}") from exc
+    check_specs(label, "inputs", session.get_inputs(), manifest.inputs, spec.inputs)
+    check_specs(label, "outputs", session.get_outputs(), manifest.outputs, spec.outputs)
     dim = session.get_outputs()[0].shape[-1]
-    if manifest.task == "classification" and isinstance(dim, int) and dim != len(manifest.labels):
+    if spec.num_outputs is None and isinstance(dim, int) and dim != len(manifest.labels):
         raise ModelLoadError(
             f"{label}: graph has {dim} logits but the manifest {len(manifest.labels)} labels"
         )
 
     try:
-        codec = make_codec(manifest, tokenizer, settings)
+        codec = make_codec(spec, manifest, tokenizer, settings)
     except (ValueError, TypeError) as exc:
         raise ModelLoadError(f"{label}: the {manifest.task} codec rejected this model ({exc})") from exc
     model = LoadedModel(

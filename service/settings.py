@@ -11,6 +11,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from retention_core.contract import DEFAULT_MAX_WINDOWS
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RETENTION_", env_nested_delimiter="__", extra="ignore")
@@ -38,7 +40,9 @@ class Settings(BaseSettings):
     request_timeout_s: float = Field(default=30.0, gt=0.0, description="per-request deadline (504 past it)")
     max_body_bytes: int = Field(default=1_000_000, ge=1, description="request bodies larger than this: 413")
     max_windows: int = Field(
-        default=16, ge=1, description="QA / summarization windows per input; more is truncated (or 413)"
+        default=DEFAULT_MAX_WINDOWS,
+        ge=1,
+        description="QA / summarization windows per input; more is truncated (or 413)",
     )
     max_items: int = Field(default=64, ge=1, description="texts / questions per request (413 beyond)")
     drain_timeout_s: float = Field(default=30.0, ge=0.0, description="graceful shutdown: wait for in-flight")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from retention_core.contract import Manifest
 from tests.tiny import tiny_model, tiny_recipe, write_rows
 from training.__main__ import main as training_main
-from training.contract import Manifest
 from training.evaluate import evaluate_classification, markdown_table
 from training.fit import save_run
 

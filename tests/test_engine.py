@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModel, BertConfig, DistilBertConfig, RobertaConfig
 
+from retention_core.contract import Manifest
 from tests.tiny import build_tiny_model_dir, tiny_model, tiny_recipe
 from training import retention as R
-from training.contract import Manifest
 from training.encoders import EncoderBackbone
 from training.export import ExportValidationError, export_model, validate_onnx
 from training.model import RetentionModel
@@ -324,11 +324,11 @@ def test_calibrated_soft_pass_keeps_as_many_tokens_as_top_m_inference() -> None:
 
 def _objective_setup(task: str, **weights: float):
     from training.recipes import ObjectiveSpec
-    from training.tasks import adapter_for
+    from training.tasks import training_task
 
     model, tokenizer = tiny_model(task)
     recipe = tiny_recipe(task).model_copy(update={"objective": ObjectiveSpec(**weights)})
-    adapter = adapter_for(task)
+    adapter = training_task(task)
     return model.train(), tokenizer, recipe, adapter
 
 
@@ -386,10 +386,10 @@ def test_distillation_adds_the_dense_pass_and_a_divergence_that_vanishes_at_rho_
 
 @pytest.mark.parametrize("task", ["classification", "qa", "summarization"])
 def test_every_task_has_a_distillation_loss_that_is_zero_against_itself(task: str) -> None:
-    from training.tasks import adapter_for
+    from training.tasks import training_task
 
     model, tokenizer = tiny_model(task)
-    adapter = adapter_for(task)
+    adapter = training_task(task)
     rows = {
         "classification": [{"text": "a good movie", "label": 1}, {"text": "bad", "label": 0}],
         "qa": QA_ROWS,
@@ -412,10 +412,10 @@ def test_every_task_has_a_distillation_loss_that_is_zero_against_itself(task: st
 
 
 def test_batch_moves_every_tensor() -> None:
-    from training.tasks import adapter_for
+    from training.tasks import training_task
 
     _, tokenizer = tiny_model("summarization")
-    adapter = adapter_for("summarization")
+    adapter = training_task("summarization")
     rows = [{"document": ["One sentence.", "Another one here."], "extractive_labels": [0, 1]}]
     batch = adapter.make_batch(rows, tokenizer, 48)
     moved = batch.to("meta")  # any device but the CPU the batch lives on

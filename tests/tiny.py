@@ -6,7 +6,7 @@ import gzip
 import json
 from pathlib import Path
 
-from training.contract import Manifest
+from retention_core.contract import Manifest
 
 TINY_HIDDEN = 32
 TINY_LAYERS = 2
@@ -44,7 +44,7 @@ def tiny_recipe(task: str = "classification", name: str | None = None):
 
     return Recipe(
         name=name or f"tiny-{task}",
-        task=task,  # type: ignore[arg-type]
+        task=task,
         dataset=DatasetSpec(name=TASK_DATASETS[task]),
         labels=("negative", "positive") if task == "classification" else (),
         max_length=TINY_MAX_LENGTH,

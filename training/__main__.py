@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from training.contract import MANIFEST_FILE, MODEL_FILE, QualityCurve, QualityPoint
+from retention_core.contract import MANIFEST_FILE, MODEL_FILE, QualityCurve, QualityPoint
 from training.data import EVAL_SEED
 from training.recipes import Recipe, load_recipe
 
@@ -90,7 +90,7 @@ def manifest_quality(model_path: Path, recipe: Recipe, tokenizer, runtime: str) 
 
 
 def export_run(run_dir: Path, out_dir: Path, int8: bool, quality: bool) -> None:
-    from training.contract import INT8_MODEL_FILE, Manifest
+    from retention_core.contract import INT8_MODEL_FILE, Manifest
     from training.export import export_model
     from training.fit import load_run
 

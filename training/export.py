@@ -1,4 +1,4 @@
-"""Export a trained run to a model directory the service reads (``training.contract``).
+"""Export a trained run to a model directory the service reads (``retention_core.contract``).
 
 Every export is validated against torch on a grid of batch sizes, ragged lengths and ρ values and
 raises ``ExportValidationError`` on any mismatch, before anything is written to the target directory.
@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from training import contract as C
+from retention_core import contract as C
+from retention_core.tasks import task_spec
 from training import retention as R
 from training.model import RetentionModel
 from training.recipes import Recipe
@@ -126,15 +127,15 @@ def graph_for(model: RetentionModel) -> nn.Module:
 
 
 def dynamic_axes(task: str) -> dict[str, dict[int, str]]:
-    specs = (*C.ONNX_INPUTS[task], *C.ONNX_OUTPUTS[task])
+    specs = (*task_spec(task).inputs, *task_spec(task).outputs)
     return {spec.name: {i: axis for i, axis in enumerate(spec.axes) if not axis.isdigit()} for spec in specs}
 
 
 def export_onnx(model: RetentionModel, path: Path, vocab_size: int) -> None:
     """Trace with the TorchScript exporter (keeps the data-dependent TopK k as a tensor)."""
     model = model.eval()
-    inputs = C.ONNX_INPUTS[model.task]
-    outputs = C.ONNX_OUTPUTS[model.task]
+    inputs = task_spec(model.task).inputs
+    outputs = task_spec(model.task).outputs
     example = _example_inputs(batch=2, length=8, vocab_size=vocab_size, rhos=(0.5, 1.0), seed=0)
     with torch.no_grad():
         torch.onnx.export(
@@ -191,7 +192,7 @@ def validate_onnx(model: RetentionModel, onnx_path: Path, vocab_size: int) -> Pa
     rho_sets = [(rho,) for rho in VALIDATION_RHOS] + [VALIDATION_RHOS]  # uniform and mixed budgets
     for batch, length, rhos in itertools.product(VALIDATION_BATCH_SIZES, VALIDATION_LENGTHS, rho_sets):
         example = _example_inputs(batch, length, vocab_size, rhos, seed=VALIDATION_SEED + cases)
-        names = [spec.name for spec in C.ONNX_INPUTS[model.task]]
+        names = [spec.name for spec in task_spec(model.task).inputs]
         with torch.no_grad():
             expected = graph(*(example[name] for name in names))
         feeds = {name: example[name].numpy() for name in names}
@@ -275,8 +276,8 @@ def build_manifest(
             last_layer_queries=model.last_layer_queries,
         ),
         variants=variants,
-        inputs=list(C.ONNX_INPUTS[recipe.task]),
-        outputs=list(C.ONNX_OUTPUTS[recipe.task]),
+        inputs=list(task_spec(recipe.task).inputs),
+        outputs=list(task_spec(recipe.task).outputs),
         training={"recipe": json.loads(recipe.model_dump_json()), "dataset": recipe.dataset.name},
         quality=quality,
         versions=versions(),

@@ -17,12 +17,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from retention_core.tasks import task_spec
 from training import retention as R
 from training.data import Row, load_split, shuffled
 from training.encoders import EncoderBackbone, backbone_from_config, load_backbone, load_tokenizer
 from training.model import RetentionConfig, RetentionModel, SoftOutput
 from training.recipes import Recipe
-from training.tasks import adapter_for
+from training.tasks import training_task
 
 WEIGHTS_FILE = "weights.safetensors"
 BACKBONE_CONFIG_DIR = "backbone"
@@ -61,8 +62,8 @@ def retention_config(recipe: Recipe) -> RetentionConfig:
 
 
 def build_model(recipe: Recipe, backbone: EncoderBackbone) -> RetentionModel:
-    num_outputs = len(recipe.labels) if recipe.task == "classification" else (2 if recipe.task == "qa" else 1)
-    return RetentionModel(backbone, recipe.task, num_outputs, retention_config(recipe))
+    width = task_spec(recipe.task).head_width(recipe.labels)
+    return RetentionModel(backbone, recipe.task, width, retention_config(recipe))
 
 
 def parameter_groups(model: RetentionModel, recipe: Recipe) -> list[dict]:
@@ -171,7 +172,7 @@ def fit(
     as if never stopped. ``stop_at`` ends the call after that many steps with a checkpoint (to split
     a long run across sessions). ``init_run`` is the finished run ``recipe.init_from`` names.
     """
-    adapter = adapter_for(recipe.task)
+    adapter = training_task(recipe.task)
     if recipe.objective.salient_keep_weight > 0.0 and adapter.salient is None:
         raise ValueError(f"objective.salient_keep_weight needs salient tokens; task {recipe.task!r} has none")
     torch.manual_seed(recipe.seed)

@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from retention_core.tasks import task_spec
 from training import retention as R
 from training.encoders import EncoderBackbone, LayerView
 
@@ -29,9 +30,6 @@ GateKind = Literal["hard_concrete", "sigmoid", "none"]
 ScoreShift = Literal["quantile", "calibrated"]
 SCORE_SHIFTS = {"quantile": R.budget_threshold, "calibrated": R.calibrated_threshold}
 OPEN_GATE_PROBABILITY = 0.5  # threshold ablation: a gate counts as open when P(z > 0) exceeds this
-
-CLASSIFICATION = "classification"
-TOKEN_TASKS = frozenset({"qa", "summarization"})
 
 
 @dataclass(frozen=True)
@@ -96,8 +94,7 @@ class RetentionModel(nn.Module):
         head_dropout: float = 0.1,
     ) -> None:
         super().__init__()
-        if task != CLASSIFICATION and task not in TOKEN_TASKS:
-            raise ValueError(f"unknown task {task!r}")
+        self.spec = task_spec(task)  # KeyError for an unregistered task
         self.backbone = backbone
         self.task = task
         self.config = config or RetentionConfig()
@@ -107,7 +104,7 @@ class RetentionModel(nn.Module):
             for _ in range(backbone.info.num_layers)
         )
         self.head: nn.Module
-        if task == CLASSIFICATION:
+        if self.spec.head == "sequence":
             self.head = ClassificationHead(width, num_outputs, head_dropout)
         else:
             self.head = TokenHead(width, num_outputs, head_dropout)
@@ -118,8 +115,8 @@ class RetentionModel(nn.Module):
 
     @property
     def last_layer_queries(self) -> int | None:
-        """Classification reads only [CLS], so the last layer computes one query."""
-        return 1 if self.task == CLASSIFICATION else None
+        """A head that reads only [CLS] lets the last layer compute one query."""
+        return self.spec.last_layer_queries
 
     def default_protected(self, attention_mask: torch.Tensor) -> torch.Tensor:
         """[CLS] (position 0) of every row. (B, T) bool"""
@@ -174,7 +171,7 @@ class RetentionModel(nn.Module):
             )  # (B, 1, 1, T)
             is_last = point == self.num_points - 1
             updated = layer(hidden, key_bias, self.last_layer_queries if is_last else None)
-            if self.task in TOKEN_TASKS:
+            if self.spec.restores_tokens:
                 # Drop-and-Restore, soft: a closed gate freezes the token at its last state.
                 keep = gate_product.unsqueeze(-1)  # (B, T, 1)
                 updated = keep * updated + (1.0 - keep) * hidden
@@ -235,7 +232,7 @@ class RetentionModel(nn.Module):
             fractions = R.keep_fractions(rho, self.num_points, self.config.schedule_power)  # (B, P)
             prior = self.config.hard_concrete.log_alpha_for_rate(R.conditional_keep_rates(fractions))
         hidden = self.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
-        restore = self.task in TOKEN_TASKS
+        restore = self.spec.restores_tokens
         restored = hidden  # (B, T, d): every token's latest state, scattered back at the end
         survivors: list[torch.Tensor] = []  # per point (B, T) bool, filled if record_survivors
         positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0).expand_as(valid)  # (B,T)
@@ -268,7 +265,7 @@ class RetentionModel(nn.Module):
         return (valid & (open_gate | protected)).sum(1)
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.task == CLASSIFICATION:
+        if self.spec.head == "sequence":
             return self.head(hidden[:, 0])  # (B, d) → (B, C)
         return self.head(hidden)  # (B, T, d) → (B, T, C)
 

@@ -1,6 +1,6 @@
 """Extractive QA (SQuAD v1.1): task adapter for ``training.fit`` and evaluation.
 
-Pre- and post-processing are the serving codec's (``service.tasks.qa.QACodec``), so training windows,
+Pre- and post-processing are the serving codec's (``retention_core.codecs.qa.QACodec``), so training windows,
 evaluation windows and served windows are the same.
 
 Training batch: every window of every question is one row (``DOC_STRIDE`` = 128 context tokens of
@@ -27,16 +27,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from service.tasks.base import Encoded, Row, pad_rows
-from service.tasks.metrics import squad_scores
-from service.tasks.qa import QACodec, QAContext, QAWindow
-from service.tasks.text import backend_tokenizer, pad_token_id
+from retention_core.codecs.base import Encoded, Row, pad_rows
+from retention_core.codecs.qa import QACodec, QAContext, QAWindow
+from retention_core.metrics import squad_scores
+from retention_core.text import backend_tokenizer, pad_token_id
 from training import retention as R
 from training.data import EVAL_SEED
 from training.data import Row as DataRow
 from training.model import RetentionModel, attention_selector, random_selector
 from training.recipes import Recipe
-from training.tasks import ADAPTERS, Batch, TaskAdapter, softmax_divergence
+from training.tasks import TRAINING_TASKS, Batch, TrainingTask, softmax_divergence
 
 DOC_STRIDE = 128  # the QACodec default the service uses
 MAX_ANSWER_TOKENS = 30
@@ -136,7 +136,7 @@ def answer_span_mask(batch: Batch) -> torch.Tensor:
     return (positions >= start) & (positions <= end) & (start > 0)
 
 
-ADAPTERS["qa"] = TaskAdapter(qa_batch, qa_loss, qa_distill, salient=answer_span_mask)
+TRAINING_TASKS["qa"] = TrainingTask(qa_batch, qa_loss, qa_distill, salient=answer_span_mask)
 
 
 # ---------------------------------------------------------------------- shared evaluation plumbing

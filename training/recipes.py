@@ -8,7 +8,6 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from training.contract import Task
 from training.encoders import DEFAULT_BACKBONE
 
 
@@ -124,7 +123,7 @@ class EvalSpec(Strict):
 
 class Recipe(Strict):
     name: str
-    task: Task = "classification"
+    task: str = Field(default="classification", description="a name in the task registry")
     backbone: str = DEFAULT_BACKBONE
     dataset: DatasetSpec
     labels: tuple[str, ...] = ()
@@ -162,12 +161,28 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def read_recipe_yaml(path: Path | str) -> dict[str, Any]:
+    """A recipe file as a dict, with ``extends: <file>`` resolved (relative to this file): the named
+    recipe is read first and this file's values override it, so an ablation is a few lines."""
+    path = Path(path)
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return raw
+    return _merge(read_recipe_yaml(path.parent / parent), raw)
+
+
 def load_recipe(path: Path | str, profile: Literal["quick", "full"] | str = "full") -> Recipe:
     """Read a recipe YAML; ``profiles.<profile>`` overrides the top-level values."""
-    raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    raw = read_recipe_yaml(path)
     profiles = raw.pop("profiles", {}) or {}
     if profile != "full" and profile not in profiles:
         raise ValueError(f"recipe {path} has no profile {profile!r}; has {sorted(profiles)}")
     merged = _merge(raw, profiles.get(profile, {}))
     merged["profile"] = profile
     return Recipe.model_validate(merged)
+
+
+def recipe_profiles(path: Path | str) -> list[str]:
+    """Every profile a recipe file offers: ``full`` (the top level) and its named profiles."""
+    return ["full", *sorted(read_recipe_yaml(path).get("profiles") or {})]

@@ -1,6 +1,6 @@
 """Extractive summarization (SciTLDR-A, BBC News): task adapter for ``training.fit`` and evaluation.
 
-Pre- and post-processing are the serving codec's (``service.tasks.summarization``).
+Pre- and post-processing are the serving codec's (``retention_core.codecs.summarization``).
 
 Labels. SciTLDR-A rows carry ``extractive_labels`` (the oracle sentence). BBC News rows carry the
 article as one string and the summary as the extracted sentences, often joined *without* a space;
@@ -34,10 +34,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from service.tasks.base import Encoded
-from service.tasks.metrics import rouge_scores
-from service.tasks.summarization import SummarizationCodec, SummaryContext, selection_size
-from service.tasks.text import backend_tokenizer, normalize_whitespace, pad_token_id, split_sentences
+from retention_core.codecs.base import Encoded
+from retention_core.codecs.summarization import SummarizationCodec, SummaryContext, selection_size
+from retention_core.metrics import rouge_scores
+from retention_core.text import backend_tokenizer, normalize_whitespace, pad_token_id, split_sentences
 from training.data import EVAL_SEED
 from training.data import Row as DataRow
 from training.model import RetentionModel
@@ -53,7 +53,7 @@ from training.qa import (
     truncation_keep,
 )
 from training.recipes import Recipe
-from training.tasks import ADAPTERS, Batch, TaskAdapter
+from training.tasks import TRAINING_TASKS, Batch, TrainingTask
 
 IGNORE_LABEL = -1.0
 # How many sentences evaluation selects, per dataset (kwargs of SummarizationCodec.decode).
@@ -201,7 +201,7 @@ def summarization_distill(student: torch.Tensor, teacher: torch.Tensor, batch: B
     return F.binary_cross_entropy_with_logits(pooled[valid], soft_targets[valid])
 
 
-ADAPTERS["summarization"] = TaskAdapter(summarization_batch, summarization_loss, summarization_distill)
+TRAINING_TASKS["summarization"] = TrainingTask(summarization_batch, summarization_loss, summarization_distill)
 
 
 # ---------------------------------------------------------------------- evaluation

@@ -1,6 +1,6 @@
 """Task adapters: rows → model inputs and targets, and the task loss. One per task.
 
-``ADAPTERS[task]`` is what ``training.fit`` uses; QA and summarization register theirs in their own
+``TRAINING_TASKS[task]`` is what ``training.fit`` uses; QA and summarization register theirs in their own
 modules (``training/qa.py``, ``training/summarization.py``).
 """
 
@@ -61,7 +61,7 @@ class Batch:
 
 
 @dataclass(frozen=True)
-class TaskAdapter:
+class TrainingTask:
     make_batch: Callable[[list[Row], object, int], Batch]  # (rows, tokenizer, max_length)
     loss: Callable[[torch.Tensor, Batch], torch.Tensor]  # (logits, batch) → scalar
     # (student logits, teacher logits (detached), batch) → scalar divergence, for distillation
@@ -100,15 +100,15 @@ def classification_distill(student: torch.Tensor, teacher: torch.Tensor, batch: 
     return softmax_divergence(student, teacher)
 
 
-ADAPTERS: dict[str, TaskAdapter] = {
-    "classification": TaskAdapter(classification_batch, classification_loss, classification_distill),
+TRAINING_TASKS: dict[str, TrainingTask] = {
+    "classification": TrainingTask(classification_batch, classification_loss, classification_distill),
 }
 
 
-def adapter_for(task: str) -> TaskAdapter:
-    if task not in ADAPTERS:
+def training_task(task: str) -> TrainingTask:
+    if task not in TRAINING_TASKS:
         # Task modules register themselves on import.
         import importlib
 
         importlib.import_module(f"training.{task}")
-    return ADAPTERS[task]
+    return TRAINING_TASKS[task]

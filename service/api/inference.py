@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 from fastapi import Response
 
+from retention_core.codecs.base import Encoded
+from retention_core.usage import token_work
 from service.api.deps import QueryOptions
 from service.api.schemas import InferenceOptions, Usage
 from service.engine import Engine
@@ -15,8 +17,6 @@ from service.errors import InputTooLong, InvalidRequest, PayloadTooLarge
 from service.metrics import Metrics
 from service.runtime import LoadedModel
 from service.settings import Settings
-from service.tasks.base import Encoded
-from service.usage import token_work
 
 
 @dataclass

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from retention_core.codecs.base import Encoded
 from service.batcher import Batcher, JobResult, plan_runs
 from service.metrics import Metrics
 from service.runtime import load_model
-from service.tasks.base import Encoded
 from tests.service.conftest import blocked_inference, engine_of, running, settings_for, wait_until
 
 TEXTS = [
@@ -170,8 +170,8 @@ def test_shutdown_drains_in_flight_requests(models_root: Path) -> None:
 
 
 def test_a_failing_batch_fails_its_requests_and_the_worker_survives(tiny_models: dict[str, Path]) -> None:
+    from retention_core.codecs.base import Row
     from service.errors import InferenceFailed
-    from service.tasks.base import Row
 
     settings = settings_for(tiny_models["classification"].parent)
     model = load_model(tiny_models["classification"], settings)

@@ -1,4 +1,4 @@
-"""The serving process never imports torch (nor training modules other than training.contract)."""
+"""The serving process never imports torch (nor training modules other than retention_core.contract)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import service.__main__, service.api.app, service.engine, service.batcher, servi
 from service.api.app import create_app
 create_app()
 bad = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.") or m == "transformers"
-             or (m.startswith("training.") and m != "training.contract"))
+             or (m.startswith("training.") and m != "retention_core.contract"))
 print(bad)
 sys.exit(1 if bad else 0)
 """

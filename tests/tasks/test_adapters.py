@@ -7,11 +7,11 @@ from typing import Any
 import torch
 
 from tests.tasks.rows import BBC_ROWS, SCITLDR_ROWS, SQUAD_ROWS, squad_row
-from training.tasks import adapter_for
+from training.tasks import training_task
 
 
 def test_qa_targets_point_at_the_answer(hf_tokenizer: Any) -> None:
-    adapter = adapter_for("qa")
+    adapter = training_task("qa")
     batch = adapter.make_batch(SQUAD_ROWS, hf_tokenizer, 384)
     assert batch.input_ids.shape[0] == len(SQUAD_ROWS)  # every context fits one window
     assert batch.protected is not None and batch.token_type_ids is not None
@@ -27,7 +27,7 @@ def test_qa_targets_point_at_the_answer(hf_tokenizer: Any) -> None:
 
 
 def test_qa_windows_without_the_answer_point_at_cls(hf_tokenizer: Any) -> None:
-    adapter = adapter_for("qa")
+    adapter = training_task("qa")
     row = squad_row("x", "Who was the leader?", SQUAD_ROWS[0]["context"], "Rollo")
     batch = adapter.make_batch([row], hf_tokenizer, 32)
     assert batch.input_ids.shape[0] > 2
@@ -47,7 +47,7 @@ def test_qa_windows_without_the_answer_point_at_cls(hf_tokenizer: Any) -> None:
 
 
 def test_summarization_batch_and_pooled_loss(hf_tokenizer: Any) -> None:
-    adapter = adapter_for("summarization")
+    adapter = training_task("summarization")
     rows = SCITLDR_ROWS[:3] + BBC_ROWS[:1]
     batch = adapter.make_batch(rows, hf_tokenizer, 256)
     assert batch.extra is not None
@@ -72,7 +72,7 @@ def test_summarization_batch_and_pooled_loss(hf_tokenizer: Any) -> None:
 
 
 def test_summarization_long_documents_use_windows(hf_tokenizer: Any) -> None:
-    adapter = adapter_for("summarization")
+    adapter = training_task("summarization")
     batch = adapter.make_batch(SCITLDR_ROWS[2:3], hf_tokenizer, 16)
     assert batch.input_ids.shape[0] > 1
     assert batch.extra is not None

@@ -11,13 +11,14 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from service.tasks.base import Encoded, pad_rows
-from service.tasks.qa import QACodec
-from service.tasks.summarization import SummarizationCodec
-from service.tasks.text import pad_token_id
+from retention_core import contract as C
+from retention_core.codecs.base import Encoded, pad_rows
+from retention_core.codecs.qa import QACodec
+from retention_core.codecs.summarization import SummarizationCodec
+from retention_core.tasks import task_spec
+from retention_core.text import pad_token_id
 from tests.tasks.rows import BBC_ROWS, SCITLDR_ROWS, SQUAD_ROWS
 from tests.tiny import build_tiny_model_dir, tiny_model
-from training import contract as C
 
 PARITY_ATOL = 1e-4  # the exporter's own tolerance
 
@@ -63,7 +64,7 @@ def summarization_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_qa_onnx_matches_torch(qa_dir: Path, rho: float) -> None:
     manifest = C.Manifest.read(qa_dir)
     assert manifest.task == "qa"
-    assert [s.name for s in manifest.inputs] == [s.name for s in C.ONNX_INPUTS["qa"]]
+    assert [s.name for s in manifest.inputs] == [s.name for s in task_spec("qa").inputs]
     tokenizer = Tokenizer.from_file(str(qa_dir / C.TOKENIZER_FILE))
     model, _ = tiny_model("qa", seed=5)
     codec = QACodec(tokenizer, manifest.max_length, stride=16)

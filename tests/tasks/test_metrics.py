@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.tasks.metrics import exact_match, f1, normalize_answer, rouge_scores, squad_scores
+from retention_core.metrics import exact_match, f1, normalize_answer, rouge_scores, squad_scores
 
 
 def test_official_normalization() -> None:
@@ -35,8 +35,9 @@ def test_serving_modules_do_not_import_torch_or_rouge() -> None:
     import sys
 
     code = (
-        "import sys; import service.tasks.qa, service.tasks.summarization, service.tasks.text, "
-        "service.tasks.metrics; bad = [m for m in ('torch', 'rouge_score', 'training.model') "
+        "import sys; import retention_core.codecs.qa, retention_core.codecs.summarization, "
+        "retention_core.text, retention_core.metrics; "
+        "bad = [m for m in ('torch', 'rouge_score', 'training.model') "
         "if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -9,7 +9,7 @@ import pytest
 
 from tests.tasks.rows import SCITLDR_ROWS, SQUAD_ROWS
 from training.recipes import load_recipe
-from training.tasks import adapter_for
+from training.tasks import training_task
 
 RECIPES = Path(__file__).resolve().parents[2] / "models" / "recipes"
 
@@ -23,5 +23,5 @@ def test_recipe(hf_tokenizer: Any, file: str, task: str, rows: list[dict[str, An
     recipe = load_recipe(RECIPES / file, profile)
     assert recipe.task == task and recipe.profile == profile
     assert max(recipe.evaluation.rhos) == 1.0
-    batch = adapter_for(task).make_batch(rows[: recipe.batch_size], hf_tokenizer, recipe.max_length)
+    batch = training_task(task).make_batch(rows[: recipe.batch_size], hf_tokenizer, recipe.max_length)
     assert batch.input_ids.shape[1] <= recipe.max_length

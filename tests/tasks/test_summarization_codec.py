@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from service.tasks.base import Encoded
-from service.tasks.summarization import SummarizationCodec, selection_size
-from service.tasks.text import split_sentences
+from retention_core.codecs.base import Encoded
+from retention_core.codecs.summarization import SummarizationCodec, selection_size
+from retention_core.text import split_sentences
 
 SENTENCES = [
     "Mixed precision training is fast.",

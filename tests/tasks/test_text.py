@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from service.tasks.text import sentence_spans, split_sentences
+from retention_core.text import sentence_spans, split_sentences
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from service.tasks.base import pad_rows
-from service.tasks.qa import QACodec
+from retention_core.codecs.base import pad_rows
+from retention_core.codecs.qa import QACodec
 from tests.tiny import TINY_FFN, TINY_HEADS, TINY_HIDDEN, TINY_LAYERS, tiny_model
 from training import retention as R
 from training.model import RetentionModel, random_selector

@@ -5,12 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from starlette.concurrency import run_in_threadpool
 
+from retention_core.text import split_sentences
 from service.api.deps import DeadlineDep, EngineDep, MetricsDep, QueryDep, SettingsDep
 from service.api.inference import infer
 from service.api.routers.common import ERROR_RESPONSES
 from service.api.schemas import SelectedSentence, SummarizeRequest, SummarizeResponse
 from service.errors import InvalidRequest, PayloadTooLarge
-from service.tasks.text import split_sentences
 
 router = APIRouter(tags=["inference"])
 
@@ -18,7 +18,7 @@ MAX_SENTENCES = 2048
 
 
 def document_sentences(body: SummarizeRequest) -> list[str]:
-    """The client's sentences, or the server's rule-based split of ``text`` (``service.tasks.text``)."""
+    """The client's sentences, or the server's rule-based split of ``text`` (``retention_core.text``)."""
     if body.sentences is not None:
         return list(body.sentences)
     return split_sentences(body.text or "")

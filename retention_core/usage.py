@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from training.contract import Manifest
+from retention_core.contract import Manifest
 
 BYTES_PER_FLOAT = 4
 

@@ -3,7 +3,7 @@
 Torch-free on purpose: the serving process imports this module to validate ``manifest.json``.
 
     models/<name>/
-      model.onnx          pruning baked in; see ONNX_INPUTS / ONNX_OUTPUTS
+      model.onnx          pruning baked in; inputs/outputs per task: retention_core.tasks
       model.int8.onnx     optional dynamic-int8 variant (same contract)
       tokenizer.json      Hugging Face fast tokenizer
       manifest.json       ``Manifest`` below
@@ -21,8 +21,7 @@ MODEL_FILE = "model.onnx"
 INT8_MODEL_FILE = "model.int8.onnx"
 TOKENIZER_FILE = "tokenizer.json"
 FORMAT_VERSION = 1
-
-Task = Literal["classification", "qa", "summarization"]
+DEFAULT_MAX_WINDOWS = 16  # QA / summarization windows per input, in serving and in evaluation alike
 
 
 class TensorSpec(BaseModel):
@@ -35,40 +34,16 @@ class TensorSpec(BaseModel):
     description: str = ""
 
 
-# The ONNX contract, written as data (optimum-style). The exporter builds the graph from it and the
-# service checks a loaded session against it.
-ONNX_INPUTS: dict[str, tuple[TensorSpec, ...]] = {
-    "classification": (
-        TensorSpec(name="input_ids", dtype="int64", axes=("batch", "sequence")),
-        TensorSpec(name="attention_mask", dtype="int64", axes=("batch", "sequence"), description="1 = real"),
-        TensorSpec(
-            name="rho", dtype="float32", axes=("batch",), description="kept fraction at the last layer"
-        ),
-    ),
-}
-ONNX_INPUTS["qa"] = (
-    *ONNX_INPUTS["classification"],
-    TensorSpec(name="token_type_ids", dtype="int64", axes=("batch", "sequence"), description="0 = question"),
-    TensorSpec(
-        name="protected_mask", dtype="int64", axes=("batch", "sequence"), description="1 = never drop"
-    ),
+# The inputs every retention graph takes and the kept-count output every graph ends with; each task's
+# full contract (``retention_core.tasks.TaskSpec.inputs / outputs``) is built from these.
+BASE_INPUTS = (
+    TensorSpec(name="input_ids", dtype="int64", axes=("batch", "sequence")),
+    TensorSpec(name="attention_mask", dtype="int64", axes=("batch", "sequence"), description="1 = real"),
+    TensorSpec(name="rho", dtype="float32", axes=("batch",), description="kept fraction at the last layer"),
 )
-ONNX_INPUTS["summarization"] = ONNX_INPUTS["classification"]
-
 KEPT_COUNTS = TensorSpec(
     name="kept_counts", dtype="int64", axes=("batch", "layers"), description="tokens entering each layer"
 )
-ONNX_OUTPUTS: dict[str, tuple[TensorSpec, ...]] = {
-    "classification": (TensorSpec(name="logits", dtype="float32", axes=("batch", "labels")), KEPT_COUNTS),
-    "qa": (
-        TensorSpec(name="span_logits", dtype="float32", axes=("batch", "sequence", "start_end")),
-        KEPT_COUNTS,
-    ),
-    "summarization": (
-        TensorSpec(name="token_logits", dtype="float32", axes=("batch", "sequence", "one")),
-        KEPT_COUNTS,
-    ),
-}
 
 
 class Schedule(BaseModel):
@@ -115,7 +90,7 @@ class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     format_version: int = FORMAT_VERSION
     name: str
-    task: Task
+    task: str = Field(description="a name in the task registry, retention_core.tasks")
     labels: list[str] = Field(default_factory=list)
     backbone: Backbone
     max_length: int = Field(ge=2)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from service.tasks.base import Encoded, Row
+from retention_core.codecs.base import Encoded, Row
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

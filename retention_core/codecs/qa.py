@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from service.tasks.base import Encoded, Row
-from service.tasks.text import windowing_tokenizer
+from retention_core.codecs.base import Encoded, Row
+from retention_core.text import windowing_tokenizer
 
 NO_ANSWER: dict[str, Any] = {"answer": "", "start": 0, "end": 0, "score": 0.0}
 _NEG = -1e30

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from service.tasks.base import Encoded, Row
-from service.tasks.text import windowing_tokenizer
+from retention_core.codecs.base import Encoded, Row
+from retention_core.text import windowing_tokenizer
 
 DEFAULT_MAX_SENTENCES = 3
 NO_SENTENCE = -1

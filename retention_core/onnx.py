@@ -1,0 +1,38 @@
+"""onnxruntime sessions, set up one way for the service, evaluation and benchmarks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnxruntime as ort
+
+CPU_PROVIDER = "CPUExecutionProvider"
+CUDA_PROVIDER = "CUDAExecutionProvider"
+
+
+def session_options(intra_op_threads: int = 0, inter_op_threads: int = 0) -> ort.SessionOptions:
+    """0 threads = onnxruntime's default (one per core)."""
+    options = ort.SessionOptions()
+    # Several sessions may share the process: spinning threads would burn the cores of the others.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    options.intra_op_num_threads = intra_op_threads
+    options.inter_op_num_threads = inter_op_threads
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return options
+
+
+def providers(use_cuda: bool = False) -> list[str]:
+    """CUDA first when asked for and available, CPU always as the fallback."""
+    cuda = [CUDA_PROVIDER] if use_cuda and CUDA_PROVIDER in ort.get_available_providers() else []
+    return [*cuda, CPU_PROVIDER]
+
+
+def open_session(
+    path: Path, intra_op_threads: int = 0, inter_op_threads: int = 0, use_cuda: bool = False
+) -> ort.InferenceSession:
+    return ort.InferenceSession(
+        str(path),
+        sess_options=session_options(intra_op_threads, inter_op_threads),
+        providers=providers(use_cuda),
+    )

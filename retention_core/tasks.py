@@ -1,0 +1,146 @@
+"""The task registry: everything about a task that training and serving must agree on, as data.
+
+A ``TaskSpec`` names the graph's inputs and outputs (the ONNX contract), the kind of head the encoder
+ends in and the codec that turns requests into graph rows and graph outputs into answers. Training
+adds the torch side of a task (batches, loss, evaluation) in ``training.tasks``; the service reads
+only this registry. Adding a task = one ``register`` call plus its codec, no switch elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from tokenizers import Tokenizer
+
+from retention_core.codecs.base import Row, TaskCodec
+from retention_core.codecs.classification import ClassificationCodec
+from retention_core.codecs.qa import QACodec
+from retention_core.codecs.summarization import SummarizationCodec
+from retention_core.contract import BASE_INPUTS, DEFAULT_MAX_WINDOWS, KEPT_COUNTS, Manifest, TensorSpec
+
+# "sequence": the head reads [CLS] only → (B, C); the last layer then computes one query.
+# "token": the head reads every position → (B, T, C); dropped tokens are restored with their last state.
+HeadKind = Literal["sequence", "token"]
+
+
+@dataclass(frozen=True)
+class CodecOptions:
+    """Serving-time limits a codec applies; evaluation uses the same defaults."""
+
+    max_windows: int = DEFAULT_MAX_WINDOWS
+
+
+CodecFactory = Callable[[Manifest, Tokenizer, CodecOptions], TaskCodec]
+
+
+def plain_row(ids: tuple[int, ...]) -> Row:
+    return Row(ids)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    head: HeadKind
+    inputs: tuple[TensorSpec, ...]  # graph inputs, in order
+    outputs: tuple[TensorSpec, ...]  # (main output, kept_counts)
+    make_codec: CodecFactory
+    num_outputs: int | None = None  # width of the head; None = one per label
+    # A well-formed row of this task's graph from token ids (warm-up, export examples).
+    example_row: Callable[[tuple[int, ...]], Row] = plain_row
+
+    @property
+    def last_layer_queries(self) -> int | None:
+        """A head that reads only [CLS] lets the last layer compute one query."""
+        return 1 if self.head == "sequence" else None
+
+    @property
+    def restores_tokens(self) -> bool:
+        """Token heads need every position: dropped tokens come back with their last state."""
+        return self.head == "token"
+
+    def head_width(self, labels: list[str] | tuple[str, ...]) -> int:
+        if self.num_outputs is not None:
+            return self.num_outputs
+        if not labels:
+            raise ValueError(f"a {self.name} model needs labels")
+        return len(labels)
+
+
+TASKS: dict[str, TaskSpec] = {}
+
+
+def register(spec: TaskSpec) -> TaskSpec:
+    """Add (or replace) a task. Returns it, so a module can keep a reference."""
+    TASKS[spec.name] = spec
+    return spec
+
+
+def task_spec(name: str) -> TaskSpec:
+    if name not in TASKS:
+        raise KeyError(f"unknown task {name!r}; known: {sorted(TASKS)}")
+    return TASKS[name]
+
+
+def _classification_codec(manifest: Manifest, tokenizer: Tokenizer, options: CodecOptions) -> TaskCodec:
+    if not manifest.labels:
+        raise ValueError("classification manifest has no labels")
+    return ClassificationCodec(tokenizer, manifest.max_length, list(manifest.labels))
+
+
+def _qa_row(ids: tuple[int, ...]) -> Row:
+    """Everything context except [CLS], which stays protected."""
+    return Row(
+        ids, token_type_ids=tuple(0 for _ in ids), protected=tuple(int(i == 0) for i in range(len(ids)))
+    )
+
+
+register(
+    TaskSpec(
+        name="classification",
+        head="sequence",
+        inputs=BASE_INPUTS,
+        outputs=(TensorSpec(name="logits", dtype="float32", axes=("batch", "labels")), KEPT_COUNTS),
+        make_codec=_classification_codec,
+    )
+)
+register(
+    TaskSpec(
+        name="qa",
+        head="token",
+        inputs=(
+            *BASE_INPUTS,
+            TensorSpec(
+                name="token_type_ids", dtype="int64", axes=("batch", "sequence"), description="0 = question"
+            ),
+            TensorSpec(
+                name="protected_mask", dtype="int64", axes=("batch", "sequence"), description="1 = never drop"
+            ),
+        ),
+        outputs=(
+            TensorSpec(name="span_logits", dtype="float32", axes=("batch", "sequence", "start_end")),
+            KEPT_COUNTS,
+        ),
+        make_codec=lambda manifest, tokenizer, options: QACodec(
+            tokenizer, manifest.max_length, max_windows=options.max_windows
+        ),
+        num_outputs=2,
+        example_row=_qa_row,
+    )
+)
+register(
+    TaskSpec(
+        name="summarization",
+        head="token",
+        inputs=BASE_INPUTS,
+        outputs=(
+            TensorSpec(name="token_logits", dtype="float32", axes=("batch", "sequence", "one")),
+            KEPT_COUNTS,
+        ),
+        make_codec=lambda manifest, tokenizer, options: SummarizationCodec(
+            tokenizer, manifest.max_length, max_windows=options.max_windows
+        ),
+        num_outputs=1,
+    )
+)

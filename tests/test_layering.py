@@ -1,0 +1,93 @@
+"""The dependency direction of the packages: core ← training, core ← service, never training ↔ service.
+
+Read from the source (every ``import`` statement, lazy ones inside functions included), so a cycle
+hidden behind a function-level import fails here too.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CORE = "retention_core"
+
+# package → top-level packages it must never import
+FORBIDDEN = {
+    CORE: {"training", "service", "benchmarks", "clients", "tests", "torch", "transformers"},
+    "service": {"training", "benchmarks", "tests", "torch", "transformers"},
+    "training": {"service", "benchmarks", "tests"},
+}
+
+
+def imported_packages(path: Path) -> set[str]:
+    """Top-level names of every module ``path`` imports (absolute imports; the project uses no others)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "__import__" and node.args:
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                names.add(first.value.split(".")[0])
+    return names
+
+
+def violations(package: str) -> list[str]:
+    found = []
+    for path in sorted((REPO / package).rglob("*.py")):
+        bad = imported_packages(path) & FORBIDDEN[package]
+        if bad:
+            found.append(f"{path.relative_to(REPO)} imports {sorted(bad)}")
+    return found
+
+
+def test_core_imports_neither_training_nor_service() -> None:
+    assert violations(CORE) == []
+
+
+def test_service_never_imports_training() -> None:
+    assert violations("service") == []
+
+
+def test_training_never_imports_service() -> None:
+    assert violations("training") == []
+
+
+def test_the_scanner_sees_lazy_imports(tmp_path: Path) -> None:
+    """The check itself: a function-level import and ``__import__`` are both found."""
+    source = tmp_path / "module.py"
+    source.write_text(
+        "def f():\n    from service.engine import Engine\n    return __import__('training.fit')\n"
+    )
+    assert imported_packages(source) == {"service", "training"}
+
+
+# Import every core module in a fresh interpreter where torch and transformers cannot be imported.
+NO_TORCH = """
+import importlib, pkgutil, sys
+
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "transformers", "training", "service"):
+            raise ImportError(f"{name} is absent in this check")
+        return None
+
+sys.meta_path.insert(0, Absent())
+import retention_core
+for info in pkgutil.walk_packages(retention_core.__path__, "retention_core."):
+    importlib.import_module(info.name)
+print("imported", sorted(m for m in sys.modules if m.startswith("retention_core")))
+"""
+
+
+def test_core_imports_with_torch_absent() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", NO_TORCH], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "retention_core.tasks" in result.stdout and "retention_core.contract" in result.stdout

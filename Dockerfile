@@ -36,9 +36,11 @@ FROM base AS serve-build
 ARG VARIANT=cpu
 ARG ONNXRUNTIME_GPU="onnxruntime-gpu[cuda,cudnn]==1.31.1"
 WORKDIR /src
+# The core (retention_core), the service and the batch client; never training/ (scripts/check_install.sh
+# asserts `import training` fails in this install).
 COPY pyproject.toml README* ./
+COPY retention_core ./retention_core
 COPY service ./service
-COPY training ./training
 COPY clients ./clients
 # DL3013: the GPU package is pinned in ONNXRUNTIME_GPU; `.` is this project (versions in pyproject).
 # hadolint ignore=DL3013
@@ -52,7 +54,8 @@ RUN python -m venv /opt/venv \
     && if python -c "import torch" 2>/dev/null; then echo "torch must not be in the serving image" >&2 && exit 1; fi
 # The installed copy, not the sources in /src.
 WORKDIR /
-RUN python -c "import service, onnxruntime, tokenizers"
+RUN python -c "import retention_core, service, onnxruntime, tokenizers" \
+    && if python -c "import training" 2>/dev/null; then echo "training must not be in the serving image" >&2 && exit 1; fi
 
 # ------------------------------------------------------------------------------ serving: runtime
 FROM base AS serve
@@ -82,9 +85,8 @@ RUN python -m venv /opt/venv \
     && pip install --no-compile --index-url "$TORCH_INDEX_URL" --extra-index-url https://pypi.org/simple \
          -c constraints/cpu.txt torch
 COPY pyproject.toml README* ./
-COPY service ./service
+COPY retention_core ./retention_core
 COPY training ./training
-COPY clients ./clients
 COPY models/recipes ./models/recipes
 RUN pip install --no-compile -c constraints/cpu.txt ".[train]" \
     && mkdir -p /app/runs \

@@ -23,10 +23,10 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 
 install: $(VENV)/.installed
 
-# Serving only: no torch (what the Docker serving image installs).
+# Serving only: retention_core + service + clients, no torch, no training (what the serving image
+# installs, from the same build context; the script checks both absences).
 install-serve:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e .
+	SERVE_VENV=$(abspath $(VENV)) PYTHON=$(PYTHON) scripts/check_install.sh
 
 # Build every default model that is missing (fit with the quick profile, export, validate).
 models: install

@@ -64,8 +64,8 @@ def answer_survival(run_dir: Path, rhos: list[float], questions: int) -> dict[st
     import torch
 
     from benchmarks.machine import describe
+    from training.classification import RANDOM_SEED
     from training.data import EVAL_SEED, load_split, shuffled
-    from training.evaluate import RANDOM_SEED
     from training.fit import load_run
     from training.model import attention_selector, random_selector
     from training.tasks import training_task
@@ -97,7 +97,7 @@ def answer_survival(run_dir: Path, rhos: list[float], questions: int) -> dict[st
             gold = targets[start : start + BATCH_WINDOWS]  # (b, 2)
             real = chunk["attention_mask"].bool()  # (b, T)
             with torch.inference_mode():
-                out = model.forward_pruned(
+                out = model.forward_evaluation(
                     chunk["input_ids"],
                     chunk["attention_mask"],
                     torch.full((gold.shape[0],), rho),

@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.flops import EncoderShape, flop_ratio
-from benchmarks.machine import describe, write_result
+from benchmarks.machine import write_result
+from retention_core.machine import describe
 
 DEFAULT_RHOS = (1.0, 0.7, 0.5, 0.3, 0.2)
 DENSE = "dense-onnx-fp32"
@@ -66,7 +67,7 @@ def build_graphs(args: argparse.Namespace, workdir: Path):
     from training.model import RetentionConfig, RetentionModel
 
     if args.quick:
-        from tests.tiny import tiny_model
+        from training.tiny import tiny_model
 
         model, _ = tiny_model("classification")
         model.config = RetentionConfig(schedule_power=args.schedule_power)

@@ -24,7 +24,8 @@ from typing import Any
 
 import httpx
 
-from benchmarks.machine import describe, write_result
+from benchmarks.machine import write_result
+from retention_core.machine import describe
 
 RHOS = ("1", "0.5", "0.3", "auto")
 WORDS = [

@@ -1,57 +1,18 @@
-"""The machine a number was measured on: CPU model, cores, library versions and the git commit.
+"""Benchmark results on disk: raw JSON and its markdown table, with the machine they ran on.
 
-Torch-free (versions come from package metadata), so the load client and the serving install can
-record it too.
+``describe`` (the machine) lives in ``retention_core.machine`` so training results record it too; it is
+imported here for the benchmark modules that record it beside their results.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import platform
-import subprocess
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-LIBRARIES = ("onnxruntime", "torch", "transformers", "tokenizers")
+from retention_core.machine import describe
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def library_version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def git_commit() -> str:
-    """The checkout's short commit; ``GIT_COMMIT`` where the tree travelled without its .git."""
-    try:
-        result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    except OSError:  # no git on this machine
-        return os.environ.get("GIT_COMMIT", "")
-    return result.stdout.strip() or os.environ.get("GIT_COMMIT", "")
-
-
-def describe() -> dict[str, object]:
-    versions = {name: version for name in LIBRARIES if (version := library_version(name))}
-    return {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        **versions,
-        "commit": git_commit(),
-    }
+__all__ = ["describe", "write_result"]
 
 
 def write_result(out: Path, payload: dict[str, Any], table: str) -> None:

@@ -94,7 +94,7 @@ def build(args: argparse.Namespace, workdir: Path) -> tuple[Path, Path]:
 
     torch.manual_seed(0)
     if args.quick:
-        from tests.tiny import tiny_model
+        from training.tiny import tiny_model
 
         model, _ = tiny_model()
     else:
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         result["activation_bytes"] = activation
         result["activation_vs_dense"] = activation / dense_activation if dense_activation > 0 else None
         result["peak_vs_dense"] = result["peak_bytes"] / dense_result["peak_bytes"]
-    from benchmarks.machine import describe
+    from retention_core.machine import describe
 
     payload = {
         "batch": args.batch,

@@ -3,8 +3,8 @@
 ``python -m benchmarks.score_shift --out results/bench/score_shift.json``
 
 Draws Gaussian scores at several spreads (logits) and, for per-layer keep rates, shifts them with
-``retention.budget_threshold`` (the rate-quantile token at P(z > 0) = rate) and with
-``retention.calibrated_threshold`` (expected kept count = budget), then reports the expected kept
+``retention.quantile_shift`` (the rate-quantile token at P(z > 0) = rate) and with
+``retention.calibrated_shift`` (expected kept count = budget), then reports the expected kept
 share Σ P(z > 0) / n. ρ = 0.3 over six pruning points asks 0.3^(1/6) ≈ 0.82 at every point, so the
 table also shows that share compounded over six points, against ρ = 0.3.
 """
@@ -43,7 +43,7 @@ def score_shift(num_tokens: int = DEFAULT_TOKENS) -> dict[str, object]:
             scores = torch.randn(1, num_tokens, generator=generator) * spread  # (1, T)
             weights = torch.ones_like(scores)  # every token a candidate, fully alive
             shares = {}
-            for name, shift in (("quantile", R.budget_threshold), ("calibrated", R.calibrated_threshold)):
+            for name, shift in (("quantile", R.quantile_shift), ("calibrated", R.calibrated_shift)):
                 kept = torch.sigmoid(scores - shift(scores, weights, rates) + logit_rate)  # (1, T)
                 shares[name] = round(kept.mean().item(), DECIMALS)
             cells.append({"rate": rate, "spread": spread, **shares})

@@ -27,16 +27,18 @@ def soft_budget(run_dir: Path, rhos: list[float], examples: int) -> dict[str, ob
     from benchmarks.machine import describe
     from training.data import EVAL_SEED, load_split, shuffled
     from training.fit import load_run
+    from training.objective import SoftGates
     from training.tasks import training_task
 
     model, recipe, tokenizer = load_run(run_dir)
+    gates = SoftGates.from_recipe(recipe)  # the gate kind and score shift the run trained with
     rows = shuffled(load_split(recipe.dataset, recipe.dataset.validation_split), EVAL_SEED, examples)
     batch = training_task(recipe.task).make_batch(rows, tokenizer, recipe.max_length)
     per_rho: dict[str, dict[str, list[float]]] = {}
     for rho in rhos:
         budgets = torch.full((batch.input_ids.shape[0],), rho)  # (B,)
         with torch.no_grad():
-            out = model.forward_soft(**batch.encoder_inputs(), rho=budgets)
+            out = model.forward_soft(**batch.encoder_inputs(), rho=budgets, gates=gates)
         real = out.num_real.unsqueeze(-1).to(out.expected_kept.dtype)  # (B, 1)
         per_rho[f"{rho:g}"] = {
             "expected": [round(x, DECIMALS) for x in (out.expected_kept / real).mean(0).tolist()],

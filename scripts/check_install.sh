@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Performs the serving image's install steps (Dockerfile stage `serve-build`) in a fresh virtualenv,
 # without a Docker engine: the same build context (the stage's COPY sources, filtered by
-# .dockerignore's allowlist) and the same `pip install --no-compile .`; then checks that the service
-# imports and that torch is NOT importable.
+# .dockerignore's allowlist) and the same `pip install --no-compile .`; then checks that the core and
+# the service import and that neither torch nor the training package is importable.
 #
 #   scripts/check_install.sh                # uses python3; PYTHON=/path/to/python3.11 to choose
 #   KEEP=1 scripts/check_install.sh         # keep the temporary directory for inspection
+#   SERVE_VENV=.venv-serve scripts/check_install.sh   # install into (and keep) this virtualenv
 #   VARIANT=gpu scripts/check_install.sh    # also the GPU swap (downloads ~1.5 GB of CUDA wheels)
 #
 # pip's cache is used (not the Dockerfile's PIP_NO_CACHE_DIR) so repeated runs are fast; only
@@ -19,7 +20,7 @@ if [[ "${KEEP:-0}" != "1" ]]; then
   trap 'rm -rf "$WORK"' EXIT
 fi
 CTX="$WORK/src"
-VENV="$WORK/venv"
+VENV="${SERVE_VENV:-$WORK/venv}"  # SERVE_VENV=dir keeps the installed venv (make install-serve)
 mkdir -p "$CTX"
 
 step() { printf '==> %s\n' "$*"; }
@@ -67,8 +68,9 @@ fi
 
 # 3. What the image promises. Run from outside the context so the installed copy is imported.
 cd "$WORK"
-step "import service (and its runtime dependencies)"
-"$VENV/bin/python" -c "import service, onnxruntime, tokenizers, fastapi, uvicorn, prometheus_client; print('service from', service.__file__)"
+step "import retention_core and service (and their runtime dependencies)"
+"$VENV/bin/python" -c "import retention_core, service, onnxruntime, tokenizers, fastapi, uvicorn, prometheus_client; print('service from', service.__file__)"
+"$VENV/bin/python" -c "import service.api.app, retention_core.tasks"
 HAS_CLIENTS=0
 if "$VENV/bin/python" -c "import clients.batch" 2>/dev/null; then
   HAS_CLIENTS=1
@@ -81,10 +83,15 @@ if "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   echo "FAIL: torch is importable in the serving install" >&2
   exit 1
 fi
+step "training must NOT be importable"
+if "$VENV/bin/python" -c "import training" 2>/dev/null; then
+  echo "FAIL: the training package is importable in the serving install" >&2
+  exit 1
+fi
 step "pip check"
 "$VENV/bin/pip" check --disable-pip-version-check
 if [[ "$HAS_CLIENTS" == "1" && -x "$VENV/bin/retention-batch" ]]; then
   step "retention-batch --help"
   "$VENV/bin/retention-batch" --help >/dev/null
 fi
-step "OK: serving install works without torch"
+step "OK: serving install works without torch or training"

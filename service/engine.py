@@ -9,6 +9,7 @@ Repository layout::
     models/<dir>/manifest.json            served as manifest.name
     models/<dir>/<version>/manifest.json  served as "<manifest.name>@<version>"; "<manifest.name>"
                                           is an alias of the highest version
+    models/.<anything>/                   ignored at both levels (the exporter's staging directories)
 """
 
 from __future__ import annotations
@@ -74,6 +75,12 @@ class Engine(Protocol):
     ) -> JobResult: ...
 
     async def reload(self) -> ReloadReport: ...
+
+
+def visible_dirs(parent: Path) -> list[Path]:
+    """Sub-directories, sorted, without hidden ones: the exporter stages a model in ``.<name>.staging*``
+    next to the live directory and swaps it in when complete, so a dot-directory is never served."""
+    return sorted(p for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 def _version_key(name: str) -> tuple[object, ...]:
@@ -178,12 +185,12 @@ class RetentionEngine:
         found: list[tuple[Path, str | None, str | None]] = []
         if not root.is_dir():
             return found
-        for child in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        for child in visible_dirs(root):
             if (child / MANIFEST_FILE).is_file():
                 found.append((child, None, None))
                 continue
             versions = sorted(
-                (p for p in child.iterdir() if p.is_dir() and (p / MANIFEST_FILE).is_file()),
+                (p for p in visible_dirs(child) if (p / MANIFEST_FILE).is_file()),
                 key=lambda p: _version_key(p.name),
             )
             found.extend((version, version.name, child.name) for version in versions)

@@ -20,6 +20,7 @@ from tokenizers import Tokenizer
 
 from retention_core.codecs.base import Row, TaskCodec, pad_rows
 from retention_core.contract import MANIFEST_FILE, Manifest, TensorSpec
+from retention_core.onnx import open_session
 from retention_core.tasks import CodecOptions, TaskSpec, task_spec
 from retention_core.text import pad_token_id
 from service.settings import Settings
@@ -108,23 +109,6 @@ class LoadedModel:
         self.warmed_up = True
 
 
-def session_options(settings: Settings) -> ort.SessionOptions:
-    options = ort.SessionOptions()
-    # Several sessions share the process: spinning threads would burn the cores of the others.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    options.intra_op_num_threads = settings.intra_op_threads
-    options.inter_op_num_threads = settings.inter_op_threads
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return options
-
-
-def providers(settings: Settings) -> list[str]:
-    available = ort.get_available_providers()
-    chosen = ["CUDAExecutionProvider"] if settings.use_cuda and "CUDAExecutionProvider" in available else []
-    return [*chosen, "CPUExecutionProvider"]
-
-
 def load_model(directory: Path, settings: Settings, name: str | None = None) -> LoadedModel:
     """Read, check and warm a model directory. Raises ``ModelLoadError`` with a clear message."""
     label = directory.name
@@ -162,10 +146,9 @@ def load_model(directory: Path, settings: Settings, name: str | None = None) -> 
     tokenizer.no_padding()
     tokenizer.no_truncation()
 
-    chosen = providers(settings)
     try:
-        session = ort.InferenceSession(
-            str(model_path), sess_options=session_options(settings), providers=chosen
+        session = open_session(
+            model_path, settings.intra_op_threads, settings.inter_op_threads, use_cuda=settings.use_cuda
         )
     except Exception as exc:
         log.error("onnxruntime could not load %s: %s", model_path, exc)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from retention_core.contract import DEFAULT_MAX_WINDOWS
@@ -53,7 +53,14 @@ class Settings(BaseSettings):
     auto_max_rho: float = Field(default=1.0, gt=0.0, le=1.0, description="rho=auto without load")
 
     # ------------------------------------------------------------------ security
-    api_key: str | None = Field(default=None, description="when set, every API call needs 'Bearer <key>'")
+    api_key: SecretStr | None = Field(
+        default=None, description="when set, every API call needs 'Bearer <key>' (not probes or /metrics)"
+    )
+    # Model control is off unless asked for (as in Triton): without this key the admin routes do not exist.
+    admin_api_key: SecretStr | None = Field(
+        default=None,
+        description="when set, POST /admin/reload exists and needs 'Bearer <admin key>'; a separate key",
+    )
     cors_origins: list[str] = Field(default_factory=list, description="CORS is off unless origins are listed")
 
     # ------------------------------------------------------------------ server (python -m service)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +13,7 @@ import pytest
 from retention_core.contract import Manifest
 from tests.tiny import tiny_model, tiny_recipe, write_rows
 from training.__main__ import main as training_main
-from training.evaluate import evaluate_classification, markdown_table
+from training.classification import evaluate_classification, markdown_table
 from training.fit import save_run
 
 ROWS = [{"text": f"{'great fun' if i % 2 else 'dull and slow'} film {i}", "label": i % 2} for i in range(12)]
@@ -74,23 +77,50 @@ def test_memory_harness_and_report_quick_mode(tmp_path: Path) -> None:
     assert "## Peak memory" in out.read_text()
 
 
+def test_quick_benchmarks_need_no_tests_package(tmp_path: Path) -> None:
+    """``python -m benchmarks … --quick`` from an install: ``tests`` (not packaged) cannot be imported."""
+    repo = Path(__file__).resolve().parents[1]
+    script = (
+        "import sys; sys.modules['tests'] = None  # as in an installed copy: no tests package\n"
+        "from benchmarks.__main__ import main\n"
+        "main(['memory', '--quick', '--results-dir', sys.argv[1]])"
+    )
+    env = {**os.environ, "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1"}
+    results = tmp_path / "results"
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(results)], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((results / "bench" / "memory.json").read_text())["results"]
+
+
+def test_every_task_refuses_a_misspelt_method_at_the_cli(tmp_path: Path) -> None:
+    run_dir = _tiny_run(tmp_path)
+    with pytest.raises(SystemExit, match="unknown evaluation method"):
+        training_main(["evaluate", str(run_dir), "--out", str(tmp_path / "out"), "--methods", "learnd"])
+    assert not (tmp_path / "out").exists()  # refused before anything ran or was written
+    with pytest.raises(ValueError, match="learnd"):
+        evaluate_classification(*tiny_model(), ROWS, [0.5], ["learnd"], 64, 4, progress=False)
+
+
 def test_merged_evaluation_and_its_report(tmp_path: Path) -> None:
     from benchmarks import report
-    from training.evaluate import merge_results, write_results
+    from training.classification import EVALUATION, report_of
+    from training.evaluation import write_report
 
     model, tokenizer = tiny_model()
     run_dir = tmp_path / "results" / "sst2-minilm-quick"
     meta = {"model": "tiny", "profile": "quick", "split": "validation", "num_examples": len(ROWS)}
     first = evaluate_classification(model, tokenizer, ROWS, [0.5], ["learned", "threshold"], 64, 4, False)
-    write_results(first, run_dir, meta)
+    write_report(report_of(first), run_dir, meta, EVALUATION.table(report_of(first)))
     second = evaluate_classification(model, tokenizer, ROWS, [0.3, 0.5], ["learned"], 64, 4, False)
-    merged = merge_results(run_dir / "eval.json", second)
-    assert sorted((r.method, r.rho) for r in merged) == [
+    merged = EVALUATION.merge(json.loads((run_dir / "eval.json").read_text()), report_of(second))
+    assert sorted((r["method"], r["rho"]) for r in merged["results"]) == [
         ("learned", 0.3),
         ("learned", 0.5),
         ("threshold", 0.5),
     ]
-    write_results(merged, run_dir, meta)
+    write_report(merged, run_dir, meta, EVALUATION.table(merged))
     log = {"step": 0, "kept_fraction": 0.5, "target_fraction": 0.5, "lam": [0.0, 0.01]}
     (run_dir / "train_log.jsonl").write_text(json.dumps(log) + "\n")
     text = report.build_report(tmp_path / "results", tmp_path / "docs").read_text()

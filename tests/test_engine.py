@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,8 @@ from training import retention as R
 from training.encoders import EncoderBackbone
 from training.export import ExportValidationError, export_model, validate_onnx
 from training.model import RetentionModel
+from training.objective import GateKind, Objective, SoftGates
+from training.recipes import ScoreShift
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 CONFIGS = {
@@ -48,6 +49,9 @@ class RecordHeadInput:
         self.value = inputs[0]
 
 
+CALIBRATED = SoftGates(score_shift="calibrated")
+
+
 @pytest.mark.parametrize("family", sorted(CONFIGS))
 def test_rho_one_reproduces_the_hugging_face_encoder(family: str) -> None:
     torch.manual_seed(0)
@@ -65,12 +69,12 @@ def test_rho_one_reproduces_the_hugging_face_encoder(family: str) -> None:
     assert out.kept_counts.tolist() == [[12, 12], [7, 7], [3, 3]]
 
 
-def test_classification_rho_one_equals_dense_soft_pass_without_gates() -> None:
-    model, _ = tiny_model("classification")
+def test_classification_rho_one_equals_the_soft_pass_with_every_gate_open() -> None:
+    model, _ = tiny_model("classification")  # eval mode: noise-free gates, all fully open at ρ = 1
     ids, mask = ragged_batch(0)
     with torch.no_grad():
         pruned = model.forward_pruned(ids, mask, torch.ones(3)).logits
-        dense = model.forward_soft(ids, mask, torch.ones(3), gates="none").logits
+        dense = model.forward_soft(ids, mask, torch.ones(3)).logits
     torch.testing.assert_close(pruned, dense, atol=1e-5, rtol=1e-5)
 
 
@@ -130,9 +134,11 @@ def test_recorded_survivors_match_the_kept_counts_and_only_shrink() -> None:
     protected = torch.zeros_like(mask, dtype=torch.bool)
     protected[:, :2] = True
     with torch.no_grad():
-        out = model.forward_pruned(
+        out = model.forward_evaluation(
             ids, mask, torch.full((3,), 0.3), protected=protected, record_survivors=True
         )
+        exported = model.forward_pruned(ids, mask, torch.full((3,), 0.3), protected=protected)
+    torch.testing.assert_close(out.logits, exported.logits, atol=0.0, rtol=0.0)  # recording changes nothing
     survivors = out.survivors
     assert survivors is not None and survivors.shape == (3, model.num_points, ids.shape[1])
     assert survivors.sum(-1).tolist() == out.kept_counts.tolist()
@@ -245,12 +251,12 @@ def test_real_minilm_loads_offline_from_the_pypi_package() -> None:
     torch.testing.assert_close(record.value[real], reference[real], atol=1e-4, rtol=1e-4)
 
 
-def test_threshold_ablation_keeps_exactly_the_open_gates() -> None:
+def test_open_gate_ablation_keeps_exactly_the_open_gates() -> None:
     model, _ = tiny_model("classification")
     ids, mask = ragged_batch(0)
     rho = torch.full((3,), 0.5)
     with torch.no_grad():
-        out = model.forward_pruned(ids, mask, rho, threshold=True)
+        out = model.forward_evaluation(ids, mask, rho, open_gates=True)
         scheduled = model.forward_pruned(ids, mask, rho)
     counts = out.kept_counts
     assert counts.shape == scheduled.kept_counts.shape
@@ -261,11 +267,15 @@ def test_threshold_ablation_keeps_exactly_the_open_gates() -> None:
 
 
 @pytest.mark.parametrize("gates", ["hard_concrete", "sigmoid"])
-def test_both_gate_kinds_report_expected_survivors_below_the_real_count(gates: str) -> None:
+def test_both_gate_kinds_report_expected_survivors_below_the_real_count(gates: GateKind) -> None:
     model, _ = tiny_model("classification")
     ids, mask = ragged_batch(0)
     out = model.train().forward_soft(
-        ids, mask, torch.full((3,), 0.4), gates=gates, generator=torch.Generator().manual_seed(0)
+        ids,
+        mask,
+        torch.full((3,), 0.4),
+        gates=SoftGates(kind=gates),
+        generator=torch.Generator().manual_seed(0),
     )
     real = mask.sum(1, keepdim=True).float()
     assert (out.expected_kept <= real + 1e-5).all()
@@ -275,7 +285,7 @@ def test_both_gate_kinds_report_expected_survivors_below_the_real_count(gates: s
 
 
 @pytest.mark.parametrize("spread", [1.0, 100.0])
-def test_normalized_scores_let_the_budget_set_the_counts_when_the_scorer_saturates(spread: float) -> None:
+def test_quantile_shift_lets_the_budget_set_the_counts_when_the_scorer_saturates(spread: float) -> None:
     model, _ = tiny_model("classification")
     for scorer in model.scorers:  # a saturated scorer: every token far on the "keep" side
         scorer.v.weight.data.mul_(spread)
@@ -285,8 +295,7 @@ def test_normalized_scores_let_the_budget_set_the_counts_when_the_scorer_saturat
     rho = torch.full((2,), 0.3)
     with torch.no_grad():
         raw = model.forward_soft(ids, mask, rho)
-        model.config = replace(model.config, normalize_scores=True)
-        normalized = model.forward_soft(ids, mask, rho)
+        normalized = model.forward_soft(ids, mask, rho, gates=SoftGates(score_shift="quantile"))
     target = normalized.target_kept / 80  # (B, P) fractions of real tokens
     assert (raw.expected_kept / 80 > 0.99).all()  # λ would have to fight a vanished gradient
     torch.testing.assert_close(normalized.expected_kept / 80, target, atol=0.05, rtol=0.0)
@@ -297,9 +306,8 @@ def test_calibrated_shift_keeps_the_soft_pass_on_the_schedule() -> None:
     ids = torch.randint(3, 120, (2, 80), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     rho = torch.full((2,), 0.3)
-    model.config = replace(model.config, normalize_scores=True, score_shift="calibrated")
     with torch.no_grad():
-        out = model.forward_soft(ids, mask, rho)
+        out = model.forward_soft(ids, mask, rho, gates=CALIBRATED)
     # Protected tokens count against the budget, as in top-M inference: the expected survivors
     # (protected ones included) equal the scheduled counts.
     torch.testing.assert_close(out.expected_kept, out.target_kept, atol=1e-3, rtol=0.0)
@@ -312,9 +320,8 @@ def test_calibrated_soft_pass_keeps_as_many_tokens_as_top_m_inference() -> None:
     protected = torch.zeros_like(mask, dtype=torch.bool)
     protected[:, :15] = True  # a 15-token question
     rho = torch.tensor([0.3, 0.5])
-    model.config = replace(model.config, normalize_scores=True, score_shift="calibrated")
     with torch.no_grad():
-        soft = model.forward_soft(ids, mask, rho, protected=protected)
+        soft = model.forward_soft(ids, mask, rho, protected=protected, gates=CALIBRATED)
         pruned = model.forward_pruned(ids, mask, rho, protected=protected)
     # keep_counts rounds to whole tokens; the soft pass aims at the exact fraction.
     torch.testing.assert_close(
@@ -322,36 +329,34 @@ def test_calibrated_soft_pass_keeps_as_many_tokens_as_top_m_inference() -> None:
     )
 
 
-def _objective_setup(task: str, **weights: float):
-    from training.recipes import ObjectiveSpec
-    from training.tasks import training_task
+def _objective_setup(task: str, score_shift: ScoreShift = "none", **weights: float):
+    from training.recipes import ObjectiveSpec, RetentionSpec
 
     model, tokenizer = tiny_model(task)
-    recipe = tiny_recipe(task).model_copy(update={"objective": ObjectiveSpec(**weights)})
-    adapter = training_task(task)
-    return model.train(), tokenizer, recipe, adapter
+    update = {"objective": ObjectiveSpec(**weights), "retention": RetentionSpec(score_shift=score_shift)}
+    recipe = tiny_recipe(task).model_copy(update=update)
+    return model.train(), tokenizer, recipe, Objective.from_recipe(recipe)
 
 
 def test_pruned_pass_loss_trains_backbone_and_head_but_not_the_scorers() -> None:
-    from training.fit import extra_losses
     from training.recipes import ObjectiveSpec
 
-    model, tokenizer, recipe, adapter = _objective_setup("classification", pruned_loss_weight=1.0)
+    model, tokenizer, recipe, objective = _objective_setup("classification", pruned_loss_weight=1.0)
     rows = [{"text": "a good movie with a long plot", "label": 1}, {"text": "bad", "label": 0}]
-    batch = adapter.make_batch(rows, tokenizer, recipe.max_length)
+    batch = objective.task.make_batch(rows, tokenizer, recipe.max_length)
     rho = torch.full((2,), 0.3)
-    losses = extra_losses(model, adapter, batch, rho, recipe)
+    losses = objective.hard_pass_losses(model, batch, rho)
     assert losses.pruned is not None and torch.isfinite(losses.pruned)
     assert losses.dense is None and losses.distill is None  # no distillation asked for
-    total = losses.total(recipe)
+    total = objective.weighted_extra(losses)
     assert isinstance(total, torch.Tensor)
     total.backward()
     assert model.head.out.weight.grad is not None and model.head.out.weight.grad.abs().sum() > 0
     first_query = model.backbone.views[0].query.weight.grad
     assert first_query is not None and first_query.abs().sum() > 0
     assert all(param.grad is None for param in model.scorers.parameters())  # top-M has no gradient
-    without = recipe.model_copy(update={"objective": ObjectiveSpec()})
-    assert extra_losses(model, adapter, batch, rho, without).total(without) == 0.0
+    without = Objective.from_recipe(recipe.model_copy(update={"objective": ObjectiveSpec()}))
+    assert without.weighted_extra(without.hard_pass_losses(model, batch, rho)) == 0.0
 
 
 QA_ROWS = [
@@ -368,18 +373,21 @@ QA_ROWS = [
 ]
 
 
-def test_distillation_adds_the_dense_pass_and_a_divergence_that_vanishes_at_rho_one() -> None:
-    from training.fit import extra_losses
-
-    model, tokenizer, recipe, adapter = _objective_setup("qa", pruned_loss_weight=1.0, distill_weight=0.5)
-    batch = adapter.make_batch(QA_ROWS, tokenizer, recipe.max_length)
-    losses = extra_losses(model.eval(), adapter, batch, torch.full((2,), 0.3), recipe)
+@pytest.mark.parametrize("dense_weight", [1.0, 0.25])
+def test_distillation_adds_the_dense_pass_and_a_divergence_that_vanishes_at_rho_one(
+    dense_weight: float,
+) -> None:
+    model, tokenizer, recipe, objective = _objective_setup(
+        "qa", pruned_loss_weight=1.0, distill_weight=0.5, dense_loss_weight=dense_weight
+    )
+    batch = objective.task.make_batch(QA_ROWS, tokenizer, recipe.max_length)
+    losses = objective.hard_pass_losses(model.eval(), batch, torch.full((2,), 0.3))
     assert losses.dense is not None and losses.distill is not None and losses.pruned is not None
     assert losses.distill > 0  # dropped context tokens change the span distributions
-    expected = losses.pruned + losses.dense + 0.5 * losses.distill
-    torch.testing.assert_close(losses.total(recipe), expected)
+    expected = losses.pruned + dense_weight * losses.dense + 0.5 * losses.distill
+    torch.testing.assert_close(objective.weighted_extra(losses), expected)
     # At ρ = 1 the top-M pass is the dense pass: nothing left to distil (dropout off in eval).
-    dense = extra_losses(model.eval(), adapter, batch, torch.ones(2), recipe)
+    dense = objective.hard_pass_losses(model.eval(), batch, torch.ones(2))
     assert dense.distill is not None and dense.distill.abs().item() < 1e-6
     torch.testing.assert_close(dense.pruned, dense.dense)
 
@@ -447,8 +455,8 @@ def test_fit_uses_the_cores_it_may_run_on() -> None:
 def test_answer_span_mask_marks_the_gold_tokens_of_each_window() -> None:
     from training.qa import answer_span_mask
 
-    _, tokenizer, recipe, adapter = _objective_setup("qa")
-    batch = adapter.make_batch(QA_ROWS, tokenizer, recipe.max_length)
+    _, tokenizer, recipe, objective = _objective_setup("qa")
+    batch = objective.task.make_batch(QA_ROWS, tokenizer, recipe.max_length)
     salient = answer_span_mask(batch)  # (N, T)
     for row, (start, end) in enumerate(batch.targets.tolist()):
         assert salient[row].nonzero().flatten().tolist() == list(range(start, end + 1))
@@ -459,25 +467,24 @@ def test_answer_span_mask_marks_the_gold_tokens_of_each_window() -> None:
 
 
 def test_salient_keep_loss_raises_the_answer_gates_within_the_same_budget() -> None:
-    from training.fit import salient_loss
-
-    model, tokenizer, recipe, adapter = _objective_setup("qa", salient_keep_weight=1.0)
-    model.config = replace(model.config, normalize_scores=True, score_shift="calibrated")
-    batch = adapter.make_batch(QA_ROWS, tokenizer, recipe.max_length)
+    model, tokenizer, recipe, objective = _objective_setup("qa", "calibrated", salient_keep_weight=1.0)
+    batch = objective.task.make_batch(QA_ROWS, tokenizer, recipe.max_length)
     rho = torch.full((2,), 0.3)
-    salient = adapter.salient(batch)  # (N, T)
+    assert objective.task.salient is not None
+    salient = objective.task.salient(batch)  # (N, T)
     optimizer = torch.optim.SGD(model.scorers.parameters(), lr=0.5)
 
     def answer_gates() -> tuple[float, torch.Tensor, torch.Tensor]:
         with torch.no_grad():
-            out = model.eval().forward_soft(**batch.encoder_inputs(), rho=rho)
-        assert out.open_prob is not None
+            out = model.eval().forward_soft(**batch.encoder_inputs(), rho=rho, gates=objective.gates)
         return out.open_prob[:, -1][salient].mean().item(), out.expected_kept, out.target_kept
 
     before, _, _ = answer_gates()
     for _ in range(5):
-        out = model.train().forward_soft(**batch.encoder_inputs(), rho=rho, generator=torch.Generator())
-        loss = salient_loss(out, adapter, batch, recipe)
+        out = model.train().forward_soft(
+            **batch.encoder_inputs(), rho=rho, generator=torch.Generator(), gates=objective.gates
+        )
+        loss = objective.salient_loss(out, batch)
         assert loss is not None and loss > 0
         optimizer.zero_grad()
         loss.backward()

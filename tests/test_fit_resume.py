@@ -95,3 +95,19 @@ def test_second_stage_of_another_task_is_refused(tmp_path: Path) -> None:
             progress=False,
             init_run=tmp_path / "parent",
         )
+
+
+def test_a_checkpoint_written_before_the_recipe_keys_were_renamed_still_resumes(tmp_path: Path) -> None:
+    _fit(tmp_path / "whole")
+    _fit(tmp_path / "old", stop_at=2)
+    checkpoint = tmp_path / "old" / CHECKPOINT_FILE
+    saved = torch.load(checkpoint, weights_only=False)
+    # What fit dumped before issue 25: the deleted switches at their "off" values.
+    saved["recipe"]["budget"] |= {"quadratic_weight": 0.0, "use_gates": True}
+    del saved["recipe"]["retention"]["score_shift"]
+    saved["recipe"]["retention"] |= {"normalize_scores": False, "score_shift": "quantile"}
+    torch.save(saved, checkpoint)
+    _fit(tmp_path / "old", resume=True)
+    whole = load_file(str(tmp_path / "whole" / WEIGHTS_FILE))
+    resumed = load_file(str(tmp_path / "old" / WEIGHTS_FILE))
+    assert all(torch.equal(tensor, resumed[name]) for name, tensor in whole.items())

@@ -10,8 +10,8 @@ import torch
 
 from benchmarks.flops import EncoderShape, dense_macs, flop_ratio, pruned_macs
 from tests.tiny import write_rows
+from training.classification import truncate, truncated_lengths
 from training.data import load_split
-from training.evaluate import truncate, truncated_lengths
 from training.fit import lr_multiplier
 from training.recipes import DatasetSpec, Recipe, load_recipe
 

@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 
+from retention_core.contract import Backbone, Manifest, Schedule
+from retention_core.usage import token_work
 from training import retention as R
 
 
@@ -115,7 +117,7 @@ def test_budget_gap_is_normalised_by_real_tokens() -> None:
 def test_penalty_gradient_pushes_expected_count_down_when_lambda_positive() -> None:
     expected = torch.tensor([[8.0]], requires_grad=True)
     gap = R.budget_gap(expected, torch.tensor([[5.0]]), torch.tensor([10]))
-    R.lagrangian_penalty(gap, torch.tensor([1.0]), quadratic_weight=1.0).backward()
+    R.lagrangian_penalty(gap, torch.tensor([1.0])).backward()
     assert expected.grad is not None and expected.grad.item() > 0
 
 
@@ -190,9 +192,44 @@ def test_encoder_token_work_counts_last_layer_queries() -> None:
     torch.testing.assert_close(cls_only, torch.tensor([21 / 30, 9 / 30]))
 
 
+def _manifest(num_points: int, last_layer_queries: int | None) -> Manifest:
+    return Manifest(
+        name="token-work",
+        task="classification",
+        backbone=Backbone(
+            name_or_path="tiny",
+            family="bert",
+            num_layers=num_points,
+            hidden_size=8,
+            num_heads=2,
+            intermediate_size=16,
+        ),
+        max_length=64,
+        default_rho=0.5,
+        schedule=Schedule(num_points=num_points, last_layer_queries=last_layer_queries),
+        variants={},
+        inputs=[],
+        outputs=[],
+    )
+
+
+@pytest.mark.parametrize("last_layer_queries", [None, 1])
+def test_encoder_token_work_is_the_serving_definition_per_row(last_layer_queries: int | None) -> None:
+    """retention_core.usage.token_work is THE definition; evaluation's torch form must agree on every row."""
+    generator = torch.Generator().manual_seed(0)
+    num_real = torch.randint(1, 60, (16,), generator=generator)  # (B,)
+    fractions = torch.rand(16, 6, generator=generator).sort(dim=1, descending=True).values  # (B, P)
+    counts = (fractions * num_real.unsqueeze(-1)).ceil().to(torch.long)  # (B, P) non-increasing, ≥ 1
+    per_row = R.encoder_token_work(counts, num_real, last_layer_queries)  # (B,)
+    manifest = _manifest(6, last_layer_queries)
+    for row in range(16):
+        served = token_work(manifest, [int(num_real[row])], counts[row : row + 1].numpy())
+        assert per_row[row].item() == pytest.approx(served.fraction, rel=1e-6)
+
+
 @pytest.mark.parametrize("rate", [0.3, 0.5, 0.82])
 @pytest.mark.parametrize("spread", [0.5, 2.0, 8.0])
-def test_calibrated_threshold_keeps_the_budget_in_expectation(rate: float, spread: float) -> None:
+def test_calibrated_shift_keeps_the_budget_in_expectation(rate: float, spread: float) -> None:
     generator = torch.Generator().manual_seed(0)
     scores = torch.randn(3, 64, generator=generator) * spread  # (B, T)
     weights = torch.rand(3, 64, generator=generator)  # soft survival so far
@@ -201,23 +238,23 @@ def test_calibrated_threshold_keeps_the_budget_in_expectation(rate: float, sprea
     rates = torch.full((3,), rate)
     logit_rate = torch.logit(rates).unsqueeze(-1)  # (B, 1)
 
-    def expected_share(threshold: torch.Tensor) -> torch.Tensor:
-        kept = (weights * torch.sigmoid(scores - threshold + logit_rate)).sum(1)
+    def expected_share(shift: torch.Tensor) -> torch.Tensor:
+        kept = (weights * torch.sigmoid(scores - shift + logit_rate)).sum(1)
         return kept / weights.sum(1)  # (B,)
 
-    calibrated = expected_share(R.calibrated_threshold(scores, weights, rates))
+    calibrated = expected_share(R.calibrated_shift(scores, weights, rates))
     torch.testing.assert_close(calibrated, rates, atol=1e-4, rtol=0.0)
-    quantile = expected_share(R.budget_threshold(scores, weights, rates))
+    quantile = expected_share(R.quantile_shift(scores, weights, rates))
     if rate != 0.5:  # the quantile shift misses the budget for unsaturated scores (its docstring)
         assert (quantile - rates).abs().mean() > 0.02
 
 
-def test_budget_threshold_is_the_weighted_quantile_of_the_candidates() -> None:
+def test_quantile_shift_is_the_weighted_quantile_of_the_candidates() -> None:
     scores = torch.tensor([[4.0, 1.0, 3.0, 2.0, 9.0]])
     weights = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])  # the last token is protected: no weight
-    assert R.budget_threshold(scores, weights, torch.tensor([0.5])).item() == 3.0
+    assert R.quantile_shift(scores, weights, torch.tensor([0.5])).item() == 3.0
     half_alive = torch.tensor([[0.5, 1.0, 0.5, 1.0, 0.0]])  # 4 and 3 half-dropped already
-    assert R.budget_threshold(scores, half_alive, torch.tensor([0.5])).item() == 2.0
+    assert R.quantile_shift(scores, half_alive, torch.tensor([0.5])).item() == 2.0
 
 
 def test_salient_keep_loss_is_the_mean_negative_log_gate_of_the_salient_tokens() -> None:

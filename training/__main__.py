@@ -7,15 +7,12 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from retention_core.contract import MANIFEST_FILE, MODEL_FILE, QualityCurve, QualityPoint
+from retention_core.machine import describe
 from training.data import EVAL_SEED
 from training.recipes import Recipe, load_recipe
-
-if TYPE_CHECKING:
-    from training.data import Row
-    from training.model import RetentionModel
 
 DEFAULT_RUNS_DIR = Path("runs")
 DEFAULT_MODELS_DIR = Path("models")
@@ -50,38 +47,20 @@ def init_run_for(recipe: Recipe, runs_dir: Path) -> Path | None:
     return None if recipe.init_from is None else runs_dir / recipe.init_from
 
 
-def manifest_quality(model_path: Path, recipe: Recipe, tokenizer, runtime: str) -> QualityCurve:
+def manifest_quality(model_path: Path, recipe: Recipe, tokenizer: Any, runtime: str) -> QualityCurve:
     """Measure the exported graph on the validation subset (fixed: shuffled with EVAL_SEED)."""
     from training.data import load_split, shuffled
+    from training.tasks import training_task
 
     rows = shuffled(
         load_split(recipe.dataset, recipe.dataset.validation_split),
         EVAL_SEED,
         recipe.evaluation.validation_size,
     )
-    args = (
-        model_path,
-        tokenizer,
-        rows,
-        recipe.evaluation.rhos,
-        recipe.max_length,
-        recipe.evaluation.batch_size,
-    )
-    if recipe.task == "classification":
-        from training.evaluate import onnx_accuracy_curve
-
-        metric, curve = "accuracy", onnx_accuracy_curve(*args)
-    elif recipe.task == "qa":
-        from training import qa
-
-        metric, curve = qa.QUALITY_METRIC, qa.onnx_quality_curve(*args)
-    else:
-        from training import summarization
-
-        metric = summarization.quality_metric(recipe.dataset.name)
-        curve = summarization.onnx_quality_curve(*args, dataset=recipe.dataset.name)
+    evaluation = training_task(recipe.task).evaluation
+    curve = evaluation.quality_curve(model_path, tokenizer, rows, recipe)
     return QualityCurve(
-        metric=metric,
+        metric=evaluation.quality_metric(recipe.dataset.name),
         split=f"{recipe.dataset.name}/{recipe.dataset.validation_split}",
         num_examples=len(rows),
         runtime=runtime,
@@ -118,8 +97,6 @@ def cmd_export(args: argparse.Namespace) -> None:
 def machine_description(device: str = "cpu") -> dict[str, object]:
     import torch
 
-    from benchmarks.machine import describe
-
     description: dict[str, object] = {**describe(), "torch_threads": torch.get_num_threads()}
     if device != "cpu":
         description["torch_device"] = device
@@ -144,28 +121,27 @@ def evaluation_meta(
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from training.data import load_split, shuffled
+    from training.evaluation import write_report
     from training.fit import LOG_FILE, load_run
+    from training.tasks import training_task
 
     model, recipe, tokenizer = load_run(args.run_dir, args.device)
+    evaluation = training_task(recipe.task).evaluation
+    methods = args.methods or list(evaluation.default_methods)
+    try:
+        evaluation.check_methods(methods)
+    except ValueError as exc:
+        raise SystemExit(f"--methods: {exc}") from exc
     split = args.split or recipe.dataset.test_split
     rows = shuffled(load_split(recipe.dataset, split), EVAL_SEED, args.limit)
     rhos = args.rhos or list(recipe.evaluation.rhos)
     out_dir = args.out or DEFAULT_RESULTS_DIR / f"{recipe.name}-{recipe.profile}"
     meta = evaluation_meta(recipe, split, len(rows), args.argv, args.device)
-    if recipe.task == "classification":
-        from training.evaluate import DEFAULT_METHODS, evaluate_classification, merge_results, write_results
-
-        methods = args.methods or list(DEFAULT_METHODS)
-        results = evaluate_classification(
-            model, tokenizer, rows, rhos, methods, recipe.max_length, recipe.evaluation.batch_size
-        )
-        previous = earlier_results(out_dir, meta) if args.merge else None
-        if previous is not None:
-            results = merge_results(previous, results)
-        write_results(results, out_dir, meta)
-    else:
-        previous = earlier_results(out_dir, meta) if args.merge else None
-        write_task_results(model, tokenizer, recipe, rows, rhos, args.methods, out_dir, meta, previous)
+    previous = earlier_results(out_dir, meta) if args.merge else None
+    report = evaluation.report(model, tokenizer, recipe, rows, rhos, methods)
+    if previous is not None:
+        report = evaluation.merge(json.loads(previous.read_text(encoding="utf-8")), report)
+    write_report(report, out_dir, meta, evaluation.table(report))
     if (args.run_dir / LOG_FILE).is_file():  # runs saved without fit (e.g. converted ones) have no log
         shutil.copyfile(args.run_dir / LOG_FILE, out_dir / LOG_FILE)  # the budget curve, beside the results
     print((out_dir / "eval.md").read_text(encoding="utf-8"))
@@ -185,43 +161,6 @@ def earlier_results(out_dir: Path, meta: dict[str, object]) -> Path | None:
             raise SystemExit(f"--merge: {previous} has {key}={earlier.get(key)!r}, this run {meta[key]!r}")
     meta["command"] = f"{earlier['command']} && {meta['command']}"
     return previous
-
-
-def merge_task_report(previous: Path, report: dict[str, Any]) -> dict[str, Any]:
-    """An earlier task report's ``results`` plus the new ones; a new (method, ρ) replaces the old."""
-    merged: dict[str, dict[str, Any]] = json.loads(previous.read_text(encoding="utf-8"))["results"]
-    for method, by_rho in report["results"].items():
-        merged.setdefault(method, {}).update(by_rho)
-    return {**report, "results": merged}
-
-
-def write_task_results(
-    model: RetentionModel,
-    tokenizer: Any,
-    recipe: Recipe,
-    rows: list[Row],
-    rhos: list[float],
-    methods: list[str] | None,
-    out_dir: Path,
-    meta: dict[str, object],
-    previous: Path | None = None,
-) -> None:
-    """QA / summarization: their modules evaluate; we add the run's metadata and write JSON + markdown.
-
-    ``previous``: an earlier eval.json of the same examples whose other (method, ρ) cells are kept.
-    """
-    from training import qa, summarization
-
-    module = qa if recipe.task == "qa" else summarization
-    report = module.evaluate(model, tokenizer, recipe, rows, rhos, *([methods] if methods else []))
-    if previous is not None:
-        report = merge_task_report(previous, report)
-    report["meta"] = meta
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    metrics = ["exact_match", "f1"] if recipe.task == "qa" else ["rouge1", "rouge2", "rougeL"]
-    title = f"# {recipe.name} — {meta['split']} ({meta['num_examples']} examples)\n\n"
-    (out_dir / "eval.md").write_text(title + qa.markdown_table(report, metrics), encoding="utf-8")
 
 
 def cmd_build(args: argparse.Namespace) -> None:

@@ -1,7 +1,8 @@
 """Datasets: gzip JSON Lines from a local data root (default ``../shared/data``), else Hugging Face.
 
-Every split is a list of plain dicts. Splits that the source lacks are carved deterministically by
-hashing a stable field (documented per dataset) so every run and every machine sees the same rows.
+Every split is a list of ``Example`` (a plain dict in the source's layout). Splits that the source
+lacks are carved deterministically by hashing a stable field (documented per dataset) so every run and
+every machine sees the same rows.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from retention_core.text import normalize_whitespace
 from training.recipes import DatasetSpec
 
-Row = dict[str, object]
+Example = dict[str, object]  # one dataset row as the source has it (not a codec ``Row``)
 HOLDOUT_BUCKETS = 20  # 1 in 20 training rows (5%) becomes the validation split where none exists
 
 
@@ -25,20 +27,42 @@ class SplitSource:
     file: str  # path under the data root
     hf_name: tuple[str, ...]  # datasets.load_dataset(*hf_name)
     hf_split: str
-    keep: Callable[[Row], bool] | None = None  # deterministic filter (carved splits)
+    keep: Callable[[Example], bool] | None = None  # deterministic filter (carved splits)
 
 
-def _bucket(row: Row, key: str) -> int:
-    digest = hashlib.sha1(str(row[key]).encode("utf-8")).hexdigest()
-    return int(digest, 16) % HOLDOUT_BUCKETS
+def sha1_bucket(text: str, buckets: int) -> int:
+    return int(hashlib.sha1(text.encode("utf-8")).hexdigest(), 16) % buckets
 
 
-def _holdout(key: str) -> Callable[[Row], bool]:
+def _bucket(row: Example, key: str) -> int:
+    return sha1_bucket(str(row[key]), HOLDOUT_BUCKETS)
+
+
+def _holdout(key: str) -> Callable[[Example], bool]:
     return lambda row: _bucket(row, key) == 0
 
 
-def _not_holdout(key: str) -> Callable[[Row], bool]:
+def _not_holdout(key: str) -> Callable[[Example], bool]:
     return lambda row: _bucket(row, key) != 0
+
+
+BBC_BUCKETS = 20  # sha1(id) % 20: 0 → validation (5%), 1-2 → test (10%), else train (85%)
+_BBC_CANONICAL: dict[str, str] = {}  # sha1(normalised document) → first id seen with that document
+
+
+def bbc_split_of(row_id: str) -> str:
+    bucket = sha1_bucket(row_id, BBC_BUCKETS)
+    return "validation" if bucket == 0 else "test" if bucket in (1, 2) else "train"
+
+
+def bbc_keep(row: Example, split: str) -> bool:
+    """Deduplicate (keep the first row of each whitespace-normalised document, in file order), then
+    split by sha1 of the kept row's ``id``. Deterministic across passes over the same file."""
+    key = hashlib.sha1(normalize_whitespace(str(row["document"])).encode("utf-8")).hexdigest()
+    row_id = str(row["id"])
+    if _BBC_CANONICAL.setdefault(key, row_id) != row_id:
+        return False
+    return bbc_split_of(row_id) == split
 
 
 REGISTRY: dict[str, dict[str, SplitSource]] = {
@@ -72,15 +96,13 @@ REGISTRY: dict[str, dict[str, SplitSource]] = {
     },
     # BBC News Summary (no official split, local file only): duplicate documents removed (first row of
     # each whitespace-normalised document kept), then sha1(id) % 20: 0 → validation, 1-2 → test, rest
-    # → train. See training.summarization.bbc_keep (imported lazily: it imports this module).
+    # → train (``bbc_keep``).
     "bbc_news": {
         split: SplitSource(
             "summarization/bbc_news_summary/all.jsonl.gz",
             ("bbc_news_summary",),
             "train",
-            lambda row, split=split: __import__("training.summarization", fromlist=["bbc_keep"]).bbc_keep(  # type: ignore[misc]
-                row, split
-            ),
+            lambda row, split=split: bbc_keep(row, split),  # type: ignore[misc]
         )
         for split in ("train", "validation", "test")
     },
@@ -96,13 +118,13 @@ def default_data_root() -> Path | None:
     return None
 
 
-def read_jsonl_gz(path: Path) -> list[Row]:
+def read_jsonl_gz(path: Path) -> list[Example]:
     with gzip.open(path, "rt", encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def load_split(spec: DatasetSpec, split: str) -> list[Row]:
-    """Rows of one split, from the local data root if it has the file, else from Hugging Face."""
+def load_split(spec: DatasetSpec, split: str) -> list[Example]:
+    """Examples of one split, from the local data root if it has the file, else from Hugging Face."""
     sources = REGISTRY.get(spec.name)
     if sources is None:
         raise ValueError(f"unknown dataset {spec.name!r}; known: {sorted(REGISTRY)}")
@@ -117,7 +139,7 @@ def load_split(spec: DatasetSpec, split: str) -> list[Row]:
     return [row for row in rows if source.keep(row)] if source.keep else rows
 
 
-def _load_from_hub(source: SplitSource) -> list[Row]:
+def _load_from_hub(source: SplitSource) -> list[Example]:
     try:
         import datasets
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -132,7 +154,7 @@ def _load_from_hub(source: SplitSource) -> list[Row]:
 EVAL_SEED = 0
 
 
-def shuffled(rows: list[Row], seed: int, limit: int | None = None) -> list[Row]:
+def shuffled(rows: list[Example], seed: int, limit: int | None = None) -> list[Example]:
     """A seeded shuffle (IMDb files are sorted by label), optionally truncated."""
     order = list(rows)
     random.Random(seed).shuffle(order)

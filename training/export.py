@@ -2,14 +2,23 @@
 
 Every export is validated against torch on a grid of batch sizes, ragged lengths and ρ values and
 raises ``ExportValidationError`` on any mismatch, before anything is written to the target directory.
+The graph of every task is the same wrapper: the task's registered inputs (``retention_core.tasks``)
+become ``forward_pruned`` arguments by name.
+
+The directory is written in a hidden sibling (``.<name>.staging-…``, which the service's scan skips)
+and swapped into place in one rename, so the target is always either the old model or the new one.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import itertools
 import json
+import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +29,7 @@ import torch
 from torch import nn
 
 from retention_core import contract as C
+from retention_core.onnx import open_session
 from retention_core.tasks import task_spec
 from training import retention as R
 from training.model import RetentionModel
@@ -37,41 +47,39 @@ class ExportValidationError(RuntimeError):
     """The exported graph disagrees with torch."""
 
 
-class ClassificationGraph(nn.Module):
-    """(input_ids, attention_mask, rho) → (logits (B, C), kept_counts (B, P))."""
-
-    def __init__(self, model: RetentionModel) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rho: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.model.forward_pruned(input_ids, attention_mask, rho)
-        return out.logits, out.kept_counts
+# Graph inputs that are not positional ``forward_pruned`` arguments → (keyword, conversion).
+PRUNED_KEYWORDS = {
+    "protected_mask": ("protected", lambda tensor: tensor.bool()),  # int64 over the wire, bool inside
+    "token_type_ids": ("token_type_ids", lambda tensor: tensor),
+}
+PRUNED_POSITIONAL = ("input_ids", "attention_mask", "rho")
 
 
-class SpanGraph(nn.Module):
-    """QA: (…, token_type_ids, protected_mask) → (span_logits (B, T, 2), kept_counts (B, P)).
+class RetentionGraph(nn.Module):
+    """The exported graph of any task: its inputs, in the task's order → (main output, kept_counts (B, P)).
 
-    Drop-and-Restore is baked in: every token's last state is scattered back before the span head.
+    Token heads (QA, summarization) have Drop-and-Restore baked in: every token's last state is
+    scattered back before the head.
     """
 
-    def __init__(self, model: RetentionModel) -> None:
+    def __init__(self, model: RetentionModel, input_names: Sequence[str]) -> None:
         super().__init__()
+        unknown = set(input_names) - set(PRUNED_POSITIONAL) - set(PRUNED_KEYWORDS)
+        if unknown:
+            raise ValueError(
+                f"task {model.task!r}: no forward_pruned argument for graph inputs {sorted(unknown)}"
+            )
         self.model = model
+        self.input_names = tuple(input_names)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        rho: torch.Tensor,
-        token_type_ids: torch.Tensor,
-        protected_mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.model.forward_pruned(
-            input_ids, attention_mask, rho, protected=protected_mask.bool(), token_type_ids=token_type_ids
-        )
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        named = dict(zip(self.input_names, inputs, strict=True))
+        keywords = {
+            keyword: convert(named[name])
+            for name, (keyword, convert) in PRUNED_KEYWORDS.items()
+            if name in named
+        }
+        out = self.model.forward_pruned(*(named[name] for name in PRUNED_POSITIONAL), **keywords)
         return out.logits, out.kept_counts
 
 
@@ -114,16 +122,9 @@ def export_dense_onnx(model: RetentionModel, path: Path) -> None:
         )
 
 
-GRAPHS: dict[str, type[nn.Module]] = {
-    "classification": ClassificationGraph,
-    "summarization": ClassificationGraph,  # same inputs; the token head makes the output (B, T, 1)
-    "qa": SpanGraph,
-}
-
-
 def graph_for(model: RetentionModel) -> nn.Module:
     # eval() on the wrapper: the exporter restores the wrapper's mode on every child afterwards.
-    return GRAPHS[model.task](model).eval()
+    return RetentionGraph(model, [spec.name for spec in task_spec(model.task).inputs]).eval()
 
 
 def dynamic_axes(task: str) -> dict[str, dict[int, str]]:
@@ -184,10 +185,8 @@ class ParityReport:
 
 def validate_onnx(model: RetentionModel, onnx_path: Path, vocab_size: int) -> ParityReport:
     """Compare ORT with torch on the grid; raise on mismatch of logits or kept counts."""
-    import onnxruntime as ort
-
     graph = graph_for(model)
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    session = open_session(onnx_path)
     worst, cases = 0.0, 0
     rho_sets = [(rho,) for rho in VALIDATION_RHOS] + [VALIDATION_RHOS]  # uniform and mixed budgets
     for batch, length, rhos in itertools.product(VALIDATION_BATCH_SIZES, VALIDATION_LENGTHS, rho_sets):
@@ -287,19 +286,18 @@ def build_manifest(
 def export_model(
     model: RetentionModel,
     recipe: Recipe,
-    tokenizer,
+    tokenizer: Any,
     out_dir: Path,
     name: str | None = None,
     int8: bool = False,
     quality: C.QualityCurve | None = None,
 ) -> C.Manifest:
-    """Export, validate, then move the finished directory into place (never a half-written dir)."""
+    """Export and validate into a hidden sibling of ``out_dir``, then swap it into place."""
     model = model.eval()
     vocab_size = model.backbone.info_vocab_size
-    with tempfile.TemporaryDirectory(
-        prefix="export-", dir=out_dir.parent if out_dir.parent.exists() else None
-    ) as tmp:
-        staging = Path(tmp)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
+    try:
         export_onnx(model, staging / C.MODEL_FILE, vocab_size)
         validate_onnx(model, staging / C.MODEL_FILE, vocab_size)
         variants = {"fp32": C.Variant(file=C.MODEL_FILE, precision="fp32")}
@@ -309,8 +307,50 @@ def export_model(
         save_serving_tokenizer(tokenizer, staging / C.TOKENIZER_FILE)
         manifest = build_manifest(model, recipe, name or recipe.name, variants, quality)
         manifest.write(staging)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(staging, out_dir)
+        os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp's 0700 would hide the model from other users
+        install_directory(staging, out_dir)
+    finally:
+        if staging.exists():  # failed before the swap, or holds the replaced model after it
+            shutil.rmtree(staging)
     return manifest
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+AT_FDCWD = -100
+RENAME_EXCHANGE = 2  # linux/fs.h: swap two existing paths atomically
+
+
+def exchange_paths(first: Path, second: Path) -> bool:
+    """Swap two existing paths in one step (Linux ``renameat2``); False where the system cannot."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:  # not glibc ≥ 2.28 (or not Linux)
+        return False
+    encoded = (os.fsencode(first), os.fsencode(second))
+    if renameat2(AT_FDCWD, encoded[0], AT_FDCWD, encoded[1], RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):  # kernel or file system without it
+        return False
+    raise OSError(code, os.strerror(code), str(second))
+
+
+def install_directory(staging: Path, target: Path) -> None:
+    """Put the finished ``staging`` directory at ``target``; afterwards ``staging`` holds the old one (if
+    any). Readers of ``target`` see the old model or the new one, never a mix or nothing (except in the
+    fallback, where ``target`` is missing between two renames)."""
+    if not target.exists():
+        os.rename(staging, target)
+    elif not exchange_paths(staging, target):
+        aside = target.parent / f".{target.name}.replaced-{uuid.uuid4().hex[:8]}"
+        os.rename(target, aside)
+        try:
+            os.rename(staging, target)
+        except OSError:
+            os.rename(aside, target)  # the old model goes back where it was
+            raise
+        os.rename(aside, staging)

@@ -9,9 +9,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -19,11 +18,12 @@ from tqdm import tqdm
 
 from retention_core.tasks import task_spec
 from training import retention as R
-from training.data import Row, load_split, shuffled
+from training.batch import Batch
+from training.data import Example, load_split, shuffled
 from training.encoders import EncoderBackbone, backbone_from_config, load_backbone, load_tokenizer
-from training.model import RetentionConfig, RetentionModel, SoftOutput
+from training.model import RetentionConfig, RetentionModel
+from training.objective import Objective, StepTerms
 from training.recipes import Recipe
-from training.tasks import training_task
 
 WEIGHTS_FILE = "weights.safetensors"
 BACKBONE_CONFIG_DIR = "backbone"
@@ -56,8 +56,6 @@ def retention_config(recipe: Recipe) -> RetentionConfig:
         ema_decay=spec.ema_decay,
         schedule_power=spec.schedule_power,
         hard_concrete=R.HardConcrete(spec.gate_temperature, spec.gate_left, spec.gate_right),
-        normalize_scores=spec.normalize_scores,
-        score_shift=spec.score_shift,
     )
 
 
@@ -86,6 +84,8 @@ def parameter_groups(model: RetentionModel, recipe: Recipe) -> list[dict]:
 
 @dataclass
 class StepLog:
+    """One line of ``train_log.jsonl``."""
+
     step: int
     loss: float
     task_loss: float
@@ -100,7 +100,85 @@ class StepLog:
     salient_loss: float | None = None  # −log P(gate open) of the salient tokens, when trained on
 
 
-def _batches(rows: list[Row], batch_size: int, seed: int, skip: int = 0):
+@dataclass
+class TrainState:
+    """Everything a training step changes, and everything a checkpoint holds besides the recipe."""
+
+    model: RetentionModel
+    optimizer: torch.optim.Optimizer
+    base_lrs: list[float]  # per parameter group, before the warm-up / decay multiplier
+    lam: torch.Tensor  # (P,) Lagrange multipliers, one per pruning point
+    generator: torch.Generator  # ρ and gate noise (dropout draws from torch's global generator)
+    step: int = 0  # the next step to run
+
+
+@dataclass(frozen=True)
+class StepSchedule:
+    """The optimizer's per-step settings: the learning-rate schedule and gradient clipping."""
+
+    total_steps: int
+    warmup_steps: int
+    grad_clip: float
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe) -> StepSchedule:
+        warmup = int(recipe.optimizer.warmup_ratio * recipe.steps)
+        return cls(recipe.steps, warmup, recipe.optimizer.grad_clip)
+
+
+@dataclass
+class StepResult:
+    """What ``train_step`` did, as tensors (no device sync until ``log`` reads them)."""
+
+    step: int
+    loss: torch.Tensor
+    terms: StepTerms
+    rho: torch.Tensor  # (B,)
+    lam: torch.Tensor  # (P,) after the dual update
+    lr: float
+
+    def log(self, seconds: float) -> StepLog:
+        soft, extra = self.terms.soft, self.terms.extra
+        return StepLog(
+            step=self.step,
+            loss=self.loss.item(),
+            task_loss=self.terms.task.item(),
+            kept_fraction=(soft.expected_kept[:, -1] / soft.num_real).mean().item(),
+            target_fraction=self.rho.mean().item(),
+            pruned_loss=_item(extra.pruned),
+            dense_loss=_item(extra.dense),
+            distill_loss=_item(extra.distill),
+            lam=[round(x, 5) for x in self.lam.tolist()],
+            lr=self.lr,
+            seconds=seconds,
+            salient_loss=_item(extra.salient),
+        )
+
+
+def _item(value: torch.Tensor | None) -> float | None:
+    return None if value is None else value.item()
+
+
+def train_step(state: TrainState, objective: Objective, batch: Batch, schedule: StepSchedule) -> StepResult:
+    """One optimisation step on ``batch`` (already on the device): set the lr, draw ρ, run the
+    objective's passes, step the optimizer and λ. Advances ``state`` in place (its step included)."""
+    scale = lr_multiplier(state.step, schedule.total_steps, schedule.warmup_steps)
+    for group, base in zip(state.optimizer.param_groups, state.base_lrs, strict=True):
+        group["lr"] = base * scale
+    rho = objective.budget.sample_rho(batch.input_ids.shape[0], state.generator)  # (B,)
+    terms = objective.terms(state.model, batch, rho, state.lam, state.generator)
+    loss = objective.total(terms)
+    state.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(state.model.parameters(), schedule.grad_clip)
+    state.optimizer.step()
+    state.lam = objective.budget.updated_lambda(state.lam, terms.gap)
+    result = StepResult(state.step, loss, terms, rho, state.lam, state.optimizer.param_groups[0]["lr"])
+    state.step += 1
+    return result
+
+
+def _batches(rows: list[Example], batch_size: int, seed: int, skip: int = 0):
     """Endless seeded batches; ``skip`` drops the first ones (a resumed run sees what it would have)."""
     epoch = 0
     while True:
@@ -135,11 +213,40 @@ def start_from_run(model: RetentionModel, recipe: Recipe, parent: Path) -> torch
     return torch.tensor(lam)
 
 
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Write atomically: an interrupted save must not destroy the previous checkpoint."""
+def save_checkpoint(path: Path, state: TrainState, recipe: Recipe, seconds: float) -> None:
+    """The full training state at ``state.step``, written atomically: an interrupted save must not
+    destroy the previous checkpoint."""
+    payload = {
+        "recipe": recipe.model_dump(mode="json"),
+        "next_step": state.step,
+        "seconds": seconds,
+        "model": state.model.state_dict(),
+        "optimizer": state.optimizer.state_dict(),
+        "lam": state.lam.detach().cpu(),
+        "generator": state.generator.get_state(),
+        "torch_rng": torch.get_rng_state(),
+    }
     partial = path.with_suffix(".partial")
-    torch.save(state, partial)
+    torch.save(payload, partial)
     partial.replace(path)
+
+
+def load_checkpoint(path: Path, state: TrainState, recipe: Recipe) -> float:
+    """Restore ``state`` (and torch's global generator) from a checkpoint of the same recipe; returns
+    the training seconds it had spent. Recipes are compared after loading, so a checkpoint written
+    before a recipe key was renamed (see training.recipes) still resumes."""
+    if not path.is_file():
+        raise FileNotFoundError(f"nothing to resume: {path} does not exist")
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    if Recipe.model_validate(saved["recipe"]) != recipe:
+        raise ValueError(f"{path} was written by a different recipe; start a new run dir")
+    state.model.load_state_dict(saved["model"])
+    state.optimizer.load_state_dict(saved["optimizer"])
+    state.lam = saved["lam"].to(state.lam.device)
+    state.generator.set_state(saved["generator"])
+    torch.set_rng_state(saved["torch_rng"])
+    state.step = saved["next_step"]
+    return float(saved["seconds"])
 
 
 def _trim_log(log_path: Path, next_step: int) -> None:
@@ -152,12 +259,41 @@ def _trim_log(log_path: Path, next_step: int) -> None:
     log_path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
+def training_rows(recipe: Recipe) -> list[Example]:
+    """The recipe's training split, shuffled with its seed and cut to ``train_limit``."""
+    split = load_split(recipe.dataset, recipe.dataset.train_split)
+    return shuffled(split, recipe.seed, recipe.dataset.train_limit)
+
+
+def initial_state(
+    recipe: Recipe,
+    objective: Objective,
+    backbone: EncoderBackbone,
+    device: str,
+    init_run: Path | None,
+) -> TrainState:
+    """Model, optimizer, λ and the seeded generator at step 0 (from ``init_run`` for a second stage).
+    Call after ``torch.manual_seed(recipe.seed)``: the fresh scorers and head draw from it."""
+    generator = torch.Generator(device=device).manual_seed(recipe.seed)
+    model = build_model(recipe, backbone)
+    lam = torch.zeros(model.num_points)
+    if recipe.init_from is not None:
+        if init_run is None:
+            raise ValueError(f"recipe {recipe.name} starts from run {recipe.init_from!r}: pass init_run")
+        lam = start_from_run(model, recipe, init_run)
+    lam = objective.budget.initial_lambda(lam)
+    model = model.to(device)
+    optimizer = torch.optim.AdamW(parameter_groups(model, recipe))
+    base_lrs = [group["lr"] for group in optimizer.param_groups]
+    return TrainState(model, optimizer, base_lrs, lam.to(device), generator)
+
+
 def fit(
     recipe: Recipe,
     run_dir: Path,
     backbone: EncoderBackbone | None = None,
     tokenizer=None,
-    train_rows: list[Row] | None = None,
+    train_rows: list[Example] | None = None,
     progress: bool = True,
     device: str = "cpu",
     init_run: Path | None = None,
@@ -172,184 +308,57 @@ def fit(
     as if never stopped. ``stop_at`` ends the call after that many steps with a checkpoint (to split
     a long run across sessions). ``init_run`` is the finished run ``recipe.init_from`` names.
     """
-    adapter = training_task(recipe.task)
-    if recipe.objective.salient_keep_weight > 0.0 and adapter.salient is None:
-        raise ValueError(f"objective.salient_keep_weight needs salient tokens; task {recipe.task!r} has none")
-    torch.manual_seed(recipe.seed)
+    objective = Objective.from_recipe(recipe)  # refuses terms the task cannot compute, before any work
+    torch.manual_seed(recipe.seed)  # before the backbone loads: the recorded runs seeded here
     torch.set_num_threads(usable_cores())
-    generator = torch.Generator(device=device).manual_seed(recipe.seed)
     backbone = backbone or load_backbone(recipe.backbone)
     tokenizer = tokenizer or load_tokenizer(recipe.backbone)
-    model = build_model(recipe, backbone)
-    lam = torch.zeros(model.num_points)
-    if recipe.init_from is not None:
-        if init_run is None:
-            raise ValueError(f"recipe {recipe.name} starts from run {recipe.init_from!r}: pass init_run")
-        lam = start_from_run(model, recipe, init_run)
-    if recipe.budget.fixed_lambda is not None:
-        lam.fill_(recipe.budget.fixed_lambda)
-    model = model.to(device)
-    lam = lam.to(device)
-    rows = (
-        train_rows
-        if train_rows is not None
-        else shuffled(
-            load_split(recipe.dataset, recipe.dataset.train_split), recipe.seed, recipe.dataset.train_limit
-        )
-    )
-    optimizer = torch.optim.AdamW(parameter_groups(model, recipe))
-    base_lrs = [group["lr"] for group in optimizer.param_groups]
-    warmup = int(recipe.optimizer.warmup_ratio * recipe.steps)
+    state = initial_state(recipe, objective, backbone, device, init_run)
+    rows = train_rows if train_rows is not None else training_rows(recipe)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / LOG_FILE
     checkpoint_path = run_dir / CHECKPOINT_FILE
-    first_step, elapsed_before = 0, 0.0
+    elapsed_before = 0.0
     if resume:
-        if not checkpoint_path.is_file():
-            raise FileNotFoundError(f"nothing to resume: {checkpoint_path} does not exist")
-        saved = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
-        if saved["recipe"] != recipe.model_dump(mode="json"):
-            raise ValueError(f"{checkpoint_path} was written by a different recipe; start a new run dir")
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        lam = saved["lam"].to(device)
-        generator.set_state(saved["generator"])
-        torch.set_rng_state(saved["torch_rng"])
-        first_step, elapsed_before = saved["next_step"], saved["seconds"]
-        _trim_log(log_path, first_step)
+        elapsed_before = load_checkpoint(checkpoint_path, state, recipe)
+        _trim_log(log_path, state.step)
     else:
         log_path.write_text("", encoding="utf-8")
     last_step = recipe.steps if stop_at is None else min(stop_at, recipe.steps)
-    batches = _batches(rows, recipe.batch_size, recipe.seed, skip=first_step)
-    model.train()
+    batches = _batches(rows, recipe.batch_size, recipe.seed, skip=state.step)
+    schedule = StepSchedule.from_recipe(recipe)
+    state.model.train()
     started = time.perf_counter() - elapsed_before
     bar = tqdm(
-        range(first_step, last_step),
+        range(state.step, last_step),
         desc=f"fit {recipe.name}",
         disable=not progress,
         mininterval=2.0,
-        initial=first_step,
+        initial=state.step,
         total=recipe.steps,
     )
     for step in bar:
-        scale = lr_multiplier(step, recipe.steps, warmup)
-        for group, base in zip(optimizer.param_groups, base_lrs, strict=True):
-            group["lr"] = base * scale
-        batch = adapter.make_batch(next(batches), tokenizer, recipe.max_length).to(device)
-        rho = R.sample_rho(batch.input_ids.shape[0], recipe.rho.low, recipe.rho.high, generator)
-        out = model.forward_soft(
-            **batch.encoder_inputs(), rho=rho, generator=generator, gates=recipe.retention.gates
-        )
-        task_loss = adapter.loss(out.logits, batch)
-        gap = R.budget_gap(out.expected_kept, out.target_kept, out.num_real)  # (P,)
-        loss = task_loss + R.lagrangian_penalty(gap, lam, recipe.budget.quadratic_weight)
-        extra = extra_losses(model, adapter, batch, rho, recipe)
-        extra.salient = salient_loss(out, adapter, batch, recipe)
-        loss = loss + extra.total(recipe)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.optimizer.grad_clip)
-        optimizer.step()
-        if recipe.budget.fixed_lambda is None:
-            lam = R.dual_ascent(lam, gap, recipe.budget.dual_lr, recipe.budget.two_sided)
+        batch = objective.task.make_batch(next(batches), tokenizer, recipe.max_length).to(device)
+        result = train_step(state, objective, batch, schedule)
         if step % recipe.log_every == 0 or step == recipe.steps - 1:
-            kept = (out.expected_kept[:, -1] / out.num_real).mean().item()
-            entry = StepLog(
-                step,
-                loss.item(),
-                task_loss.item(),
-                kept,
-                rho.mean().item(),
-                extra.item("pruned"),
-                extra.item("dense"),
-                extra.item("distill"),
-                [round(x, 5) for x in lam.tolist()],
-                optimizer.param_groups[0]["lr"],
-                time.perf_counter() - started,
-                extra.item("salient"),
-            )
+            entry = result.log(time.perf_counter() - started)
             with log_path.open("a", encoding="utf-8") as handle:
-                handle.write(json.dumps(entry.__dict__) + "\n")
+                handle.write(json.dumps(asdict(entry)) + "\n")
             bar.set_postfix(
                 loss=f"{entry.task_loss:.3f}",
-                kept=f"{kept:.2f}",
+                kept=f"{entry.kept_fraction:.2f}",
                 rho=f"{entry.target_fraction:.2f}",
                 lam=f"{max(entry.lam):.3f}",
             )
-        done = step + 1
-        if done < recipe.steps and (done % recipe.checkpoint_every == 0 or done == last_step):
-            state = {
-                "recipe": recipe.model_dump(mode="json"),
-                "next_step": done,
-                "seconds": time.perf_counter() - started,
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "lam": lam.detach().cpu(),
-                "generator": generator.get_state(),
-                "torch_rng": torch.get_rng_state(),
-            }
-            save_checkpoint(checkpoint_path, state)
+        if state.step < recipe.steps and (
+            state.step % recipe.checkpoint_every == 0 or state.step == last_step
+        ):
+            save_checkpoint(checkpoint_path, state, recipe, time.perf_counter() - started)
     if last_step < recipe.steps:
-        return model  # stopped early on purpose; the checkpoint holds everything
-    save_run(model, recipe, tokenizer, run_dir)
+        return state.model  # stopped early on purpose; the checkpoint holds everything
+    save_run(state.model, recipe, tokenizer, run_dir)
     checkpoint_path.unlink(missing_ok=True)  # the weights are final; nothing left to resume
-    return model
-
-
-@dataclass
-class ExtraLosses:
-    """The terms of the objective beyond the soft pass: scalars, or None when not computed."""
-
-    pruned: torch.Tensor | None = None  # task loss of the hard top-M pass
-    dense: torch.Tensor | None = None  # task loss of the dense pass (sandwich rule)
-    distill: torch.Tensor | None = None  # divergence of the top-M pass from the dense pass
-    salient: torch.Tensor | None = None  # −log P(gate open) of the task's salient tokens
-
-    def total(self, recipe: Recipe) -> torch.Tensor | float:
-        objective = recipe.objective
-        terms: list[tuple[float, torch.Tensor | None]] = [
-            (objective.pruned_loss_weight, self.pruned),
-            (1.0, self.dense),
-            (objective.distill_weight, self.distill),
-            (objective.salient_keep_weight, self.salient),
-        ]
-        return sum((weight * value for weight, value in terms if value is not None), 0.0)
-
-    def item(self, name: str) -> float | None:
-        value = getattr(self, name)
-        return None if value is None else value.item()
-
-
-def extra_losses(model: RetentionModel, adapter, batch, rho: torch.Tensor, recipe: Recipe) -> ExtraLosses:
-    """The hard top-M pass at the batch's ρ and, with distillation, the dense pass.
-
-    The soft pass never freezes a token completely, while inference drops tokens for good and
-    restores their early states; the top-M pass trains backbone and head on exactly that. Top-M is
-    not differentiable, so the scorers still learn only from the soft pass. With ``distill_weight``
-    the dense pass (ρ = 1) trains on the gold targets too and its detached outputs teach the top-M
-    pass (the Length-Adaptive Transformer's sandwich rule with in-place distillation).
-    """
-    objective = recipe.objective
-    distill = objective.distill_weight > 0.0
-    if objective.pruned_loss_weight <= 0.0 and not distill:
-        return ExtraLosses()
-    if distill and adapter.distill is None:
-        raise ValueError(f"task {recipe.task!r} has no distillation loss")
-    inputs = batch.encoder_inputs()
-    pruned_logits = model.forward_pruned(**inputs, rho=rho).logits
-    losses = ExtraLosses(pruned=adapter.loss(pruned_logits, batch))
-    if distill:
-        dense_logits = model.forward_pruned(**inputs, rho=torch.ones_like(rho)).logits
-        losses.dense = adapter.loss(dense_logits, batch)
-        losses.distill = adapter.distill(pruned_logits, dense_logits.detach(), batch)
-    return losses
-
-
-def salient_loss(out: SoftOutput, adapter, batch, recipe: Recipe) -> torch.Tensor | None:
-    """The scorers' supervised term (``objective.salient_keep_weight``) from the soft pass, or None."""
-    if recipe.objective.salient_keep_weight <= 0.0 or out.open_prob is None or adapter.salient is None:
-        return None
-    return R.salient_keep_loss(out.open_prob, adapter.salient(batch))
+    return state.model
 
 
 def save_run(model: RetentionModel, recipe: Recipe, tokenizer, run_dir: Path) -> None:

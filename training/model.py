@@ -2,20 +2,22 @@
 
 Two forward passes share every parameter:
 
-- ``forward_soft`` (training): Hard-Concrete gates soft-mask the keys of every layer with the
-  running product of gates, and report the expected number of surviving tokens per point for the
-  Lagrangian budget.
+- ``forward_soft`` (training): gates (``training.objective.SoftGates``) soft-mask the keys of every
+  layer with their running product, and report the expected number of surviving tokens per point
+  for the Lagrangian budget.
 - ``forward_pruned`` (inference, export, evaluation): deterministic top-M per point; kept tokens are
   gathered (physically removed from the sequence), in original order, [CLS] and protected tokens
   always kept, pads never kept. Optional Drop-and-Restore scatters every token's last state back to
-  its position for token-level heads.
+  its position for token-level heads. Its inputs are the exported graph's, plus an optional baseline
+  ``selector``.
+- ``forward_evaluation``: the same pass with evaluation-only probes (the open-gate ablation, survivor
+  diagnostics); never exported.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from torch import nn
@@ -23,23 +25,22 @@ from torch import nn
 from retention_core.tasks import task_spec
 from training import retention as R
 from training.encoders import EncoderBackbone, LayerView
+from training.objective import SoftGates
 
-# Selector: (point index, next layer, hidden (B,T,d), valid (B,T), generator) → scores (B, T).
+# Selector: (point index, next layer, hidden (B,T,d), valid (B,T)) → scores (B, T).
 Selector = Callable[[int, LayerView, torch.Tensor, torch.Tensor], torch.Tensor]
-GateKind = Literal["hard_concrete", "sigmoid", "none"]
-ScoreShift = Literal["quantile", "calibrated"]
-SCORE_SHIFTS = {"quantile": R.budget_threshold, "calibrated": R.calibrated_threshold}
-OPEN_GATE_PROBABILITY = 0.5  # threshold ablation: a gate counts as open when P(z > 0) exceeds this
+OPEN_GATE_PROBABILITY = 0.5  # open-gate ablation: a gate counts as open when P(z > 0) exceeds this
+METHOD_GATES = SoftGates()  # Hard-Concrete gates without a score shift
 
 
 @dataclass(frozen=True)
 class RetentionConfig:
+    """What a trained model needs at inference: scorer shape, schedule and its gates' distribution."""
+
     scorer_size: int = 32
     ema_decay: float = 0.9
     schedule_power: float = 1.0
     hard_concrete: R.HardConcrete = field(default_factory=R.HardConcrete)
-    normalize_scores: bool = False  # training only: shift scores per row so the budget sets counts
-    score_shift: ScoreShift = "quantile"  # with normalize_scores: budget_threshold or calibrated_threshold
 
 
 @dataclass
@@ -48,14 +49,61 @@ class SoftOutput:
     expected_kept: torch.Tensor  # (B, P) expected survivors entering each layer
     target_kept: torch.Tensor  # (B, P) budget M_p = frac_p(ρ)·n_real
     num_real: torch.Tensor  # (B,)
-    open_prob: torch.Tensor | None = None  # (B, P, T) P(z > 0) of each token's gate; None without gates
+    open_prob: torch.Tensor  # (B, P, T) P(z > 0) of each token's gate
 
 
 @dataclass
 class PrunedOutput:
     logits: torch.Tensor  # (B, C) or (B, T, C)
     kept_counts: torch.Tensor  # (B, P) tokens entering each layer
+
+
+@dataclass
+class EvaluationOutput(PrunedOutput):
     survivors: torch.Tensor | None = None  # (B, P, T) bool: real tokens entering each layer, if asked
+
+
+class EvaluationProbe:
+    """What ``forward_evaluation`` adds to the pruned pass (never exported: ``forward_pruned`` runs
+    without a probe).
+
+    Open-gate ablation (``open_gate_prior`` (B, P), the budget prior per point): instead of the
+    scheduled top-M, keep every token whose gate would be open, P(z > 0) > ½; counts then vary per
+    example and miss the budget. The prior is one number per row, so those tokens are exactly the
+    top-count ones by score and top-M can still select them.
+    Survivors (``length`` T): record which original positions entered each layer, (B, P, T) bool.
+    """
+
+    def __init__(
+        self, gates: R.HardConcrete, open_gate_prior: torch.Tensor | None, length: int | None
+    ) -> None:
+        self.gates = gates
+        self.open_gate_prior = open_gate_prior
+        self.length = length
+        self.per_point: list[torch.Tensor] = []  # per point (B, T) bool
+
+    def before_selection(
+        self,
+        point: int,
+        raw: torch.Tensor,
+        valid: torch.Tensor,
+        protected: torch.Tensor,
+        counts: torch.Tensor,
+    ) -> None:
+        """May rewrite ``counts[:, point]`` (B, P) before the top-M selection of this point."""
+        if self.open_gate_prior is None:
+            return
+        log_alpha = raw + self.open_gate_prior[:, point].unsqueeze(-1)  # (B, T)
+        open_gate = self.gates.prob_nonzero(log_alpha) > OPEN_GATE_PROBABILITY
+        counts[:, point] = (valid & (open_gate | protected)).sum(1)
+
+    def after_selection(self, positions: torch.Tensor, valid: torch.Tensor) -> None:
+        """Sees the original positions (B, K) of the kept slots and which are valid (B, K)."""
+        if self.length is not None:
+            self.per_point.append(_alive_positions(positions, valid, self.length))
+
+    def survivors(self) -> torch.Tensor | None:
+        return torch.stack(self.per_point, dim=1) if self.length is not None else None  # (B, P, T)
 
 
 class ClassificationHead(nn.Module):
@@ -132,37 +180,32 @@ class RetentionModel(nn.Module):
         protected: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
-        gates: GateKind = "hard_concrete",
+        gates: SoftGates = METHOD_GATES,
     ) -> SoftOutput:
         """Soft-masked pass for training. input_ids/attention_mask (B, T), rho (B,).
 
-        ``gates``: "hard_concrete" (the method), "sigmoid" (ablation: deterministic sigmoid gates,
-        no noise, no exact zeros) or "none" (dense; every token kept).
+        ``gates`` (the objective's, ``SoftGates.from_recipe``) picks the gate kind and the score shift.
         """
         valid = attention_mask.bool()  # (B, T)
         protected = self.default_protected(attention_mask) if protected is None else protected & valid
         num_real = valid.sum(1)  # (B,)
+        distribution = self.config.hard_concrete
         fractions = R.keep_fractions(rho, self.num_points, self.config.schedule_power)  # (B, P)
-        rates = R.conditional_keep_rates(self._droppable_fractions(fractions, num_real, protected))
-        prior = self.config.hard_concrete.log_alpha_for_rate(rates)  # (B, P)
+        rates = gates.keep_rates(fractions, num_real, protected)  # (B, P)
+        prior = distribution.log_alpha_for_rate(rates)  # (B, P)
         hidden = self.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
         gate_product = valid.to(hidden.dtype)  # (B, T)
         prob_product = valid.to(hidden.dtype)  # (B, T)
         expected = []
         open_probs: list[torch.Tensor] = []  # per point (B, T)
         for point, layer in enumerate(self.backbone.views):
-            if gates != "none":
-                scores = self.scorers[point](hidden, valid)  # (B, T)
-                if self.config.normalize_scores:
-                    candidates = torch.where(protected, torch.zeros_like(prob_product), prob_product)
-                    threshold = SCORE_SHIFTS[self.config.score_shift]
-                    scores = scores - threshold(scores, candidates, rates[:, point])
-                log_alpha = scores + prior[:, point : point + 1]  # (B, T)
-                prob = self.config.hard_concrete.prob_nonzero(log_alpha)
-                open_probs.append(prob)
-                gate = self._gate(log_alpha, prob, gates, generator)
-                gate_product = gate_product * torch.where(protected, torch.ones_like(gate), gate)
-                prob_product = prob_product * torch.where(protected, torch.ones_like(prob), prob)
+            scores = gates.shift(self.scorers[point](hidden, valid), prob_product, protected, rates[:, point])
+            log_alpha = scores + prior[:, point : point + 1]  # (B, T)
+            prob = distribution.prob_nonzero(log_alpha)
+            open_probs.append(prob)
+            gate = gates.gate(distribution, log_alpha, prob, generator, self.training)
+            gate_product = gate_product * torch.where(protected, torch.ones_like(gate), gate)
+            prob_product = prob_product * torch.where(protected, torch.ones_like(prob), prob)
             expected.append(prob_product.sum(1))
             key_bias = torch.where(
                 valid[:, None, None, :],
@@ -177,31 +220,8 @@ class RetentionModel(nn.Module):
                 updated = keep * updated + (1.0 - keep) * hidden
             hidden = updated
         target = fractions * num_real.unsqueeze(-1).to(fractions.dtype)  # (B, P)
-        open_prob = torch.stack(open_probs, dim=1) if open_probs else None  # (B, P, T)
+        open_prob = torch.stack(open_probs, dim=1)  # (B, P, T)
         return SoftOutput(self._head(hidden), torch.stack(expected, dim=1), target, num_real, open_prob)
-
-    def _droppable_fractions(
-        self, fractions: torch.Tensor, num_real: torch.Tensor, protected: torch.Tensor
-    ) -> torch.Tensor:
-        """(B, P) schedule → the share of droppable tokens the soft gates aim at. The calibrated shift
-        counts protected tokens against the budget like top-M inference; the quantile shift keeps the
-        recorded runs' accounting (a share of the droppable tokens equal to the schedule)."""
-        if self.config.normalize_scores and self.config.score_shift == "calibrated":
-            return R.candidate_keep_fractions(fractions, num_real, protected.sum(1))
-        return fractions
-
-    def _gate(
-        self,
-        log_alpha: torch.Tensor,
-        prob: torch.Tensor,
-        gates: GateKind,
-        generator: torch.Generator | None,
-    ) -> torch.Tensor:
-        if gates == "sigmoid":
-            return prob
-        if self.training:
-            return self.config.hard_concrete.sample(log_alpha, generator)
-        return self.config.hard_concrete.deterministic(log_alpha)
 
     # ------------------------------------------------------------------ inference
     def forward_pruned(
@@ -211,58 +231,80 @@ class RetentionModel(nn.Module):
         rho: torch.Tensor,
         protected: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
+        *,
         selector: Selector | None = None,
-        threshold: bool = False,
-        record_survivors: bool = False,
     ) -> PrunedOutput:
-        """Physically pruned pass. input_ids/attention_mask (B, T), rho (B,) → logits, kept counts (B, P).
+        """Physically pruned pass (what export traces). input_ids/attention_mask (B, T), rho (B,) →
+        logits, kept counts (B, P). ``selector`` replaces the learned scorers (random / attention
+        baselines)."""
+        return self._pruned_pass(input_ids, attention_mask, rho, protected, token_type_ids, selector, None)
 
-        ``threshold`` (ablation): instead of the scheduled top-M, keep every token whose gate would be
-        open, P(z > 0) > ½ under the budget prior; counts then vary per example and miss the budget.
-        ``record_survivors`` (diagnostics, not exported): also return which original positions entered
-        each layer.
+    def forward_evaluation(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        rho: torch.Tensor,
+        protected: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        *,
+        selector: Selector | None = None,
+        open_gates: bool = False,
+        record_survivors: bool = False,
+    ) -> EvaluationOutput:
+        """The pruned pass with evaluation-only options (never exported).
+
+        ``open_gates`` (ablation): keep every token whose gate is open instead of the scheduled top-M
+        (``EvaluationProbe``). ``record_survivors`` (diagnostics): also return which original positions
+        entered each layer.
         """
+        distribution = self.config.hard_concrete
+        prior = None
+        if open_gates:
+            fractions = R.keep_fractions(rho, self.num_points, self.config.schedule_power)  # (B, P)
+            prior = distribution.log_alpha_for_rate(R.conditional_keep_rates(fractions))  # (B, P)
+        probe = EvaluationProbe(distribution, prior, input_ids.shape[1] if record_survivors else None)
+        out = self._pruned_pass(input_ids, attention_mask, rho, protected, token_type_ids, selector, probe)
+        return EvaluationOutput(out.logits, out.kept_counts, probe.survivors())
+
+    def _pruned_pass(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        rho: torch.Tensor,
+        protected: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None,
+        selector: Selector | None,
+        probe: EvaluationProbe | None,
+    ) -> PrunedOutput:
+        """Deterministic top-M per point; kept tokens are gathered (physically removed), in original
+        order, [CLS] and protected tokens always kept, pads never kept."""
         valid = attention_mask.bool()  # (B, T)
         protected = self.default_protected(attention_mask) if protected is None else protected & valid
         num_real = valid.sum(1)  # (B,)
         counts = R.keep_counts(
             rho, num_real, protected.sum(1), self.num_points, self.config.schedule_power
         )  # (B, P)
-        if threshold:
-            fractions = R.keep_fractions(rho, self.num_points, self.config.schedule_power)  # (B, P)
-            prior = self.config.hard_concrete.log_alpha_for_rate(R.conditional_keep_rates(fractions))
         hidden = self.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
         restore = self.spec.restores_tokens
         restored = hidden  # (B, T, d): every token's latest state, scattered back at the end
-        survivors: list[torch.Tensor] = []  # per point (B, T) bool, filled if record_survivors
         positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0).expand_as(valid)  # (B,T)
         for point, layer in enumerate(self.backbone.views):
             raw = selector(point, layer, hidden, valid) if selector else self.scorers[point](hidden, valid)
-            if threshold:
-                counts[:, point] = self._open_gates(raw, prior[:, point], valid, protected)
+            if probe is not None:
+                probe.before_selection(point, raw, valid, protected, counts)
             index, valid = R.select_top_tokens(R.masked_scores(raw, valid, protected), counts[:, point])
             hidden = R.gather_tokens(hidden, index)  # (B, K, d)
             protected = R.gather_tokens(protected, index)  # (B, K)
             positions = R.gather_tokens(positions, index)  # (B, K)
-            if record_survivors:
-                survivors.append(_alive_positions(positions, valid, input_ids.shape[1]))
+            if probe is not None:
+                probe.after_selection(positions, valid)
             is_last = point == self.num_points - 1
             hidden = layer(
                 hidden, R.attention_bias(valid, hidden.dtype), self.last_layer_queries if is_last else None
             )
             if restore:
                 restored = _scatter_valid(restored, positions, hidden, valid)
-        logits = self._head(restored if restore else hidden)
-        return PrunedOutput(logits, counts, torch.stack(survivors, dim=1) if record_survivors else None)
-
-    def _open_gates(
-        self, raw: torch.Tensor, prior: torch.Tensor, valid: torch.Tensor, protected: torch.Tensor
-    ) -> torch.Tensor:
-        """Tokens (B, T) whose gate is open at this point → count per row (B,). Since the prior is one
-        number per row, these are exactly the top-count tokens by score, so top-k can select them."""
-        log_alpha = raw + prior.unsqueeze(-1)  # (B, T)
-        open_gate = self.config.hard_concrete.prob_nonzero(log_alpha) > OPEN_GATE_PROBABILITY
-        return (valid & (open_gate | protected)).sum(1)
+        return PrunedOutput(self._head(restored if restore else hidden), counts)
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.spec.head == "sequence":

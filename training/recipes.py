@@ -24,6 +24,9 @@ class DatasetSpec(Strict):
     train_limit: int | None = None
 
 
+ScoreShift = Literal["none", "quantile", "calibrated"]
+
+
 class RetentionSpec(Strict):
     scorer_size: int = 32
     ema_decay: float = Field(default=0.9, ge=0.0, lt=1.0)
@@ -34,14 +37,27 @@ class RetentionSpec(Strict):
     gates: Literal["hard_concrete", "sigmoid"] = Field(
         default="hard_concrete", description="ablation: 'sigmoid' trains with plain deterministic gates"
     )
-    normalize_scores: bool = Field(
-        default=False, description="training: shift scores per row to the budget quantile (budget_threshold)"
+    score_shift: ScoreShift = Field(
+        default="none",
+        description="training: shift the scores per row before the budget prior so the budget sets the "
+        "soft pass's counts. 'quantile' puts the budget quantile at P = rate (retention.quantile_shift); "
+        "'calibrated' makes the expected kept count equal the budget (retention.calibrated_shift)",
     )
-    score_shift: Literal["quantile", "calibrated"] = Field(
-        default="quantile",
-        description="with normalize_scores: 'quantile' puts the budget quantile at P = rate; 'calibrated' "
-        "makes the expected kept count equal the budget (calibrated_threshold)",
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_normalize_scores(cls, data: Any) -> Any:
+        """Recipes written before issue 25 say ``normalize_scores: true|false`` plus ``score_shift:
+        quantile|calibrated`` (which only applied with normalize_scores). Both become one
+        ``score_shift``: normalize_scores false → "none", true → the kind (default "quantile")."""
+        if not isinstance(data, dict) or "normalize_scores" not in data:
+            return data
+        data = dict(data)
+        if data.pop("normalize_scores"):
+            data.setdefault("score_shift", "quantile")
+        else:
+            data["score_shift"] = "none"
+        return data
 
 
 class RhoSpec(Strict):
@@ -58,22 +74,31 @@ class RhoSpec(Strict):
         return self
 
 
+# Switches deleted from BudgetSpec (issue 25), with the value that meant "off". Old run directories'
+# recipe.json files carry them at that value, which is dropped on load; any other value asked for a
+# behaviour that no longer exists, so loading it is an error.
+DELETED_BUDGET_SWITCHES: dict[str, object] = {
+    "quadratic_weight": 0.0,  # ToP-style quadratic budget term; 0 in every recorded run
+    "use_gates": True,  # the gate kind moved to retention.gates; true was Hard-Concrete, the default
+}
+
+
 class BudgetSpec(Strict):
-    """Lagrangian budget: λ(Σp − M) with projected dual ascent; quadratic term optional."""
+    """Lagrangian budget: λ(Σp − M) with projected dual ascent."""
 
     dual_lr: float = Field(default=1e-2, ge=0.0)
-    quadratic_weight: float = Field(default=0.0, ge=0.0)
     fixed_lambda: float | None = Field(default=None, description="ablation: freeze λ at this value")
     two_sided: bool = Field(default=False, description="equality constraint: λ may go negative")
 
     @model_validator(mode="before")
     @classmethod
-    def _drop_legacy_use_gates(cls, data: Any) -> Any:
-        """Runs written before the gate kind moved to ``retention.gates`` carry ``use_gates: true``
-        (the default, Hard-Concrete); anything else stays an error."""
-        if isinstance(data, dict) and data.get("use_gates") is True:
-            return {key: value for key, value in data.items() if key != "use_gates"}
-        return data
+    def _drop_deleted_switches(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for key, off in DELETED_BUDGET_SWITCHES.items():
+            if key in data and data[key] != off:
+                raise ValueError(f"budget.{key} was removed; only {key}: {off!r} (off) still loads")
+        return {key: value for key, value in data.items() if key not in DELETED_BUDGET_SWITCHES}
 
 
 class OptimizerSpec(Strict):
@@ -103,6 +128,11 @@ class ObjectiveSpec(Strict):
             "runs the dense pass (ρ = 1) with its own task loss, and adds this weight × the divergence "
             "of the hard top-M pass from the dense pass's (detached) outputs"
         ),
+    )
+    dense_loss_weight: float = Field(
+        default=1.0,
+        ge=0.0,
+        description="with distill_weight: the weight of the dense pass's own task loss (the sandwich rule)",
     )
     salient_keep_weight: float = Field(
         default=0.0,
@@ -163,13 +193,17 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 
 def read_recipe_yaml(path: Path | str) -> dict[str, Any]:
     """A recipe file as a dict, with ``extends: <file>`` resolved (relative to this file): the named
-    recipe is read first and this file's values override it, so an ablation is a few lines."""
+    recipe is read first and this file's values override it, so an ablation is a few lines. Its
+    ``profiles`` are not inherited: a parent's training stages (``init_from`` its own runs) and quick
+    sizes belong to the parent, and an ablation declares the profiles it was run with."""
     path = Path(path)
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     parent = raw.pop("extends", None)
     if parent is None:
         return raw
-    return _merge(read_recipe_yaml(path.parent / parent), raw)
+    inherited = read_recipe_yaml(path.parent / parent)
+    inherited.pop("profiles", None)
+    return _merge(inherited, raw)
 
 
 def load_recipe(path: Path | str, profile: Literal["quick", "full"] | str = "full") -> Recipe:

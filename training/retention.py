@@ -172,11 +172,12 @@ def sample_rho(batch_size: int, low: float, high: float, generator: torch.Genera
     return low + (high - low) * torch.rand(batch_size, generator=generator, device=generator.device)
 
 
-def budget_threshold(scores: torch.Tensor, weights: torch.Tensor, rate: torch.Tensor) -> torch.Tensor:
-    """Per-row score above which a ``rate`` share of the candidate weight lies; detached.
+def quantile_shift(scores: torch.Tensor, weights: torch.Tensor, rate: torch.Tensor) -> torch.Tensor:
+    """Score shift ``quantile``: the per-row score above which a ``rate`` share of the candidate weight
+    lies; detached.
 
     scores (B, T), weights (B, T) ≥ 0 (a token's soft survival so far; 0 for pads and protected
-    tokens), rate (B,) → (B, 1). Subtracting it before the budget prior (``normalize_scores``) makes
+    tokens), rate (B,) → (B, 1). Subtracting it before the budget prior (``retention.score_shift``) makes
     Σ P(z > 0) ≈ rate · Σ weights whatever the scale of the scores, so the budget sets the counts
     instead of a λ whose gradient vanishes once the scorer saturates. A per-row shift leaves the
     top-M ranking of inference unchanged.
@@ -192,11 +193,11 @@ CALIBRATION_ITERATIONS = 40  # bisection halvings: the bracket below shrinks to 
 CALIBRATION_MARGIN = 30.0  # logits past every score, where a sigmoid is 0 or 1 in float32
 
 
-def calibrated_threshold(scores: torch.Tensor, weights: torch.Tensor, rate: torch.Tensor) -> torch.Tensor:
-    """Per-row shift t with Σ w·sigmoid(s − t + logit(rate)) = rate · Σ w; detached.
+def calibrated_shift(scores: torch.Tensor, weights: torch.Tensor, rate: torch.Tensor) -> torch.Tensor:
+    """Score shift ``calibrated``: the per-row t with Σ w·sigmoid(s − t + logit(rate)) = rate · Σ w; detached.
 
-    scores (B, T), weights (B, T) ≥ 0 (as for ``budget_threshold``), rate (B,) → (B, 1).
-    ``budget_threshold`` puts the rate-quantile token at P(z > 0) = rate, which meets the budget only
+    scores (B, T), weights (B, T) ≥ 0 (as for ``quantile_shift``), rate (B,) → (B, 1).
+    ``quantile_shift`` puts the rate-quantile token at P(z > 0) = rate, which meets the budget only
     when the scores are saturated. For moderate spreads the tokens above it keep more than those below
     give up when rate > 0.5 (+4 to +8 points at 0.818, the per-layer rate of ρ = 0.3 over six layers;
     benchmarks/score_shift.py)
@@ -245,9 +246,10 @@ def budget_gap(
     return ((expected_kept - target_kept) / num_real.unsqueeze(-1).to(expected_kept.dtype)).mean(0)
 
 
-def lagrangian_penalty(gap: torch.Tensor, lam: torch.Tensor, quadratic_weight: float = 0.0) -> torch.Tensor:
-    """λ·(Σ p_t − M) (normalised) plus an optional ToP-style quadratic term. Scalar."""
-    return (lam.detach() * gap).sum() + 0.5 * quadratic_weight * (gap**2).sum()
+def lagrangian_penalty(gap: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """λ·(Σ p_t − M), normalised per point: gap (P,), λ (P,) → scalar. λ is a constant here (dual ascent
+    moves it)."""
+    return (lam.detach() * gap).sum()
 
 
 def dual_ascent(lam: torch.Tensor, gap: torch.Tensor, lr: float, two_sided: bool = False) -> torch.Tensor:
@@ -319,8 +321,10 @@ def random_scores(valid: torch.Tensor, generator: torch.Generator | None = None)
 def encoder_token_work(
     counts: torch.Tensor, num_real: torch.Tensor, last_layer_queries: int | None
 ) -> torch.Tensor:
-    """Fraction of dense encoder token-work done: (B, P) counts → (B,).
+    """Fraction of dense encoder token-work done, per row: (B, P) counts → (B,).
 
+    The definition is ``retention_core.usage.token_work`` (what serving reports); this is its per-row
+    torch form for evaluation on tensors, checked against it in tests/test_retention_math.py.
     Token-work = Σ_layers tokens processed; the last layer counts only its queries when the head
     reads a fixed number of positions (classification reads [CLS]: 1 query).
     """
@@ -337,8 +341,7 @@ __all__ = [
     "RetentionScorer",
     "attention_bias",
     "budget_gap",
-    "budget_threshold",
-    "calibrated_threshold",
+    "calibrated_shift",
     "candidate_keep_fractions",
     "conditional_keep_rates",
     "dual_ascent",
@@ -348,6 +351,7 @@ __all__ = [
     "keep_fractions",
     "lagrangian_penalty",
     "masked_scores",
+    "quantile_shift",
     "random_scores",
     "salient_keep_loss",
     "sample_rho",

@@ -1,6 +1,8 @@
 """Extractive summarization (SciTLDR-A, BBC News): task adapter for ``training.fit`` and evaluation.
 
-Pre- and post-processing are the serving codec's (``retention_core.codecs.summarization``).
+Pre- and post-processing are the serving codec's (``retention_core.codecs.summarization``); evaluation
+also keeps the service's cap on windows per document, training learns from every window. The BBC split
+rule lives with the other split rules in ``training.data``.
 
 Labels. SciTLDR-A rows carry ``extractive_labels`` (the oracle sentence). BBC News rows carry the
 article as one string and the summary as the extracted sentences, often joined *without* a space;
@@ -12,18 +14,18 @@ Loss (pooled): every window's token logits are averaged per sentence (the same m
 decodes with) and each (window, sentence) pair gets a binary cross-entropy against the sentence
 label.
 
-Evaluation (``evaluate``): ROUGE-1/2/L/Lsum F1 (percent, ``rouge-score`` with stemming) of the
-selected sentences against the references, **max over ``all_summaries``** (the SciTLDR convention;
-BBC has a single reference). ROUGE-Lsum (summary-level LCS, one sentence per line) is the one to
-read for BBC: its summaries list the extracted sentences in a different order than the article, so
-plain ROUGE-L penalises even the oracle. k sentences are selected: SciTLDR 1 (a TLDR is one
-sentence), BBC ratio 0.4 of the sentences (the summaries hold 43% of the sentences on average).
-Baselines: ``lead`` (first k sentences) and ``oracle`` (the labelled sentences), independent of ρ.
+Evaluation (``evaluate``, the codec loop of ``training.evaluation``): ROUGE-1/2/L/Lsum F1 (percent,
+``rouge-score`` with stemming) of the selected sentences against the references, **max over
+``all_summaries``** (the SciTLDR convention; BBC has a single reference). ROUGE-Lsum (summary-level LCS,
+one sentence per line) is the one to read for BBC: its summaries list the extracted sentences in a
+different order than the article, so plain ROUGE-L penalises even the oracle. k sentences are selected:
+SciTLDR 1 (a TLDR is one sentence), BBC ratio 0.4 of the sentences (the summaries hold 43% of the
+sentences on average). Baselines: ``lead`` (first k sentences) and ``oracle`` (the labelled sentences),
+independent of ρ.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import replace
@@ -35,27 +37,18 @@ import torch
 import torch.nn.functional as F
 
 from retention_core.codecs.base import Encoded
-from retention_core.codecs.summarization import SummarizationCodec, SummaryContext, selection_size
+from retention_core.codecs.summarization import SummaryContext, selection_size
 from retention_core.metrics import rouge_scores
-from retention_core.text import backend_tokenizer, normalize_whitespace, pad_token_id, split_sentences
-from training.data import EVAL_SEED
-from training.data import Row as DataRow
+from retention_core.text import pad_token_id, split_sentences
+from training import evaluation as E
+from training.batch import Batch
+from training.data import Example
 from training.model import RetentionModel
-from training.qa import (
-    METHODS,
-    aggregate,
-    make_selector,
-    onnx_predict_rows,
-    onnx_session,
-    predict_rows,
-    rows_to_tensors,
-    sub_row,
-    truncation_keep,
-)
 from training.recipes import Recipe
-from training.tasks import TRAINING_TASKS, Batch, TrainingTask
 
 IGNORE_LABEL = -1.0
+METHODS = E.CODEC_METHODS
+METRICS = ("rouge1", "rouge2", "rougeL")  # per cell of the report, percent
 # How many sentences evaluation selects, per dataset (kwargs of SummarizationCodec.decode).
 SELECTION: dict[str, dict[str, Any]] = {
     "scitldr_a": {"max_sentences": 1},
@@ -70,17 +63,7 @@ def quality_metric(dataset: str) -> str:
 
 
 # ---------------------------------------------------------------------- rows
-_CODECS: dict[tuple[int, int], tuple[Any, SummarizationCodec]] = {}
-
-
-def codec_for(tokenizer: Any, max_length: int) -> SummarizationCodec:
-    key = (id(tokenizer), max_length)
-    if key not in _CODECS:
-        _CODECS[key] = (tokenizer, SummarizationCodec(backend_tokenizer(tokenizer), max_length))
-    return _CODECS[key][1]
-
-
-def row_sentences(row: DataRow) -> list[str]:
+def row_sentences(row: Example) -> list[str]:
     document = row["document"]
     if isinstance(document, str):
         return split_sentences(document)
@@ -94,7 +77,7 @@ def summary_labels(sentences: list[str], summary: str) -> list[int]:
     return [int(bool(key) and key in target) for key in ("".join(s.split()) for s in sentences)]
 
 
-def row_labels(row: DataRow, sentences: list[str]) -> list[int]:
+def row_labels(row: Example, sentences: list[str]) -> list[int]:
     labels = row.get("extractive_labels")
     if isinstance(labels, list) and len(labels) == len(sentences):
         return [int(label) for label in labels]
@@ -114,38 +97,18 @@ def summary_sentences(summary: str) -> list[str]:
     ]
 
 
-def references(row: DataRow) -> list[str]:
+def references(row: Example) -> list[str]:
     """Reference summaries, one sentence per line (for rougeLsum)."""
     many = row.get("all_summaries")
     texts = [str(text) for text in many] if isinstance(many, list) and many else [str(row["summary"])]
     return ["\n".join(summary_sentences(text)) for text in texts]
 
 
-# ---------------------------------------------------------------------- BBC split
-BBC_BUCKETS = 20  # sha1(id) % 20: 0 → validation (5%), 1-2 → test (10%), else train (85%)
-_BBC_CANONICAL: dict[str, str] = {}  # sha1(normalised document) → first id seen with that document
-
-
-def bbc_split_of(row_id: str) -> str:
-    bucket = int(hashlib.sha1(row_id.encode("utf-8")).hexdigest(), 16) % BBC_BUCKETS
-    return "validation" if bucket == 0 else "test" if bucket in (1, 2) else "train"
-
-
-def bbc_keep(row: DataRow, split: str) -> bool:
-    """Deduplicate (keep the first row of each whitespace-normalised document, in file order), then
-    split by sha1 of the kept row's ``id``. Deterministic across passes over the same file."""
-    key = hashlib.sha1(normalize_whitespace(str(row["document"])).encode("utf-8")).hexdigest()
-    row_id = str(row["id"])
-    if _BBC_CANONICAL.setdefault(key, row_id) != row_id:
-        return False
-    return bbc_split_of(row_id) == split
-
-
 # ---------------------------------------------------------------------- training
-def summarization_batch(rows: list[DataRow], tokenizer: Any, max_length: int) -> Batch:
+def summarization_batch(rows: list[Example], tokenizer: Any, max_length: int) -> Batch:
     """All windows of all documents. targets (N, S) sentence labels (IGNORE_LABEL = no such
     sentence); extra["segments"] (N, T) the window-local sentence of every token (-1 = none)."""
-    codec = codec_for(tokenizer, max_length)
+    codec = E.task_codec("summarization", tokenizer, max_length, options=E.EVERY_WINDOW)
     windows, segments, labels = [], [], []
     for row in rows:
         sentences = row_sentences(row)
@@ -158,7 +121,7 @@ def summarization_batch(rows: list[DataRow], tokenizer: Any, max_length: int) ->
             windows.append(window_row)
             segments.append([local.get(index, -1) for index in mapping])
             labels.append([float(row_label[index]) for index in present])
-    feeds = rows_to_tensors(windows, pad_token_id(codec.tokenizer))
+    feeds = E.rows_to_tensors(windows, pad_token_id(codec.tokenizer))
     length = feeds["input_ids"].shape[1]
     width = max(1, max(len(label) for label in labels))
     segment_tensor = torch.full((len(windows), length), -1, dtype=torch.long)  # (N, T)
@@ -201,9 +164,6 @@ def summarization_distill(student: torch.Tensor, teacher: torch.Tensor, batch: B
     return F.binary_cross_entropy_with_logits(pooled[valid], soft_targets[valid])
 
 
-TRAINING_TASKS["summarization"] = TrainingTask(summarization_batch, summarization_loss, summarization_distill)
-
-
 # ---------------------------------------------------------------------- evaluation
 def selected_text(sentences: list[str], indices: Sequence[int]) -> str:
     """The selected sentences in document order, one per line (for rougeLsum)."""
@@ -216,22 +176,52 @@ def truncated_summary(encoded: Encoded, rho: float) -> tuple[Encoded, list[float
     rows, mappings, kept = [], [], []
     for row, mapping in zip(encoded.rows, state.token_sentences, strict=True):
         content = np.asarray([index >= 0 for index in mapping])
-        positions = truncation_keep(row, content, rho)
-        rows.append(sub_row(row, positions))
+        positions = E.truncation_keep(row, content, rho)
+        rows.append(E.sub_row(row, positions))
         mappings.append(tuple(mapping[i] for i in positions))
         kept.append(len(positions) / len(row))
     return replace(encoded, rows=rows, context=SummaryContext(state.sentences, tuple(mappings))), kept
 
 
-def _percent(scores: dict[str, float]) -> dict[str, float]:
-    return {key: 100.0 * value for key, value in scores.items()}
+def selection_for(dataset: str) -> dict[str, Any]:
+    return SELECTION.get(dataset, DEFAULT_SELECTION)
+
+
+def codec_loop(tokenizer: Any, max_length: int, selection: dict[str, Any]) -> E.CodecLoop:
+    """Summarization's part of the shared loop: the serving codec, ROUGE F1 (0-1, max over the
+    references) of the sentences the codec selects."""
+    codec = E.evaluation_codec("summarization", tokenizer, max_length)
+
+    def score(row: Example, encoded: Encoded, outputs: list[np.ndarray]) -> dict[str, float]:
+        summary = codec.decode(encoded, outputs, **selection)
+        picked = [int(item["index"]) for item in summary["sentences"]]
+        return rouge_scores(selected_text(row_sentences(row), picked), references(row))
+
+    def encode(row: Example) -> Encoded:
+        encoded: Encoded = codec.encode(row_sentences(row))
+        return encoded
+
+    return E.CodecLoop(encode, score, truncated_summary, pad_token_id(codec.tokenizer))
+
+
+def baselines(rows: list[Example], selection: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """ROUGE (percent) of ``lead`` (the first k sentences) and ``oracle`` (the labelled sentences)."""
+    lead, oracle = [], []
+    for row in rows:
+        sentences = row_sentences(row)
+        k = selection_size(len(sentences), selection.get("max_sentences"), selection.get("ratio"))
+        lead.append(E.percent(rouge_scores(selected_text(sentences, range(k)), references(row))))
+        labels = row_labels(row, sentences)
+        chosen = [i for i, label in enumerate(labels) if label] or [0]
+        oracle.append(E.percent(rouge_scores(selected_text(sentences, chosen), references(row))))
+    return {"lead": E.aggregate(lead), "oracle": E.aggregate(oracle)}
 
 
 def evaluate(
     model: RetentionModel,
     tokenizer: Any,
     recipe: Recipe,
-    rows: list[DataRow],
+    rows: list[Example],
     rhos: Sequence[float],
     methods: Sequence[str] = METHODS,
     selection: dict[str, Any] | None = None,
@@ -241,86 +231,36 @@ def evaluate(
     Returns ``{"task", "num_examples", "metric", "selection", "results": {method: {"<rho>": {...}}},
     "baselines": {"lead": {...}, "oracle": {...}}}``.
     """
-    selection = selection or SELECTION.get(recipe.dataset.name, DEFAULT_SELECTION)
-    codec = codec_for(tokenizer, recipe.max_length)
-    pad_id = pad_token_id(codec.tokenizer)
-    documents = [row_sentences(row) for row in rows]
-    encodings = [codec.encode(sentences) for sentences in documents]
-    lead, oracle = [], []
-    for row, sentences in zip(rows, documents, strict=True):
-        k = selection_size(len(sentences), selection.get("max_sentences"), selection.get("ratio"))
-        lead.append(_percent(rouge_scores(selected_text(sentences, range(k)), references(row))))
-        labels = row_labels(row, sentences)
-        chosen = [i for i, label in enumerate(labels) if label] or [0]
-        oracle.append(_percent(rouge_scores(selected_text(sentences, chosen), references(row))))
-    results: dict[str, dict[str, dict[str, float]]] = {}
-    for method in methods:
-        results[method] = {}
-        for rho in rhos:
-            if method == "truncation":
-                cut = [truncated_summary(encoded, rho) for encoded in encodings]
-                inputs = [encoded for encoded, _ in cut]
-                flat = [row for encoded in inputs for row in encoded.rows]
-                predictions = predict_rows(model, flat, 1.0, pad_id, None, recipe.evaluation.batch_size)
-                fractions = [fraction for _, kept in cut for fraction in kept]
-                for prediction, fraction in zip(predictions, fractions, strict=True):
-                    prediction.kept_fraction = prediction.token_work = fraction
-            else:
-                inputs = encodings
-                flat = [row for encoded in inputs for row in encoded.rows]
-                selector = make_selector(method, EVAL_SEED)
-                predictions = predict_rows(model, flat, rho, pad_id, selector, recipe.evaluation.batch_size)
-            per_document: list[dict[str, float]] = []
-            cursor = 0
-            for row, sentences, encoded in zip(rows, documents, inputs, strict=True):
-                mine = predictions[cursor : cursor + len(encoded.rows)]
-                cursor += len(encoded.rows)
-                summary = codec.decode(encoded, [p.logits for p in mine], **selection)
-                picked = [int(item["index"]) for item in summary["sentences"]]
-                scores = _percent(rouge_scores(selected_text(sentences, picked), references(row)))
-                scores["kept_fraction"] = float(np.mean([p.kept_fraction for p in mine]))
-                scores["token_work"] = float(np.mean([p.token_work for p in mine]))
-                per_document.append(scores)
-            results[method][f"{rho:g}"] = aggregate(per_document)
+    EVALUATION.check_methods(methods)
+    selection = selection or selection_for(recipe.dataset.name)
+    loop = codec_loop(tokenizer, recipe.max_length, selection)
     return {
         "task": "summarization",
         "num_examples": len(rows),
         "metric": quality_metric(recipe.dataset.name),
         "selection": selection,
         "reference_aggregate": "max",
-        "results": results,
-        "baselines": {"lead": aggregate(lead), "oracle": aggregate(oracle)},
+        "results": E.codec_results(model, loop, rows, rhos, methods, recipe.evaluation.batch_size),
+        "baselines": baselines(rows, selection),
     }
 
 
 def onnx_quality_curve(
     onnx_path: Path,
     tokenizer: Any,
-    rows: list[DataRow],
-    rhos: Sequence[float],
-    max_length: int,
-    batch_size: int,
+    rows: list[Example],
+    recipe: Recipe,
     selection: dict[str, Any] | None = None,
-    dataset: str | None = None,
-) -> list[tuple[float, float]]:
-    """``quality_metric(dataset)`` F1 (0-1, max over references) of the exported graph at each ρ,
-    through the serving codec: the manifest curve. ``selection`` defaults to the dataset's."""
-    selection = selection or SELECTION.get(dataset or "", DEFAULT_SELECTION)
-    metric = quality_metric(dataset or "")
-    codec = SummarizationCodec(backend_tokenizer(tokenizer), max_length)
-    pad_id = pad_token_id(codec.tokenizer)
-    session = onnx_session(onnx_path)
-    documents = [row_sentences(row) for row in rows]
-    encodings = [codec.encode(sentences) for sentences in documents]
-    flat = [window for encoded in encodings for window in encoded.rows]
-    curve = []
-    for rho in rhos:
-        outputs = onnx_predict_rows(session, flat, rho, pad_id, batch_size)
-        cursor, total = 0, 0.0
-        for row, sentences, encoded in zip(rows, documents, encodings, strict=True):
-            summary = codec.decode(encoded, outputs[cursor : cursor + len(encoded.rows)], **selection)
-            cursor += len(encoded.rows)
-            picked = [int(item["index"]) for item in summary["sentences"]]
-            total += rouge_scores(selected_text(sentences, picked), references(row))[metric]
-        curve.append((float(rho), total / max(len(rows), 1)))
-    return curve
+) -> E.Curve:
+    """``quality_metric(dataset)`` F1 (0-1, max over references) of the exported graph at each of the
+    recipe's evaluation ρ, through the serving codec: the manifest curve. ``selection`` defaults to the
+    dataset's."""
+    dataset = recipe.dataset.name
+    loop = codec_loop(tokenizer, recipe.max_length, selection or selection_for(dataset))
+    evaluation = recipe.evaluation
+    return E.codec_quality_curve(
+        onnx_path, loop, rows, quality_metric(dataset), evaluation.rhos, evaluation.batch_size
+    )
+
+
+EVALUATION = E.codec_task_evaluation(evaluate, METRICS, quality_metric, onnx_quality_curve)

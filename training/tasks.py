@@ -1,114 +1,91 @@
-"""Task adapters: rows → model inputs and targets, and the task loss. One per task.
+"""The training half of the task registry: one ``TrainingTask`` per task in ``TRAINING_TASKS``.
 
-``TRAINING_TASKS[task]`` is what ``training.fit`` uses; QA and summarization register theirs in their own
-modules (``training/qa.py``, ``training/summarization.py``).
+``retention_core.tasks`` holds what training and serving must agree on (graph inputs/outputs, head,
+codec); a ``TrainingTask`` adds the torch side: rows → ``Batch``, the loss, the distillation
+divergence, the salient tokens, and how the task is evaluated (``training.evaluation.TaskEvaluation``).
+``training.fit``, ``training.export`` and ``python -m training`` read only these two registries, so
+adding a task is a ``retention_core.tasks.register`` call, a ``register_training_task`` call, its
+codec and its module here: no switch elsewhere.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypedDict
 
 import torch
-import torch.nn.functional as F
 
-from training.data import Row
+from training import classification, qa, summarization
+from training.batch import Batch, EncoderInputs
+from training.data import Example
+from training.evaluation import TaskEvaluation
 
-
-class EncoderInputs(TypedDict):
-    """Keyword arguments of ``RetentionModel.forward_soft`` / ``forward_pruned`` that come from data."""
-
-    input_ids: torch.Tensor  # (B, T)
-    attention_mask: torch.Tensor  # (B, T)
-    protected: torch.Tensor | None  # (B, T) bool
-    token_type_ids: torch.Tensor | None  # (B, T)
-
-
-@dataclass
-class Batch:
-    input_ids: torch.Tensor  # (B, T)
-    attention_mask: torch.Tensor  # (B, T)
-    targets: torch.Tensor  # classification: (B,) labels; other tasks: their own layout
-    protected: torch.Tensor | None = None  # (B, T) bool; None = [CLS] only
-    token_type_ids: torch.Tensor | None = None  # (B, T)
-    extra: dict[str, torch.Tensor] | None = None  # task-specific tensors for the loss
-
-    def to(self, device: torch.device | str) -> Batch:
-        """The same batch with every tensor on ``device``."""
-
-        def move(value: torch.Tensor | None) -> torch.Tensor | None:
-            return None if value is None else value.to(device)
-
-        extra = None if self.extra is None else {key: value.to(device) for key, value in self.extra.items()}
-        return Batch(
-            input_ids=self.input_ids.to(device),
-            attention_mask=self.attention_mask.to(device),
-            targets=self.targets.to(device),
-            protected=move(self.protected),
-            token_type_ids=move(self.token_type_ids),
-            extra=extra,
-        )
-
-    def encoder_inputs(self) -> EncoderInputs:
-        """The keyword arguments every ``RetentionModel`` forward pass takes from a batch."""
-        return {
-            "input_ids": self.input_ids,
-            "attention_mask": self.attention_mask,
-            "protected": self.protected,
-            "token_type_ids": self.token_type_ids,
-        }
+__all__ = [
+    "TRAINING_TASKS",
+    "Batch",
+    "EncoderInputs",
+    "TrainingTask",
+    "register_training_task",
+    "training_task",
+]
 
 
 @dataclass(frozen=True)
 class TrainingTask:
-    make_batch: Callable[[list[Row], object, int], Batch]  # (rows, tokenizer, max_length)
+    make_batch: Callable[[list[Example], object, int], Batch]  # (examples, tokenizer, max_length)
     loss: Callable[[torch.Tensor, Batch], torch.Tensor]  # (logits, batch) → scalar
+    evaluation: TaskEvaluation
     # (student logits, teacher logits (detached), batch) → scalar divergence, for distillation
     distill: Callable[[torch.Tensor, torch.Tensor, Batch], torch.Tensor] | None = None
     # batch → (B, T) bool tokens the scorers should keep (objective.salient_keep_weight)
     salient: Callable[[Batch], torch.Tensor] | None = None
+    # The dataset of the task's reference recipe (tiny recipes and examples name it).
+    reference_dataset: str = ""
 
 
-def classification_batch(rows: list[Row], tokenizer, max_length: int) -> Batch:
-    """Dynamic padding to the longest row of the batch, truncation at ``max_length``."""
-    encoded = tokenizer(
-        [str(row["text"]) for row in rows],
-        truncation=True,
-        max_length=max_length,
-        padding=True,
-        return_tensors="pt",
-    )
-    labels = torch.tensor([int(row["label"]) for row in rows], dtype=torch.long)  # type: ignore[call-overload]
-    return Batch(encoded["input_ids"], encoded["attention_mask"], labels)
+TRAINING_TASKS: dict[str, TrainingTask] = {}
 
 
-def classification_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """logits (B, C), targets (B,) → scalar cross-entropy."""
-    return F.cross_entropy(logits, batch.targets)
+def register_training_task(name: str, task: TrainingTask) -> TrainingTask:
+    """Add (or replace) the training side of a task registered in ``retention_core.tasks``."""
+    TRAINING_TASKS[name] = task
+    return task
 
 
-def softmax_divergence(student: torch.Tensor, teacher: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """KL(teacher ‖ student) of the softmax over ``dim``, averaged over every other position. Scalar."""
-    log_student = F.log_softmax(student, dim=dim)
-    log_teacher = F.log_softmax(teacher, dim=dim)
-    return (log_teacher.exp() * (log_teacher - log_student)).sum(dim).mean()
+def training_task(name: str) -> TrainingTask:
+    if name not in TRAINING_TASKS:
+        raise KeyError(f"task {name!r} has no training entry; known: {sorted(TRAINING_TASKS)}")
+    return TRAINING_TASKS[name]
 
 
-def classification_distill(student: torch.Tensor, teacher: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """(B, C) student and teacher logits → KL over the labels."""
-    return softmax_divergence(student, teacher)
-
-
-TRAINING_TASKS: dict[str, TrainingTask] = {
-    "classification": TrainingTask(classification_batch, classification_loss, classification_distill),
-}
-
-
-def training_task(task: str) -> TrainingTask:
-    if task not in TRAINING_TASKS:
-        # Task modules register themselves on import.
-        import importlib
-
-        importlib.import_module(f"training.{task}")
-    return TRAINING_TASKS[task]
+register_training_task(
+    "classification",
+    TrainingTask(
+        make_batch=classification.classification_batch,
+        loss=classification.classification_loss,
+        evaluation=classification.EVALUATION,
+        distill=classification.classification_distill,
+        reference_dataset="sst2",
+    ),
+)
+register_training_task(
+    "qa",
+    TrainingTask(
+        make_batch=qa.qa_batch,
+        loss=qa.qa_loss,
+        evaluation=qa.EVALUATION,
+        distill=qa.qa_distill,
+        salient=qa.answer_span_mask,
+        reference_dataset="squad",
+    ),
+)
+register_training_task(
+    "summarization",
+    TrainingTask(
+        make_batch=summarization.summarization_batch,
+        loss=summarization.summarization_loss,
+        evaluation=summarization.EVALUATION,
+        distill=summarization.summarization_distill,
+        reference_dataset="scitldr_a",
+    ),
+)

@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import Depends, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.deps import require_api_key
+from service.api.deps import require_admin_key, require_api_key
 from service.api.routers import admin, classify, health, models, qa, summarize
 from service.api.routers import metrics as metrics_router
 from service.engine import RetentionEngine
@@ -135,7 +135,8 @@ class RequestMiddleware:
 
 
 def _install_sighup(engine: RetentionEngine) -> bool:
-    """SIGHUP = POST /admin/reload. Only possible when the loop runs in the main thread."""
+    """SIGHUP reloads the models (as POST /admin/reload does, when mounted). Only possible when the loop
+    runs in the main thread."""
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[Any]] = set()
 
@@ -150,6 +151,22 @@ def _install_sighup(engine: RetentionEngine) -> bool:
     except (RuntimeError, ValueError, NotImplementedError, AttributeError):
         return False
     return True
+
+
+def mount_routers(app: FastAPI, settings: Settings) -> list[APIRouter]:
+    """Mount the routers the settings ask for; returns them. The API routes need the API key only when
+    one is set; the admin routes exist only with an admin key (model control is opt-in) and need it."""
+    api_auth = [Depends(require_api_key)] if settings.api_key is not None else []
+    mounted: list[tuple[APIRouter, list[Any]]] = [
+        *((router, api_auth) for router in (classify.router, qa.router, summarize.router, models.router)),
+        (health.router, []),
+        (metrics_router.router, []),
+    ]
+    if settings.admin_api_key is not None:
+        mounted.append((admin.router, [Depends(require_admin_key)]))
+    for router, dependencies in mounted:
+        app.include_router(router, dependencies=dependencies)
+    return [router for router, _ in mounted]
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -189,22 +206,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     install_error_handlers(app)
 
-    protected = [Depends(require_api_key)]
-    api_routers = (classify.router, qa.router, summarize.router, models.router, admin.router)
-    open_routers = (health.router, metrics_router.router)
-    for router in api_routers:
-        app.include_router(router, dependencies=protected)
-    for router in open_routers:
-        app.include_router(router)
+    mounted = mount_routers(app, settings)
     metrics.init_endpoints(
-        [
-            *(
-                endpoint_label({"route": route})
-                for router in (*api_routers, *open_routers)
-                for route in router.routes
-            ),
-            "other",
-        ]
+        [*(endpoint_label({"route": route}) for router in mounted for route in router.routes), "other"]
     )
     if settings.cors_origins:
         app.add_middleware(

@@ -1,4 +1,5 @@
-"""FastAPI dependencies (``Annotated[..., Depends]``): app state, API key, query options, deadline."""
+"""FastAPI dependencies (``Annotated[..., Depends]``): app state, API keys, query options, deadline, and
+``InferenceDep``, the one bundle an inference endpoint takes besides its body."""
 
 from __future__ import annotations
 
@@ -8,20 +9,29 @@ import time
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Header, Query, Request
+from fastapi import Depends, Header, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import SecretStr
 
 from service.engine import Engine
-from service.errors import InvalidRequest, Unauthorized
+from service.errors import InvalidRequest, PayloadTooLarge, Unauthorized
 from service.metrics import Metrics
 from service.rho import parse_rho
+from service.runtime import LoadedModel
 from service.settings import Settings
 
-# What the OpenAPI schema promises for rho parameters (parsed by ``service.rho.parse_rho``, which also
-# accepts these as strings and explains anything else in its 422).
+# What the OpenAPI schema promises for rho parameters (parsed by ``service.rho.parse_rho``, which reads
+# the decimal text of a query parameter and explains anything else in its 422).
 RHO_SCHEMA = {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
 
-bearer = HTTPBearer(auto_error=False, description="needed only when the server sets RETENTION_API_KEY")
+# Two schemes under their own names, so the OpenAPI document tells the inference key from the admin key.
+# ``create_app`` mounts each only when its key is set: the document then declares security exactly where
+# the server enforces it.
+api_bearer = HTTPBearer(scheme_name="ApiKey", auto_error=False, description="the server's RETENTION_API_KEY")
+admin_bearer = HTTPBearer(
+    scheme_name="AdminKey", auto_error=False, description="the server's RETENTION_ADMIN_API_KEY"
+)
+Credentials = HTTPAuthorizationCredentials | None
 
 
 def get_settings(request: Request) -> Settings:
@@ -44,15 +54,25 @@ EngineDep = Annotated[Engine, Depends(get_engine)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 
+def check_bearer(credentials: Credentials, key: SecretStr | None) -> None:
+    """401 unless the request carries ``Authorization: Bearer <key>`` (constant-time compare). Fails
+    closed: with no key configured nobody passes."""
+    if key is None or credentials is None or credentials.scheme.lower() != "bearer":
+        raise Unauthorized()
+    if not hmac.compare_digest(credentials.credentials.encode(), key.get_secret_value().encode()):
+        raise Unauthorized()
+
+
 async def require_api_key(
-    settings: SettingsDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+    settings: SettingsDep, credentials: Annotated[Credentials, Depends(api_bearer)]
 ) -> None:
-    if settings.api_key is None:
-        return
-    if credentials is None or credentials.scheme.lower() != "bearer":
-        raise Unauthorized()
-    if not hmac.compare_digest(credentials.credentials.encode(), settings.api_key.encode()):
-        raise Unauthorized()
+    check_bearer(credentials, settings.api_key)
+
+
+async def require_admin_key(
+    settings: SettingsDep, credentials: Annotated[Credentials, Depends(admin_bearer)]
+) -> None:
+    check_bearer(credentials, settings.admin_api_key)
 
 
 @dataclass(frozen=True)
@@ -98,7 +118,11 @@ def request_deadline(
     settings: SettingsDep,
     timeout: Annotated[
         str | None,
-        Header(alias="x-request-timeout", description="seconds; capped by the server's request_timeout_s"),
+        Header(
+            alias="x-request-timeout",
+            description="seconds; capped by the server's request_timeout_s",
+            json_schema_extra={"anyOf": [{"type": "number", "exclusiveMinimum": 0}]},
+        ),
     ] = None,
 ) -> float:
     """Absolute deadline (time.monotonic) of this request, counted from its arrival."""
@@ -116,3 +140,37 @@ def request_deadline(
 
 
 DeadlineDep = Annotated[float, Depends(request_deadline)]
+
+
+@dataclass(frozen=True)
+class InferenceContext:
+    """Everything an inference endpoint needs besides its body, resolved once per request."""
+
+    query: QueryOptions
+    deadline: float  # time.monotonic()
+    engine: Engine
+    settings: Settings
+    metrics: Metrics
+    response: Response  # where the x-* headers go
+
+    def model_for(self, task: str) -> LoadedModel:
+        """The model the query names (checked against ``task``), else the task's default."""
+        return self.engine.resolve(self.query.model, task)
+
+    def check_items(self, count: int) -> None:
+        if count > self.settings.max_items:
+            raise PayloadTooLarge(f"at most {self.settings.max_items} items per request, got {count}")
+
+
+def inference_context(
+    query: QueryDep,
+    deadline: DeadlineDep,
+    engine: EngineDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
+    response: Response,
+) -> InferenceContext:
+    return InferenceContext(query, deadline, engine, settings, metrics, response)
+
+
+InferenceDep = Annotated[InferenceContext, Depends(inference_context)]

@@ -6,17 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from fastapi import Response
 
-from retention_core.codecs.base import Encoded
-from retention_core.usage import token_work
-from service.api.deps import QueryOptions
+from retention_core.codecs.base import Encoded, Row
+from retention_core.usage import Work, token_work
+from service.api.deps import InferenceContext
 from service.api.schemas import InferenceOptions, Usage
-from service.engine import Engine
-from service.errors import InputTooLong, InvalidRequest, PayloadTooLarge
-from service.metrics import Metrics
+from service.batcher import JobResult
+from service.errors import InputTooLong, InvalidRequest
 from service.runtime import LoadedModel
-from service.settings import Settings
 
 
 @dataclass
@@ -25,87 +22,114 @@ class Outcome:
     usage: Usage
 
 
-def check_items(count: int, settings: Settings) -> None:
-    if count > settings.max_items:
-        raise PayloadTooLarge(f"at most {settings.max_items} items per request, got {count}")
+@dataclass(frozen=True)
+class Options:
+    """The request's options; a body value wins over the query parameter of the same name."""
+
+    requested: float | str | None  # a number, "auto", or None (the model's default_rho)
+    truncate: bool | None
+    min_rho: float | None
+
+    @classmethod
+    def of(cls, body: InferenceOptions, ctx: InferenceContext) -> Options:
+        query = ctx.query
+        return cls(
+            requested=body.rho if body.rho is not None else query.rho,
+            truncate=body.truncate if body.truncate is not None else query.truncate,
+            min_rho=body.min_rho if body.min_rho is not None else query.min_rho,
+        )
 
 
-async def infer(
-    *,
-    endpoint: str,
-    model: LoadedModel,
-    encoded: list[Encoded],
-    body: InferenceOptions,
-    query: QueryOptions,
-    deadline: float,
-    engine: Engine,
-    settings: Settings,
-    metrics: Metrics,
-    response: Response,
-) -> Outcome:
-    # Rule: a body value wins over the query parameter of the same name.
-    requested = body.rho if body.rho is not None else query.rho
-    truncate = body.truncate if body.truncate is not None else query.truncate
-    min_rho = body.min_rho if body.min_rho is not None else query.min_rho
+@dataclass(frozen=True)
+class RhoChoice:
+    rho: float  # what the graph gets
+    floor: float | None  # rho=auto only: the min_rho it honoured
+    degraded: bool  # rho=auto served below its ceiling
 
-    truncated = any(item.truncated for item in encoded)
-    input_tokens = sum(item.input_tokens for item in encoded)
-    if truncated and truncate is False:
+
+def check_truncation(model: LoadedModel, encoded: list[Encoded], options: Options) -> None:
+    if options.truncate is False and any(item.truncated for item in encoded):
         longest = max(item.input_tokens for item in encoded if item.truncated)
         raise InputTooLong(
             f"input has {longest} tokens but model {model.name!r} reads at most {model.manifest.max_length}; "
             "send truncate=true to keep the head"
         )
-    rows = [row for item in encoded for row in item.rows]
-    if not rows:
-        raise InvalidRequest("the input produced no tokens")
 
-    degraded = False
-    if requested == "auto":
-        floor = min_rho if min_rho is not None else settings.auto_min_rho
-        choice = engine.auto_rho(model, sum(len(row) for row in rows), floor)
-        rho, degraded = choice.rho, choice.degraded
-    else:
-        floor = None
-        rho = float(requested) if requested is not None else model.manifest.default_rho
 
-    result = await engine.infer(model, rows, [rho] * len(rows), deadline)
+def choose_rho(ctx: InferenceContext, model: LoadedModel, rows: list[Row], options: Options) -> RhoChoice:
+    if options.requested == "auto":
+        floor = options.min_rho if options.min_rho is not None else ctx.settings.auto_min_rho
+        choice = ctx.engine.auto_rho(model, sum(len(row) for row in rows), floor)
+        return RhoChoice(choice.rho, floor, choice.degraded)
+    rho = float(options.requested) if options.requested is not None else model.manifest.default_rho
+    return RhoChoice(rho, None, False)
 
-    outputs: list[list[np.ndarray]] = []
+
+def per_item(encoded: list[Encoded], outputs: list[np.ndarray]) -> list[list[np.ndarray]]:
+    """The flat per-row outputs cut back into one list per encoded item."""
+    grouped: list[list[np.ndarray]] = []
     offset = 0
     for item in encoded:
-        outputs.append(result.outputs[offset : offset + len(item.rows)])
+        grouped.append(outputs[offset : offset + len(item.rows)])
         offset += len(item.rows)
-    work = token_work(model.manifest, [len(row) for row in rows], result.kept_counts)
-    usage = Usage(
-        input_tokens=input_tokens,
+    return grouped
+
+
+def usage_of(
+    encoded: list[Encoded], options: Options, choice: RhoChoice, result: JobResult, work: Work
+) -> Usage:
+    requested = options.requested
+    return Usage(
+        input_tokens=sum(item.input_tokens for item in encoded),
         processed_tokens=work.processed_tokens,
-        rows=len(rows),
+        rows=int(result.kept_counts.shape[0]),
         num_layers=int(result.kept_counts.shape[1]),
         kept_tokens_per_layer=work.kept_tokens_per_layer,
         token_work_fraction=round(work.fraction, 6),
         rho_requested="auto" if requested == "auto" else (None if requested is None else float(requested)),
-        rho_effective=rho,
-        min_rho=floor,
-        degraded=degraded,
-        truncated=truncated,
+        rho_effective=choice.rho,
+        min_rho=choice.floor,
+        degraded=choice.degraded,
+        truncated=any(item.truncated for item in encoded),
         queue_time_s=result.queue_time,
         inference_time_s=result.inference_time,
     )
 
-    name = model.name
-    metrics.input_tokens.labels(endpoint=endpoint).observe(input_tokens)
-    if requested != "auto":
+
+def record(
+    ctx: InferenceContext, endpoint: str, model: LoadedModel, usage: Usage, options: Options, work: Work
+) -> None:
+    """Metrics of one served request, and its x-* response headers."""
+    metrics, name, rho = ctx.metrics, model.name, usage.rho_effective
+    metrics.input_tokens.labels(endpoint=endpoint).observe(usage.input_tokens)
+    if options.requested != "auto":
         metrics.requested_rho.labels(endpoint=endpoint).observe(rho)
     metrics.effective_rho.labels(endpoint=endpoint).observe(rho)
-    if degraded:
+    if usage.degraded:
         metrics.degraded.labels(endpoint=endpoint).inc()
     metrics.token_layers_computed.labels(model=name).inc(work.computed)
     metrics.token_layers_saved.labels(model=name).inc(max(0.0, work.dense - work.computed))
     metrics.activation_memory.labels(model=name).observe(work.activation_bytes)
 
-    response.headers["x-model"] = name
-    response.headers["x-rho-effective"] = f"{rho:.6g}"
-    response.headers["x-queue-time"] = f"{result.queue_time:.6f}"
-    response.headers["x-inference-time"] = f"{result.inference_time:.6f}"
-    return Outcome(outputs, usage)
+    headers = ctx.response.headers
+    headers["x-model"] = name
+    headers["x-rho-effective"] = f"{rho:.6g}"
+    headers["x-queue-time"] = f"{usage.queue_time_s:.6f}"
+    headers["x-inference-time"] = f"{usage.inference_time_s:.6f}"
+
+
+async def infer(
+    ctx: InferenceContext, endpoint: str, model: LoadedModel, encoded: list[Encoded], body: InferenceOptions
+) -> Outcome:
+    """Run the encoded inputs of one request through the model's batcher at the request's rho."""
+    options = Options.of(body, ctx)
+    check_truncation(model, encoded, options)
+    rows = [row for item in encoded for row in item.rows]
+    if not rows:
+        raise InvalidRequest("the input produced no tokens")
+    choice = choose_rho(ctx, model, rows, options)
+    result = await ctx.engine.infer(model, rows, [choice.rho] * len(rows), ctx.deadline)
+    work = token_work(model.manifest, [len(row) for row in rows], result.kept_counts)
+    usage = usage_of(encoded, options, choice, result, work)
+    record(ctx, endpoint, model, usage, options, work)
+    return Outcome(per_item(encoded, result.outputs), usage)

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import CoreSchema
 
 from service.rho import parse_rho
 
@@ -12,11 +21,40 @@ Rho = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
 RhoOrAuto = Rho | Literal["auto"]
 NonEmptyText = Annotated[str, Field(min_length=1)]
 
+T = TypeVar("T")
+
+
+class NotNull:
+    """For ``X | None`` fields the client may leave out but not send as null: pydantic validates and
+    documents them as plain ``X`` (no null in the OpenAPI schema, 422 for an explicit null); None is only
+    the Python default of an omitted field. (``rho: null``, on the other hand, means "the default".)"""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        (inner,) = [arg for arg in get_args(source) if arg is not type(None)]
+        return handler.generate_schema(inner)
+
+
+Omittable = Annotated[T | None, NotNull()]
+
+
+def _whole_float_to_int(value: object) -> object:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# JSON Schema counts 528.0 as an integer; strict pydantic would not. (The constraints come first: they
+# must apply to the int itself to appear in the JSON schema.)
+SentenceCount = Annotated[int, Field(ge=1, le=1000), BeforeValidator(_whole_float_to_int)]
+# Constraints live inside the Omittable, on the non-null type, so the schema shows them as JSON Schema.
+NonEmptyTexts = Annotated[list[NonEmptyText], Field(min_length=1)]
+
 
 class InferenceOptions(BaseModel):
-    """Options every inference body may carry; a body value wins over the same query parameter."""
+    """Options every inference body may carry; a body value wins over the same query parameter.
 
-    model_config = ConfigDict(extra="forbid")
+    Request bodies are strict (no "0" for false, no "3" for 3): the server accepts what the OpenAPI
+    schema says, nothing it would have to guess. Subclasses inherit this config."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
     rho: RhoOrAuto | None = Field(
         default=None,
         description="kept fraction of real tokens at the last layer, in (0, 1], or 'auto'; "
@@ -31,20 +69,20 @@ class InferenceOptions(BaseModel):
     @field_validator("rho", mode="before")
     @classmethod
     def _rho(cls, value: object) -> object:
-        return parse_rho(value, "rho", allow_auto=True)
+        return parse_rho(value, "rho", allow_auto=True, text_numbers=False)
 
     @field_validator("min_rho", mode="before")
     @classmethod
     def _min_rho(cls, value: object) -> object:
-        return parse_rho(value, "min_rho", allow_auto=False)
+        return parse_rho(value, "min_rho", allow_auto=False, text_numbers=False)
 
 
 class ClassifyRequest(InferenceOptions):
     model_config = ConfigDict(
         extra="forbid", json_schema_extra={"oneOf": [{"required": ["text"]}, {"required": ["texts"]}]}
     )
-    text: NonEmptyText | None = None
-    texts: list[NonEmptyText] | None = Field(default=None, min_length=1)
+    text: Omittable[NonEmptyText] = None
+    texts: Omittable[NonEmptyTexts] = None
 
     @model_validator(mode="after")
     def one_input(self) -> ClassifyRequest:
@@ -57,7 +95,7 @@ class ClassifyRequest(InferenceOptions):
 
 
 class QAItem(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     question: NonEmptyText
     context: NonEmptyText
 
@@ -65,11 +103,21 @@ class QAItem(BaseModel):
 class QARequest(InferenceOptions):
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"oneOf": [{"required": ["question", "context"]}, {"required": ["items"]}]},
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["question", "context"], "not": {"required": ["items"]}},
+                {
+                    "required": ["items"],
+                    "not": {"anyOf": [{"required": ["question"]}, {"required": ["context"]}]},
+                },
+            ]
+        },
     )
-    question: NonEmptyText | None = None
-    context: NonEmptyText | None = None
-    items: list[QAItem] | None = Field(default=None, min_length=1, description="several (question, context)")
+    question: Omittable[NonEmptyText] = None
+    context: Omittable[NonEmptyText] = None
+    items: Omittable[Annotated[list[QAItem], Field(min_length=1)]] = Field(
+        default=None, description="several (question, context)"
+    )
 
     @model_validator(mode="after")
     def one_input(self) -> QARequest:
@@ -94,10 +142,10 @@ class SummarizeRequest(InferenceOptions):
             "not": {"required": ["max_sentences", "ratio"]},
         },
     )
-    text: NonEmptyText | None = None
-    sentences: list[NonEmptyText] | None = Field(default=None, min_length=1)
-    max_sentences: int | None = Field(default=None, ge=1, le=1000)
-    ratio: float | None = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False)
+    text: Omittable[NonEmptyText] = None
+    sentences: Omittable[NonEmptyTexts] = None
+    max_sentences: Omittable[SentenceCount] = None
+    ratio: Omittable[Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]] = None
 
     @model_validator(mode="after")
     def one_input(self) -> SummarizeRequest:

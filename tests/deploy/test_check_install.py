@@ -9,7 +9,7 @@ import sys
 from tests.deploy.conftest import REPO
 
 
-def test_serving_install_has_no_torch() -> None:
+def test_serving_install_has_no_torch_and_no_training() -> None:
     env = {**os.environ, "PYTHON": os.environ.get("CHECK_INSTALL_PYTHON", sys.executable)}
     env.pop("VIRTUAL_ENV", None)
     result = subprocess.run(
@@ -22,7 +22,8 @@ def test_serving_install_has_no_torch() -> None:
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "torch must NOT be importable" in output
-    assert "OK: serving install works without torch" in output
+    assert "training must NOT be importable" in output
+    assert "OK: serving install works without torch or training" in output
 
 
 def test_check_install_follows_the_dockerfile() -> None:
@@ -32,3 +33,20 @@ def test_check_install_follows_the_dockerfile() -> None:
     assert "pip install --no-compile ." in dockerfile
     assert "install --quiet --disable-pip-version-check --no-compile ." in script
     assert "AS serve-build" in dockerfile and "serve-build" in script
+
+
+def serve_build_sources() -> list[str]:
+    """The sources of the COPY lines of stage serve-build (what the serving image is built from)."""
+    stage = (REPO / "Dockerfile").read_text().split("AS serve-build\n", 1)[1].split("\nFROM ", 1)[0]
+    return [
+        source.rstrip("/")
+        for line in stage.splitlines()
+        if line.startswith("COPY ") and "--from" not in line
+        for source in line.split()[1:-1]
+    ]
+
+
+def test_serving_image_copies_the_core_and_not_training() -> None:
+    sources = serve_build_sources()
+    assert {"retention_core", "service"} <= set(sources)
+    assert "training" not in sources

@@ -51,6 +51,17 @@ def copy_models(tiny_models: dict[str, Path], root: Path, tasks: tuple[str, ...]
     return root
 
 
+ADMIN_KEY = "admin-s3cret"  # settings_for(root, admin_api_key=ADMIN_KEY) mounts POST /admin/reload
+
+
+def reload_models(client: TestClient) -> dict[str, Any]:
+    """POST /admin/reload with the admin key; the report."""
+    response = client.post("/admin/reload", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert response.status_code == 200, response.text
+    report: dict[str, Any] = response.json()
+    return report
+
+
 def settings_for(root: Path, **overrides: Any) -> Settings:
     base: dict[str, Any] = {
         "models_dir": root,

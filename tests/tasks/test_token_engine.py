@@ -14,9 +14,11 @@ import torch
 
 from retention_core.codecs.base import pad_rows
 from retention_core.codecs.qa import QACodec
-from tests.tiny import TINY_FFN, TINY_HEADS, TINY_HIDDEN, TINY_LAYERS, tiny_model
+from retention_core.tasks import task_spec
+from tests.tiny import tiny_model
 from training import retention as R
 from training.model import RetentionModel, random_selector
+from training.tiny import tiny_config
 
 CONTEXT = (
     "The Normans were the people who in the 10th and 11th centuries gave their name to Normandy, "
@@ -99,23 +101,19 @@ def test_restore_and_protection(
 
 @pytest.mark.parametrize("task", ["qa", "summarization"])
 def test_rho_one_is_the_dense_hf_model(hf_tokenizer: Any, task: str) -> None:
-    from transformers import AutoModel, BertConfig
+    from transformers import AutoModel
 
     from training.encoders import EncoderBackbone
 
     torch.manual_seed(3)
-    config = BertConfig(
-        vocab_size=hf_tokenizer.vocab_size,
-        hidden_size=TINY_HIDDEN,
-        num_hidden_layers=TINY_LAYERS,
-        num_attention_heads=TINY_HEADS,
-        intermediate_size=TINY_FFN,
-    )
+    config = tiny_config(hf_tokenizer.vocab_size)
     hf = AutoModel.from_config(config, attn_implementation="eager").eval()
-    model = RetentionModel(EncoderBackbone(hf), task, 2 if task == "qa" else 1).eval()
+    spec = task_spec(task)
+    model = RetentionModel(EncoderBackbone(hf), task, spec.head_width(())).eval()
     feeds = qa_inputs(hf_tokenizer)
     batch = feeds["input_ids"].shape[0]
-    types = feeds["token_type_ids"] if task == "qa" else torch.zeros_like(feeds["input_ids"])
+    pairs = "token_type_ids" in {graph_input.name for graph_input in spec.inputs}  # question + context
+    types = feeds["token_type_ids"] if pairs else torch.zeros_like(feeds["input_ids"])
     with torch.no_grad():
         dense = hf(
             input_ids=feeds["input_ids"], attention_mask=feeds["attention_mask"], token_type_ids=types
@@ -124,8 +122,8 @@ def test_rho_one_is_the_dense_hf_model(hf_tokenizer: Any, task: str) -> None:
             feeds["input_ids"],
             feeds["attention_mask"],
             torch.ones(batch),
-            protected=feeds["protected_mask"].bool() if task == "qa" else None,
-            token_type_ids=types if task == "qa" else None,
+            protected=feeds["protected_mask"].bool() if pairs else None,
+            token_type_ids=types if pairs else None,
         )
         expected = model.head(dense)
     real = feeds["attention_mask"].bool()

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import DeadlineDep, EngineDep, MetricsDep, QueryDep, SettingsDep
-from service.api.inference import check_items, infer
+from service.api.deps import InferenceDep
+from service.api.inference import infer
 from service.api.routers.common import ERROR_RESPONSES
 from service.api.schemas import ClassificationResult, ClassifyRequest, ClassifyResponse
 
@@ -14,33 +14,14 @@ router = APIRouter(tags=["inference"])
 
 
 @router.post("/classify", response_model=ClassifyResponse, responses=ERROR_RESPONSES)
-async def classify(
-    body: ClassifyRequest,
-    query: QueryDep,
-    deadline: DeadlineDep,
-    engine: EngineDep,
-    settings: SettingsDep,
-    metrics: MetricsDep,
-    response: Response,
-) -> ClassifyResponse:
+async def classify(body: ClassifyRequest, ctx: InferenceDep) -> ClassifyResponse:
     """Label and per-label scores of one text (``text``) or several (``texts``)."""
     texts = body.items()
-    check_items(len(texts), settings)
-    model = engine.resolve(query.model, "classification")
+    ctx.check_items(len(texts))
+    model = ctx.model_for("classification")
     codec = model.codec
     encoded = await run_in_threadpool(lambda: [codec.encode(text) for text in texts])
-    outcome = await infer(
-        endpoint="classify",
-        model=model,
-        encoded=encoded,
-        body=body,
-        query=query,
-        deadline=deadline,
-        engine=engine,
-        settings=settings,
-        metrics=metrics,
-        response=response,
-    )
+    outcome = await infer(ctx, "classify", model, encoded, body)
     results = [
         ClassificationResult.model_validate(codec.decode(item, outputs))
         for item, outputs in zip(encoded, outcome.outputs, strict=True)

@@ -7,6 +7,7 @@ from typing import Any
 from service.api.schemas import ErrorBody
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "unreadable body (e.g. not UTF-8)"},
     401: {"model": ErrorBody, "description": "missing or wrong API key"},
     404: {"model": ErrorBody, "description": "unknown model"},
     413: {"model": ErrorBody, "description": "payload too large, or input too long with truncate=false"},

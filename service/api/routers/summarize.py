@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
 from retention_core.text import split_sentences
-from service.api.deps import DeadlineDep, EngineDep, MetricsDep, QueryDep, SettingsDep
+from service.api.deps import InferenceDep
 from service.api.inference import infer
 from service.api.routers.common import ERROR_RESPONSES
 from service.api.schemas import SelectedSentence, SummarizeRequest, SummarizeResponse
@@ -25,18 +25,10 @@ def document_sentences(body: SummarizeRequest) -> list[str]:
 
 
 @router.post("/summarize", response_model=SummarizeResponse, responses=ERROR_RESPONSES)
-async def summarize(
-    body: SummarizeRequest,
-    query: QueryDep,
-    deadline: DeadlineDep,
-    engine: EngineDep,
-    settings: SettingsDep,
-    metrics: MetricsDep,
-    response: Response,
-) -> SummarizeResponse:
+async def summarize(body: SummarizeRequest, ctx: InferenceDep) -> SummarizeResponse:
     """Extractive summary: the selected sentences in document order, with their scores. Choose the length
     with ``max_sentences`` or ``ratio`` (fraction of the document's sentences); default 3 sentences."""
-    model = engine.resolve(query.model, "summarization")
+    model = ctx.model_for("summarization")
     sentences = await run_in_threadpool(document_sentences, body)
     if not sentences:
         raise InvalidRequest("the document has no sentences")
@@ -44,18 +36,7 @@ async def summarize(
         raise PayloadTooLarge(f"at most {MAX_SENTENCES} sentences per request")
     codec = model.codec
     encoded = await run_in_threadpool(codec.encode, sentences)
-    outcome = await infer(
-        endpoint="summarize",
-        model=model,
-        encoded=[encoded],
-        body=body,
-        query=query,
-        deadline=deadline,
-        engine=engine,
-        settings=settings,
-        metrics=metrics,
-        response=response,
-    )
+    outcome = await infer(ctx, "summarize", model, [encoded], body)
     decoded = codec.decode(encoded, outcome.outputs[0], max_sentences=body.max_sentences, ratio=body.ratio)
     selected = sorted(
         (SelectedSentence.model_validate(s) for s in decoded["sentences"]), key=lambda s: s.index

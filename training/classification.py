@@ -1,6 +1,10 @@
-"""Quality vs ρ for learned retention and the cheap baselines, at the same kept-token budget.
+"""Sequence classification (SST-2, IMDb): task adapter for ``training.fit`` and evaluation.
 
-Methods (classification):
+Training batch: the texts tokenized with dynamic padding to the longest of the batch, truncated at
+``max_length``; loss: cross-entropy over the labels; distillation: KL over the labels.
+
+Evaluation: quality vs ρ for learned retention and the cheap baselines, at the same kept-token budget.
+Methods:
 - ``learned``: the trained scorers, top-M per layer (what the ONNX graph does).
 - ``random``: same per-layer counts, tokens chosen uniformly at random ([CLS] kept).
 - ``attention``: same counts, tokens ranked by the attention they receive in the next layer
@@ -16,26 +20,60 @@ All methods run on the same trained weights; truncation runs the model at ρ=1 o
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
+from retention_core.codecs.base import Row
+from retention_core.onnx import open_session
+from training import evaluation as E
 from training import retention as R
-from training.data import Row
-from training.model import RetentionModel, Selector, attention_selector, random_selector
+from training.batch import Batch, softmax_divergence
+from training.data import EVAL_SEED, Example
+from training.model import RetentionModel, Selector
+from training.recipes import Recipe
 
 SELECTION_METHODS = ("learned", "random", "attention", "threshold")
 TRUNCATION_METHODS = ("first_k", "first_k_work", "head_tail_work")
 ALL_METHODS = SELECTION_METHODS + TRUNCATION_METHODS
 DEFAULT_METHODS = tuple(m for m in ALL_METHODS if m != "threshold")  # threshold is an ablation
 HEAD_SHARE = 0.25  # head+tail truncation: a quarter from the start, the rest from the end
-RANDOM_SEED = 0
+RANDOM_SEED = EVAL_SEED
+QUALITY_METRIC = "accuracy"
+
+
+# ---------------------------------------------------------------------- training
+def classification_batch(rows: list[Example], tokenizer: Any, max_length: int) -> Batch:
+    """Dynamic padding to the longest row of the batch, truncation at ``max_length``."""
+    encoded = tokenizer(
+        [str(row["text"]) for row in rows],
+        truncation=True,
+        max_length=max_length,
+        padding=True,
+        return_tensors="pt",
+    )
+    labels = torch.tensor([int(row["label"]) for row in rows], dtype=torch.long)  # type: ignore[call-overload]
+    return Batch(encoded["input_ids"], encoded["attention_mask"], labels)
+
+
+def classification_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """logits (B, C), targets (B,) → scalar cross-entropy."""
+    return F.cross_entropy(logits, batch.targets)
+
+
+def classification_distill(student: torch.Tensor, teacher: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """(B, C) student and teacher logits → KL over the labels."""
+    return softmax_divergence(student, teacher)
+
+
+# ---------------------------------------------------------------------- evaluation
 
 
 @dataclass
@@ -48,20 +86,13 @@ class MethodResult:
     seconds: float
 
 
-def tokenize_rows(rows: list[Row], tokenizer, max_length: int) -> list[list[int]]:
+def tokenize_rows(rows: list[Example], tokenizer: Any, max_length: int) -> list[list[int]]:
     encoded = tokenizer([str(row["text"]) for row in rows], truncation=True, max_length=max_length)
     return [list(ids) for ids in encoded["input_ids"]]
 
 
-def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad to the longest sequence: → input_ids (B, T), attention_mask (B, T)."""
-    length = max(len(seq) for seq in sequences)
-    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), length), dtype=torch.long)
-    for i, seq in enumerate(sequences):
-        ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        mask[i, : len(seq)] = 1
-    return ids, mask
+def as_rows(sequences: Sequence[Sequence[int]]) -> list[Row]:
+    return [Row(tuple(seq)) for seq in sequences]
 
 
 def truncated_lengths(
@@ -92,11 +123,7 @@ def truncate(ids: Sequence[int], keep: int, head_share: float | None) -> list[in
 
 
 def _selector(method: str) -> Selector | None:
-    if method in ("learned", "threshold"):
-        return None
-    if method == "random":
-        return random_selector(torch.Generator().manual_seed(RANDOM_SEED))
-    return attention_selector()
+    return None if method == "threshold" else E.make_selector(method, RANDOM_SEED)
 
 
 @torch.inference_mode()
@@ -109,12 +136,10 @@ def evaluate_method(
     batch_size: int,
     pad_id: int,
 ) -> MethodResult:
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))  # length-sorted batches
     device = next(model.parameters()).device
     correct, work, started = 0, 0.0, time.perf_counter()
     selector = _selector(method) if method in SELECTION_METHODS else None
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
+    for chunk in E.length_sorted_chunks([len(seq) for seq in sequences], batch_size):
         batch = [sequences[i] for i in chunk]
         num_real = torch.tensor([len(seq) for seq in batch])
         if method in TRUNCATION_METHODS:
@@ -124,32 +149,32 @@ def evaluate_method(
             batch_rho = torch.ones(len(batch))
         else:
             batch_rho = torch.full((len(batch),), rho)
-        ids, mask = pad_batch(batch, pad_id)
-        out = model.forward_pruned(
-            ids.to(device),
-            mask.to(device),
+        feeds = E.rows_to_tensors(as_rows(batch), pad_id)  # input_ids, attention_mask (B, T)
+        out = model.forward_evaluation(
+            feeds["input_ids"].to(device),
+            feeds["attention_mask"].to(device),
             batch_rho.to(device),
             selector=selector,
-            threshold=method == "threshold",
+            open_gates=method == "threshold",
         )
         predictions = out.logits.argmax(-1).tolist()
         correct += sum(int(p == labels[i]) for p, i in zip(predictions, chunk, strict=True))
         work += R.encoder_token_work(out.kept_counts.cpu(), num_real, model.last_layer_queries).sum().item()
-    return MethodResult(
-        method, rho, correct / len(order), work / len(order), len(order), time.perf_counter() - started
-    )
+    count = len(sequences)
+    return MethodResult(method, rho, correct / count, work / count, count, time.perf_counter() - started)
 
 
 def evaluate_classification(
     model: RetentionModel,
-    tokenizer,
-    rows: list[Row],
+    tokenizer: Any,
+    rows: list[Example],
     rhos: Sequence[float],
     methods: Sequence[str],
     max_length: int,
     batch_size: int,
     progress: bool = True,
 ) -> list[MethodResult]:
+    EVALUATION.check_methods(methods)
     model = model.eval()
     sequences = tokenize_rows(rows, tokenizer, max_length)
     labels = [int(row["label"]) for row in rows]  # type: ignore[call-overload]
@@ -179,51 +204,59 @@ def markdown_table(results: list[MethodResult], metric: str = "accuracy") -> str
     return "\n".join(lines) + f"\n\nCells: {metric} % (fraction of dense encoder token-work done).\n"
 
 
-def merge_results(previous: Path, results: list[MethodResult]) -> list[MethodResult]:
-    """Results of an earlier run (eval.json) plus the new ones; a new (method, ρ) replaces the old."""
-    payload = json.loads(previous.read_text(encoding="utf-8"))
-    merged = {(r["method"], r["rho"]): MethodResult(**r) for r in payload["results"]}
-    merged.update({(r.method, r.rho): r for r in results})
-    return list(merged.values())
+def merge_results(previous: E.Report, report: E.Report) -> E.Report:
+    """An earlier report's results plus the new ones; a new (method, ρ) replaces the old."""
+    merged = {(r["method"], r["rho"]): r for r in previous["results"]}
+    merged.update({(r["method"], r["rho"]): r for r in report["results"]})
+    return {**report, "results": list(merged.values())}
 
 
-def write_results(results: list[MethodResult], out_dir: Path, meta: dict[str, object]) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    payload = {"meta": meta, "results": [asdict(r) for r in results]}
-    (out_dir / "eval.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    title = f"# {meta.get('model')} — {meta.get('split')} ({meta.get('num_examples')} examples)\n\n"
-    (out_dir / "eval.md").write_text(title + markdown_table(results), encoding="utf-8")
+def report_of(results: list[MethodResult]) -> E.Report:
+    return {"results": [asdict(r) for r in results]}
 
 
-def onnx_accuracy_curve(
-    onnx_path: Path,
-    tokenizer,
-    rows: list[Row],
+def results_of(report: E.Report) -> list[MethodResult]:
+    return [MethodResult(**r) for r in report["results"]]
+
+
+def evaluate(
+    model: RetentionModel,
+    tokenizer: Any,
+    recipe: Recipe,
+    rows: list[Example],
     rhos: Sequence[float],
-    max_length: int,
-    batch_size: int,
-) -> list[tuple[float, float]]:
-    """Accuracy of the exported graph itself (onnxruntime) at each ρ: what the manifest reports."""
-    import onnxruntime as ort
+    methods: Sequence[str] = DEFAULT_METHODS,
+) -> E.Report:
+    """The CLI's report: ``{"results": [MethodResult as a dict, …]}``."""
+    results = evaluate_classification(
+        model, tokenizer, rows, rhos, methods, recipe.max_length, recipe.evaluation.batch_size
+    )
+    return report_of(results)
 
-    options = ort.SessionOptions()
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-    sequences = tokenize_rows(rows, tokenizer, max_length)
+
+def onnx_accuracy_curve(onnx_path: Path, tokenizer: Any, rows: list[Example], recipe: Recipe) -> E.Curve:
+    """Accuracy of the exported graph itself (onnxruntime) at each of the recipe's evaluation ρ: what
+    the manifest reports."""
+    session = open_session(onnx_path)
+    sequences = as_rows(tokenize_rows(rows, tokenizer, recipe.max_length))
     labels = np.array([int(row["label"]) for row in rows])  # type: ignore[call-overload]
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     curve = []
-    for rho in rhos:
-        predictions = np.zeros(len(rows), dtype=np.int64)
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            ids, mask = pad_batch([sequences[i] for i in chunk], tokenizer.pad_token_id)
-            feeds = {
-                "input_ids": ids.numpy(),
-                "attention_mask": mask.numpy(),
-                "rho": np.full(len(chunk), rho, dtype=np.float32),
-            }
-            logits = session.run(["logits"], feeds)[0]
-            predictions[chunk] = logits.argmax(-1)
+    for rho in recipe.evaluation.rhos:
+        logits = E.onnx_predict_rows(
+            session, sequences, rho, tokenizer.pad_token_id, recipe.evaluation.batch_size
+        )
+        predictions = np.array([int(np.argmax(row_logits)) for row_logits in logits])  # logits (C,) per row
         curve.append((rho, float((predictions == labels).mean())))
     return curve
+
+
+EVALUATION = E.TaskEvaluation(
+    methods=ALL_METHODS,
+    default_methods=DEFAULT_METHODS,
+    report=evaluate,
+    merge=merge_results,
+    table=lambda report: markdown_table(results_of(report)),
+    metrics=(QUALITY_METRIC,),
+    quality_metric=lambda dataset: QUALITY_METRIC,
+    quality_curve=onnx_accuracy_curve,
+)

@@ -1,0 +1,238 @@
+"""A task added here, in the test, runs the whole pipeline with no edit to fit, export, the CLI, the
+runtime or the test helpers: train → export (validated) → evaluate → served by the real service.
+
+The toy task: is the first word of a text's token id even? Three labels ("even", "odd", "empty") so
+the head width follows the labels; its own codec; its own output name (``parity_logits``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+
+from retention_core import tasks as core_tasks
+from retention_core.codecs.base import Encoded, Row
+from retention_core.contract import BASE_INPUTS, KEPT_COUNTS, Manifest, TensorSpec
+from retention_core.tasks import CodecOptions, TaskSpec
+from retention_core.text import pad_token_id
+from tests.service.conftest import running, settings_for
+from tests.tiny import tiny_model, tiny_recipe, write_rows
+from training import data
+from training import evaluation as E
+from training import tasks as training_tasks
+from training.__main__ import main as training_main
+from training.batch import Batch
+from training.data import Example
+from training.fit import LOG_FILE, fit
+
+TASK = "toy_parity"
+DATASET = "toy_parity_words"
+LABELS = ("even", "odd", "empty")
+WORDS = ["apple", "river", "stone", "cloud", "green", "house", "light", "music", "paper", "table"]
+
+
+class ParityCodec:
+    """One row per text, cut to the first ``max_length`` tokens; the answer is the most likely label."""
+
+    task = TASK
+
+    def __init__(self, tokenizer: Tokenizer, max_length: int, labels: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.labels = labels
+
+    def encode(self, text: str) -> Encoded:
+        ids = self.tokenizer.encode(text).ids
+        row = Row(tuple(ids[: self.max_length]))  # the head is all this task reads
+        return Encoded(rows=[row], input_tokens=len(ids), truncated=len(ids) > self.max_length)
+
+    def decode(self, encoded: Encoded, outputs: list[np.ndarray]) -> dict[str, Any]:
+        return {"label": self.labels[int(np.argmax(outputs[0]))]}
+
+
+def parity_label(text: str, tokenizer: Tokenizer) -> int:
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    return LABELS.index("empty") if not ids else ids[0] % 2
+
+
+def make_codec(manifest: Manifest, tokenizer: Tokenizer, options: CodecOptions) -> ParityCodec:
+    return ParityCodec(tokenizer, manifest.max_length, list(manifest.labels))
+
+
+SPEC = TaskSpec(
+    name=TASK,
+    head="sequence",
+    inputs=BASE_INPUTS,
+    outputs=(TensorSpec(name="parity_logits", dtype="float32", axes=("batch", "labels")), KEPT_COUNTS),
+    make_codec=make_codec,
+)
+
+
+# ---------------------------------------------------------------------- the training entry
+def parity_batch(examples: list[Example], tokenizer: Any, max_length: int) -> Batch:
+    codec = E.task_codec(TASK, tokenizer, max_length, LABELS, E.EVERY_WINDOW)
+    rows = [row for example in examples for row in codec.encode(str(example["text"])).rows]
+    feeds = E.rows_to_tensors(rows, pad_token_id(codec.tokenizer))
+    targets = torch.tensor([int(str(example["label"])) for example in examples], dtype=torch.long)
+    return Batch(feeds["input_ids"], feeds["attention_mask"], targets)
+
+
+def parity_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    return F.cross_entropy(logits, batch.targets)  # logits (B, 3)
+
+
+def truncate_text(encoded: Encoded, rho: float) -> tuple[Encoded, list[float]]:
+    """Keep [CLS], [SEP] and the first round(ρ · n) word pieces."""
+    row = encoded.rows[0]
+    content = np.array([0 < i < len(row) - 1 for i in range(len(row))])
+    positions = E.truncation_keep(row, content, rho)
+    return Encoded([E.sub_row(row, positions)], encoded.input_tokens, encoded.truncated), [
+        len(positions) / len(row)
+    ]
+
+
+def codec_loop(tokenizer: Any, max_length: int) -> E.CodecLoop:
+    codec = E.evaluation_codec(TASK, tokenizer, max_length, LABELS)
+
+    def score(example: Example, encoded: Encoded, outputs: list[np.ndarray]) -> dict[str, float]:
+        correct = codec.decode(encoded, outputs)["label"] == LABELS[int(str(example["label"]))]
+        return {"accuracy": float(correct)}
+
+    def encode(example: Example) -> Encoded:
+        encoded: Encoded = codec.encode(str(example["text"]))
+        return encoded
+
+    return E.CodecLoop(encode, score, truncate_text, pad_token_id(codec.tokenizer))
+
+
+def parity_report(
+    model: Any, tokenizer: Any, recipe: Any, examples: list[Example], rhos: Any, methods: Any
+) -> E.Report:
+    EVALUATION.check_methods(methods)
+    loop = codec_loop(tokenizer, recipe.max_length)
+    results = E.codec_results(model, loop, examples, rhos, methods, recipe.evaluation.batch_size)
+    return {"task": TASK, "num_examples": len(examples), "metric": "accuracy", "results": results}
+
+
+def parity_curve(onnx_path: Path, tokenizer: Any, examples: list[Example], recipe: Any) -> E.Curve:
+    loop = codec_loop(tokenizer, recipe.max_length)
+    evaluation = recipe.evaluation
+    return E.codec_quality_curve(
+        onnx_path, loop, examples, "accuracy", evaluation.rhos, evaluation.batch_size
+    )
+
+
+EVALUATION = E.codec_task_evaluation(parity_report, ("accuracy",), lambda dataset: "accuracy", parity_curve)
+TRAINING = training_tasks.TrainingTask(
+    make_batch=parity_batch, loss=parity_loss, evaluation=EVALUATION, reference_dataset=DATASET
+)
+
+
+# ---------------------------------------------------------------------- fixtures
+def examples(tokenizer: Tokenizer, count: int, offset: int = 0) -> list[dict[str, object]]:
+    texts = [f"{WORDS[(i + offset) % len(WORDS)]} is word {i}" for i in range(count)]
+    return [{"text": text, "label": parity_label(text, tokenizer)} for text in texts]
+
+
+@pytest.fixture
+def toy_task(tmp_path: Path) -> Iterator[Path]:
+    """The toy task in both registries and its dataset on disk (removed again afterwards)."""
+    core_tasks.register(SPEC)
+    training_tasks.register_training_task(TASK, TRAINING)
+    data.REGISTRY[DATASET] = {
+        split: data.SplitSource(f"toy/{split}.jsonl.gz", (DATASET,), split)
+        for split in ("validation", "test")
+    }
+    try:
+        yield tmp_path / "data"
+    finally:
+        core_tasks.TASKS.pop(TASK, None)
+        training_tasks.TRAINING_TASKS.pop(TASK, None)
+        data.REGISTRY.pop(DATASET, None)
+
+
+def test_a_task_added_in_a_test_trains_exports_evaluates_and_is_served(
+    toy_task: Path, tmp_path: Path
+) -> None:
+    model, hf_tokenizer = tiny_model(TASK, seed=3, labels=LABELS)
+    tokenizer = hf_tokenizer.backend_tokenizer
+    for split, offset in (("validation", 0), ("test", 3)):
+        write_rows(toy_task / "toy" / f"{split}.jsonl.gz", examples(tokenizer, 12, offset))
+    recipe = tiny_recipe(TASK, labels=LABELS)
+    recipe = recipe.model_copy(
+        update={
+            "steps": 3,
+            "batch_size": 4,
+            "log_every": 1,
+            "dataset": recipe.dataset.model_copy(update={"root": str(toy_task)}),
+            "evaluation": recipe.evaluation.model_copy(update={"rhos": (0.5, 1.0), "validation_size": 12}),
+        }
+    )
+    assert recipe.dataset.name == DATASET and recipe.labels == LABELS
+
+    # Train (training.fit reads the registries only).
+    run_dir = tmp_path / "run"
+    trained = fit(
+        recipe,
+        run_dir,
+        backbone=model.backbone,
+        tokenizer=hf_tokenizer,
+        train_rows=examples(tokenizer, 16),
+        progress=False,
+    )
+    assert len((run_dir / LOG_FILE).read_text().splitlines()) == recipe.steps
+
+    # Export through the CLI: the graph, its parity validation and the manifest's quality curve.
+    models_dir = tmp_path / "models"
+    training_main(["export", str(run_dir), "--out", str(models_dir / "toy")])
+    manifest = Manifest.read(models_dir / "toy")
+    assert manifest.task == TASK and manifest.labels == list(LABELS)
+    assert [spec.name for spec in manifest.outputs] == ["parity_logits", "kept_counts"]
+    assert manifest.quality is not None and manifest.quality.metric == "accuracy"
+    assert [point.rho for point in manifest.quality.points] == [0.5, 1.0]
+
+    # Evaluate through the CLI; a misspelt method is refused.
+    out = tmp_path / "results"
+    training_main(["evaluate", str(run_dir), "--out", str(out), "--rhos", "0.5", "1.0"])
+    report = json.loads((out / "eval.json").read_text())
+    assert set(report["results"]) == set(E.CODEC_METHODS) and report["meta"]["num_examples"] == 12
+    dense = {method: by_rho["1"]["accuracy"] for method, by_rho in report["results"].items()}
+    assert len(set(dense.values())) == 1  # at ρ = 1 every method is the dense model
+    assert "| learned |" in (out / "eval.md").read_text()
+    with pytest.raises(SystemExit, match="lerned"):
+        training_main(["evaluate", str(run_dir), "--out", str(out), "--methods", "lerned"])
+
+    # Serve: the real app loads the model; the engine answers through the task's registered codec.
+    texts = ["stone walls", "a cloud"]
+    with running(settings_for(models_dir)) as (app, client):
+        listed = client.get("/models").json()["models"]
+        assert [(m["name"], m["task"], m["labels"]) for m in listed] == [(recipe.name, TASK, list(LABELS))]
+        engine = app.state.engine
+        served = engine.get(recipe.name)
+        encoded = [served.codec.encode(text) for text in texts]
+        rows = [row for item in encoded for row in item.rows]
+        deadline = time.monotonic() + 30
+        assert client.portal is not None  # the app's event loop, running while the client is open
+        result = client.portal.call(engine.infer, served, rows, [1.0] * len(rows), deadline)
+        labels = [
+            served.codec.decode(item, [output])["label"]
+            for item, output in zip(encoded, result.outputs, strict=True)
+        ]
+    # The service's answers are the trained model's answers.
+    trained.eval()
+    feeds = E.rows_to_tensors(rows, pad_token_id(tokenizer))
+    with torch.no_grad():
+        logits = trained.forward_pruned(
+            feeds["input_ids"], feeds["attention_mask"], torch.ones(len(rows))
+        ).logits
+    assert labels == [LABELS[int(i)] for i in logits.argmax(-1)]
+    np.testing.assert_allclose(np.stack(result.outputs), logits.numpy(), atol=1e-4)

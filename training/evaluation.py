@@ -1,0 +1,365 @@
+"""Evaluation every task shares: quality vs ρ for the learned retention and its baselines.
+
+A task plugs into this module with a ``TaskEvaluation`` (its methods, its report, its manifest quality
+curve); tasks whose inputs are codec rows (QA, summarization, a new task) also reuse the loop below:
+encode every example with the *serving* codec (``evaluation_codec``: the task's registered codec with
+the service's default limits, so long inputs are scored on the rows the service would run), run
+``forward_pruned`` (torch) or the exported graph (onnxruntime) over the rows, decode with the codec
+and score each example.
+
+Methods of the codec loop: ``learned`` (the trained scorers), ``random`` / ``attention`` (the same
+per-layer keep counts, other token choices) and ``truncation`` (the task cuts each row to its first
+round(ρ · n) content tokens and the dense model runs on what is left).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from retention_core.codecs.base import Encoded, Row, TaskCodec, pad_rows
+from retention_core.contract import Manifest
+from retention_core.onnx import open_session
+from retention_core.tasks import CodecOptions, TaskSpec, task_spec
+from retention_core.text import backend_tokenizer
+from training import retention as R
+from training.data import EVAL_SEED, Example
+from training.model import RetentionModel, Selector, attention_selector, random_selector
+from training.recipes import Recipe
+
+LEARNED = "learned"
+TRUNCATION = "truncation"
+CODEC_METHODS = (LEARNED, "random", "attention", TRUNCATION)
+# Training learns from every window of a long document; serving (and so evaluation) caps the windows.
+EVERY_WINDOW = CodecOptions(max_windows=sys.maxsize)
+SERVING = CodecOptions()
+
+Report = dict[str, Any]  # an eval.json payload without its "meta"
+Curve = list[tuple[float, float]]  # (ρ, quality in 0-1)
+
+
+# ---------------------------------------------------------------------- what a task registers
+@dataclass(frozen=True)
+class TaskEvaluation:
+    """How ``python -m training evaluate`` and the manifest's quality curve measure one task."""
+
+    methods: tuple[str, ...]  # every method ``--methods`` accepts, ``learned`` first
+    default_methods: tuple[str, ...]
+    # (model, tokenizer, recipe, examples, ρs, methods) → report (``{"results": …}`` at least)
+    report: Callable[[RetentionModel, Any, Recipe, list[Example], Sequence[float], Sequence[str]], Report]
+    merge: Callable[[Report, Report], Report]  # (earlier eval.json, new report) → both, new wins
+    table: Callable[[Report], str]  # markdown of a report (rows: methods, columns: ρ)
+    metrics: tuple[str, ...]  # the report's per-cell metrics, in table order
+    quality_metric: Callable[[str], str]  # dataset name → metric of the manifest curve
+    # (onnx path, tokenizer, examples, recipe) → the exported graph's quality at recipe.evaluation.rhos
+    quality_curve: Callable[[Path, Any, list[Example], Recipe], Curve]
+
+    def check_methods(self, methods: Sequence[str]) -> None:
+        """A misspelt method must not run as another one and be recorded under the typo."""
+        unknown = [method for method in methods if method not in self.methods]
+        if unknown:
+            raise ValueError(f"unknown evaluation method(s) {unknown}; known: {list(self.methods)}")
+
+
+def codec_task_evaluation(
+    report: Callable[[RetentionModel, Any, Recipe, list[Example], Sequence[float], Sequence[str]], Report],
+    metrics: tuple[str, ...],
+    quality_metric: Callable[[str], str],
+    quality_curve: Callable[[Path, Any, list[Example], Recipe], Curve],
+) -> TaskEvaluation:
+    """The evaluation of a task measured by the codec loop below: its methods, merging and table."""
+    return TaskEvaluation(
+        methods=CODEC_METHODS,
+        default_methods=CODEC_METHODS,
+        report=report,
+        merge=merge_method_results,
+        table=lambda report: markdown_table(report, metrics),
+        metrics=metrics,
+        quality_metric=quality_metric,
+        quality_curve=quality_curve,
+    )
+
+
+# ---------------------------------------------------------------------- codecs
+def codec_manifest(max_length: int, labels: Sequence[str] = ()) -> Manifest:
+    """The manifest fields a codec reads (max_length, labels); the rest describe an exported graph."""
+    return Manifest.model_construct(max_length=max_length, labels=list(labels))
+
+
+# (task spec, id(tokenizer), max_length, labels, options) → (tokenizer, codec); the tokenizer is kept
+# alive beside its id so the id is never reused by another tokenizer while the entry exists, and a task
+# registered again (tests) gets a codec of its new spec.
+_CODECS: dict[tuple[TaskSpec, int, int, tuple[str, ...], CodecOptions], tuple[Any, TaskCodec]] = {}
+
+
+def task_codec(
+    task: str, tokenizer: Any, max_length: int, labels: Sequence[str] = (), options: CodecOptions = SERVING
+) -> Any:
+    """The task's registered codec, one per (tokenizer, max_length, labels, options). ``SERVING`` is what
+    a served model of this task applies (evaluation); ``EVERY_WINDOW`` keeps every window (training)."""
+    spec = task_spec(task)
+    key = (spec, id(tokenizer), max_length, tuple(labels), options)
+    if key not in _CODECS:
+        manifest = codec_manifest(max_length, labels)
+        _CODECS[key] = (tokenizer, spec.make_codec(manifest, backend_tokenizer(tokenizer), options))
+    return _CODECS[key][1]
+
+
+def evaluation_codec(task: str, tokenizer: Any, max_length: int, labels: Sequence[str] = ()) -> Any:
+    """The codec with the service's defaults: evaluation rows are the rows the service would run."""
+    return task_codec(task, tokenizer, max_length, labels, SERVING)
+
+
+def rows_to_tensors(rows: list[Row], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded int64 feeds keyed by graph input name (no ρ), as torch tensors (B, T)."""
+    return {name: torch.from_numpy(array) for name, array in pad_rows(rows, pad_id).items()}
+
+
+# ---------------------------------------------------------------------- torch predictions
+@dataclass
+class RowPrediction:
+    logits: np.ndarray  # token heads (T_i, C) unpadded; sequence heads (C,)
+    kept_fraction: float  # tokens reaching the last layer / real tokens
+    token_work: float  # encoder token-work / dense token-work
+
+
+def make_selector(method: str, seed: int = EVAL_SEED) -> Selector | None:
+    """The token choice of a selection method: None = the trained scorers."""
+    if method == LEARNED:
+        return None
+    if method == "random":
+        return random_selector(torch.Generator().manual_seed(seed))
+    if method == "attention":
+        return attention_selector()
+    raise ValueError(f"unknown selection method {method!r}; known: {CODEC_METHODS}")
+
+
+def length_sorted_chunks(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices in batches of similar length (less padding), shortest first."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return [order[begin : begin + batch_size] for begin in range(0, len(order), batch_size)]
+
+
+def unpad(first: np.ndarray, index: int, length: int) -> np.ndarray:
+    """Row ``index`` of a graph's first output: token outputs (B, T, k) lose their padding, (B, C) not."""
+    return first[index, :length] if first.ndim == 3 else first[index]
+
+
+@torch.no_grad()
+def predict_rows(
+    model: RetentionModel,
+    rows: list[Row],
+    rho: float,
+    pad_id: int,
+    selector: Selector | None = None,
+    batch_size: int = 16,
+) -> list[RowPrediction]:
+    """Run ``forward_pruned`` over codec rows in padded batches; unpadded outputs in row order."""
+    model.eval()
+    device = next(model.parameters()).device
+    predictions: list[RowPrediction | None] = [None] * len(rows)
+    for members in length_sorted_chunks([len(row) for row in rows], batch_size):
+        chunk = [rows[i] for i in members]
+        feeds = {name: tensor.to(device) for name, tensor in rows_to_tensors(chunk, pad_id).items()}
+        rho_tensor = torch.full((len(chunk),), float(rho), device=device)
+        out = model.forward_pruned(
+            feeds["input_ids"],
+            feeds["attention_mask"],
+            rho_tensor,
+            protected=feeds["protected_mask"].bool() if "protected_mask" in feeds else None,
+            token_type_ids=feeds.get("token_type_ids"),
+            selector=selector,
+        )
+        num_real = feeds["attention_mask"].sum(1)  # (B,)
+        work = R.encoder_token_work(out.kept_counts, num_real, model.last_layer_queries)  # (B,)
+        kept = out.kept_counts[:, -1].to(torch.float32) / num_real.to(torch.float32)  # (B,)
+        logits = out.logits.cpu().numpy()
+        kept, work = kept.cpu(), work.cpu()
+        for i, (member, row) in enumerate(zip(members, chunk, strict=True)):
+            predictions[member] = RowPrediction(unpad(logits, i, len(row)), float(kept[i]), float(work[i]))
+    return [prediction for prediction in predictions if prediction is not None]
+
+
+# ---------------------------------------------------------------------- onnxruntime predictions
+def onnx_predict_rows(
+    session: Any, rows: list[Row], rho: float, pad_id: int, batch_size: int
+) -> list[np.ndarray]:
+    """What the service does: pad codec rows, add ρ, run the graph, unpad the first output."""
+    names = {graph_input.name for graph_input in session.get_inputs()}
+    outputs: list[np.ndarray] = [np.empty(0)] * len(rows)
+    for members in length_sorted_chunks([len(row) for row in rows], batch_size):
+        chunk = [rows[i] for i in members]
+        feeds: dict[str, np.ndarray] = dict(pad_rows(chunk, pad_id))
+        feeds["rho"] = np.full(len(chunk), rho, dtype=np.float32)
+        first = session.run(None, {name: value for name, value in feeds.items() if name in names})[0]
+        for i, (member, row) in enumerate(zip(members, chunk, strict=True)):
+            outputs[member] = unpad(first, i, len(row))
+    return outputs
+
+
+# ---------------------------------------------------------------------- the codec loop
+# (example, its encoding, the first graph output of each of its rows) → metrics in 0-1
+Scorer = Callable[[Example, Encoded, list[np.ndarray]], dict[str, float]]
+# (encoding, ρ) → the encoding cut for the truncation baseline and the kept fraction of each row
+Truncator = Callable[[Encoded, float], tuple[Encoded, list[float]]]
+
+
+@dataclass(frozen=True)
+class CodecLoop:
+    """One task's part of the codec loop: how an example is encoded, scored and truncated."""
+
+    encode: Callable[[Example], Encoded]
+    score: Scorer
+    truncate: Truncator
+    pad_id: int
+
+
+def truncation_keep(row: Row, keep_content: np.ndarray, rho: float) -> list[int]:
+    """Positions of a row kept by the truncation baseline.
+
+    ``keep_content`` (T,) marks the content tokens that may be cut (QA: context; summarization: all
+    but special tokens); every other token is kept, plus the first round(ρ · n) content tokens.
+    """
+    content = np.flatnonzero(keep_content)
+    budget = int(np.floor(rho * len(content) + 0.5))
+    cut = set(content[budget:].tolist())
+    return [i for i in range(len(row)) if i not in cut]
+
+
+def sub_row(row: Row, positions: Sequence[int]) -> Row:
+    def pick(values: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        return None if values is None else tuple(values[i] for i in positions)
+
+    return Row(
+        input_ids=tuple(row.input_ids[i] for i in positions),
+        token_type_ids=pick(row.token_type_ids),
+        protected=pick(row.protected),
+    )
+
+
+def aggregate(values: list[dict[str, float]]) -> dict[str, float]:
+    return {key: float(np.mean([value[key] for value in values])) for key in values[0]} if values else {}
+
+
+def percent(scores: dict[str, float]) -> dict[str, float]:
+    return {key: 100.0 * value for key, value in scores.items()}
+
+
+def _method_predictions(
+    model: RetentionModel,
+    loop: CodecLoop,
+    encodings: list[Encoded],
+    method: str,
+    rho: float,
+    batch_size: int,
+) -> tuple[list[Encoded], list[RowPrediction]]:
+    """The encodings the method runs on and one prediction per row of them."""
+    if method != TRUNCATION:
+        flat = [row for encoded in encodings for row in encoded.rows]
+        return encodings, predict_rows(model, flat, rho, loop.pad_id, make_selector(method), batch_size)
+    cut = [loop.truncate(encoded, rho) for encoded in encodings]
+    inputs = [encoded for encoded, _ in cut]
+    flat = [row for encoded in inputs for row in encoded.rows]
+    predictions = predict_rows(model, flat, 1.0, loop.pad_id, None, batch_size)  # dense on the cut rows
+    fractions = [fraction for _, kept in cut for fraction in kept]
+    for prediction, fraction in zip(predictions, fractions, strict=True):
+        prediction.kept_fraction = prediction.token_work = fraction
+    return inputs, predictions
+
+
+def codec_results(
+    model: RetentionModel,
+    loop: CodecLoop,
+    examples: list[Example],
+    rhos: Sequence[float],
+    methods: Sequence[str],
+    batch_size: int,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """``{method: {"<ρ>": mean metrics (percent), kept_fraction, token_work}}`` over the examples."""
+    encodings = [loop.encode(example) for example in examples]
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for method in methods:
+        results[method] = {}
+        for rho in rhos:
+            inputs, predictions = _method_predictions(model, loop, encodings, method, rho, batch_size)
+            per_example: list[dict[str, float]] = []
+            cursor = 0
+            for example, encoded in zip(examples, inputs, strict=True):
+                mine = predictions[cursor : cursor + len(encoded.rows)]
+                cursor += len(encoded.rows)
+                scores = percent(loop.score(example, encoded, [p.logits for p in mine]))
+                scores["kept_fraction"] = float(np.mean([p.kept_fraction for p in mine]))
+                scores["token_work"] = float(np.mean([p.token_work for p in mine]))
+                per_example.append(scores)
+            results[method][f"{rho:g}"] = aggregate(per_example)
+    return results
+
+
+def codec_quality_curve(
+    onnx_path: Path,
+    loop: CodecLoop,
+    examples: list[Example],
+    metric: str,
+    rhos: Sequence[float],
+    batch_size: int,
+) -> Curve:
+    """``metric`` (0-1) of the exported graph at each ρ, through the serving codec: the manifest curve."""
+    session = open_session(onnx_path)
+    encodings = [loop.encode(example) for example in examples]
+    flat = [row for encoded in encodings for row in encoded.rows]
+    curve = []
+    for rho in rhos:
+        outputs = onnx_predict_rows(session, flat, rho, loop.pad_id, batch_size)
+        cursor, total = 0, 0.0
+        for example, encoded in zip(examples, encodings, strict=True):
+            total += loop.score(example, encoded, outputs[cursor : cursor + len(encoded.rows)])[metric]
+            cursor += len(encoded.rows)
+        curve.append((float(rho), total / max(len(examples), 1)))
+    return curve
+
+
+# ---------------------------------------------------------------------- reports
+def markdown_table(report: Report, metrics: Sequence[str]) -> str:
+    """Rows: methods; columns: ρ; cells: the metrics (percent) and the token-work fraction."""
+    results = report["results"]
+    rhos = sorted({rho for by_rho in results.values() for rho in by_rho}, key=float)
+    lines = ["| method | " + " | ".join(f"ρ={rho}" for rho in rhos) + " |", "|" + "---|" * (len(rhos) + 1)]
+    for method, by_rho in results.items():
+        cells = []
+        for rho in rhos:
+            values = by_rho.get(rho)
+            cells.append(
+                " / ".join(f"{values[m]:.1f}" for m in metrics) + f" ({values['token_work']:.2f})"
+                if values
+                else "—"
+            )
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    for name, values in report.get("baselines", {}).items():
+        lines.append(
+            f"| {name} | " + " | ".join(" / ".join(f"{values[m]:.1f}" for m in metrics) for _ in rhos) + " |"
+        )
+    return "\n".join(lines) + f"\n\nCells: {' / '.join(metrics)} (fraction of dense encoder token-work).\n"
+
+
+def merge_method_results(previous: Report, report: Report) -> Report:
+    """An earlier report's ``results`` plus the new ones; a new (method, ρ) replaces the old."""
+    merged: dict[str, dict[str, Any]] = previous["results"]
+    for method, by_rho in report["results"].items():
+        merged.setdefault(method, {}).update(by_rho)
+    return {**report, "results": merged}
+
+
+def write_report(report: Report, out_dir: Path, meta: dict[str, object], table: str) -> None:
+    """``eval.json`` (the report and the run's metadata) and ``eval.md`` (a title and the table)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    payload = {**report, "meta": meta}
+    (out_dir / "eval.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    title = f"# {meta.get('model')} — {meta.get('split')} ({meta.get('num_examples')} examples)\n\n"
+    (out_dir / "eval.md").write_text(title + table, encoding="utf-8")

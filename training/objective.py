@@ -1,0 +1,239 @@
+"""The training objective in one object, built from a recipe: ``Objective.from_recipe(recipe)``.
+
+- ``SoftGates``: how the soft (training) pass opens its gates — the gate kind (Hard-Concrete, the
+  method; sigmoid, an ablation) and the per-row score shift that lets the budget set the counts.
+- ``BudgetRule``: budget accounting — the ρ drawn per example, the Lagrangian term λ·gap and how λ
+  moves (dual ascent, one- or two-sided, or frozen by the ``fixed_lambda`` ablation).
+- ``LossWeights``: the terms beyond the soft pass's task loss — the hard top-M pass, the dense pass and
+  the distillation between them (the sandwich rule), and the salient-token term for the scorers.
+
+``Objective.terms`` runs the passes of one step and returns every term; ``Objective.total`` adds them.
+The retention math itself (gates, shifts, schedule, λ) lives in ``training.retention``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+from training import retention as R
+from training.batch import Batch
+from training.recipes import Recipe, ScoreShift
+
+if TYPE_CHECKING:  # model and tasks import this module (forward_soft takes SoftGates)
+    from training.model import RetentionModel, SoftOutput
+    from training.tasks import TrainingTask
+
+GateKind = Literal["hard_concrete", "sigmoid"]
+# scores (B, T), candidate weights (B, T), rate (B,) → per-row shift (B, 1)
+ShiftFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+SHIFT_FUNCTIONS: dict[str, ShiftFunction] = {"quantile": R.quantile_shift, "calibrated": R.calibrated_shift}
+
+
+@dataclass(frozen=True)
+class SoftGates:
+    """The soft pass's gates: what ``RetentionModel.forward_soft`` asks at every pruning point."""
+
+    kind: GateKind = "hard_concrete"
+    score_shift: ScoreShift = "none"
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe) -> SoftGates:
+        return cls(recipe.retention.gates, recipe.retention.score_shift)
+
+    def keep_rates(
+        self, fractions: torch.Tensor, num_real: torch.Tensor, protected: torch.Tensor
+    ) -> torch.Tensor:
+        """(B, P) schedule → (B, P) conditional keep rate of the droppable tokens at every point.
+
+        The calibrated shift counts protected tokens against the budget like top-M inference; the
+        other shifts keep the recorded runs' accounting (a share of the droppable tokens equal to the
+        schedule)."""
+        if self.score_shift == "calibrated":
+            fractions = R.candidate_keep_fractions(fractions, num_real, protected.sum(1))
+        return R.conditional_keep_rates(fractions)
+
+    def shift(
+        self, scores: torch.Tensor, alive: torch.Tensor, protected: torch.Tensor, rate: torch.Tensor
+    ) -> torch.Tensor:
+        """Scores (B, T) shifted per row so that ``rate`` (B,) of the droppable soft survival ``alive``
+        (B, T) stays open; unchanged without a shift. Per row, so the top-M ranking is unchanged."""
+        if self.score_shift == "none":
+            return scores
+        candidates = torch.where(protected, torch.zeros_like(alive), alive)  # (B, T)
+        return scores - SHIFT_FUNCTIONS[self.score_shift](scores, candidates, rate)
+
+    def gate(
+        self,
+        distribution: R.HardConcrete,
+        log_alpha: torch.Tensor,
+        open_prob: torch.Tensor,
+        generator: torch.Generator | None,
+        training: bool,
+    ) -> torch.Tensor:
+        """Gate values (B, T) in [0, 1]: a Hard-Concrete sample in training, its noise-free value in
+        eval; the sigmoid ablation uses P(z > 0) itself (no noise, no exact zeros)."""
+        if self.kind == "sigmoid":
+            return open_prob
+        if training:
+            return distribution.sample(log_alpha, generator)
+        return distribution.deterministic(log_alpha)
+
+
+@dataclass(frozen=True)
+class BudgetRule:
+    """ρ per example, the Lagrangian term and the dual update of λ (one value per pruning point)."""
+
+    rho_low: float
+    rho_high: float
+    dual_lr: float
+    two_sided: bool = False  # equality constraint: λ may go negative
+    fixed_lambda: float | None = None  # ablation: λ frozen at this value
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe) -> BudgetRule:
+        budget = recipe.budget
+        return cls(recipe.rho.low, recipe.rho.high, budget.dual_lr, budget.two_sided, budget.fixed_lambda)
+
+    def sample_rho(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
+        """One budget per example, uniform in [low, high]: (B,) on the generator's device."""
+        return R.sample_rho(batch_size, self.rho_low, self.rho_high, generator)
+
+    def initial_lambda(self, lam: torch.Tensor) -> torch.Tensor:
+        """λ to start from: the given one (zeros, or a parent run's), or the frozen value."""
+        return lam if self.fixed_lambda is None else lam.fill_(self.fixed_lambda)
+
+    def updated_lambda(self, lam: torch.Tensor, gap: torch.Tensor) -> torch.Tensor:
+        """λ after one step with budget gap (P,): dual ascent, unless λ is frozen."""
+        if self.fixed_lambda is not None:
+            return lam
+        return R.dual_ascent(lam, gap, self.dual_lr, self.two_sided)
+
+
+@dataclass(frozen=True)
+class LossWeights:
+    """Weights of the terms beyond the soft pass's task loss; a term with weight 0 is not computed
+    (the dense pass and the distillation run only with ``distill > 0``)."""
+
+    pruned: float = 0.0  # task loss of the hard top-M pass that inference runs
+    dense: float = 1.0  # task loss of the dense pass (ρ = 1), when distilling
+    distill: float = 0.0  # divergence of the top-M pass from the dense pass's detached outputs
+    salient: float = 0.0  # −log P(gate open) of the task's salient tokens
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe) -> LossWeights:
+        spec = recipe.objective
+        return cls(
+            spec.pruned_loss_weight, spec.dense_loss_weight, spec.distill_weight, spec.salient_keep_weight
+        )
+
+
+@dataclass
+class ExtraTerms:
+    """The terms beyond the soft pass's task loss: scalars, or None when not computed."""
+
+    pruned: torch.Tensor | None = None  # task loss of the hard top-M pass
+    dense: torch.Tensor | None = None  # task loss of the dense pass (sandwich rule)
+    distill: torch.Tensor | None = None  # divergence of the top-M pass from the dense pass
+    salient: torch.Tensor | None = None  # −log P(gate open) of the task's salient tokens
+
+
+@dataclass
+class StepTerms:
+    """What one step of the objective computed."""
+
+    soft: SoftOutput  # the soft (gated) pass
+    gap: torch.Tensor  # (P,) expected − target survivors, as a fraction of real tokens; > 0 is over
+    task: torch.Tensor  # task loss of the soft pass
+    budget: torch.Tensor  # λ·gap, the Lagrangian term
+    extra: ExtraTerms
+
+
+@dataclass(frozen=True)
+class Objective:
+    task: TrainingTask
+    gates: SoftGates
+    budget: BudgetRule
+    weights: LossWeights
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe) -> Objective:
+        """The recipe's objective; refuses terms its task cannot compute."""
+        from training.tasks import training_task  # the registry imports the model, which imports us
+
+        task = training_task(recipe.task)
+        weights = LossWeights.from_recipe(recipe)
+        if weights.salient > 0.0 and task.salient is None:
+            raise ValueError(
+                f"objective.salient_keep_weight needs salient tokens; task {recipe.task!r} has none"
+            )
+        if weights.distill > 0.0 and task.distill is None:
+            raise ValueError(f"task {recipe.task!r} has no distillation loss")
+        return cls(task, SoftGates.from_recipe(recipe), BudgetRule.from_recipe(recipe), weights)
+
+    def terms(
+        self,
+        model: RetentionModel,
+        batch: Batch,
+        rho: torch.Tensor,
+        lam: torch.Tensor,
+        generator: torch.Generator | None,
+    ) -> StepTerms:
+        """Run the passes of one step (soft, then the hard ones) and compute every term.
+
+        The order of the passes is the order of their random draws (gate noise, dropout): keep it."""
+        soft = model.forward_soft(**batch.encoder_inputs(), rho=rho, generator=generator, gates=self.gates)
+        task_loss = self.task.loss(soft.logits, batch)
+        gap = R.budget_gap(soft.expected_kept, soft.target_kept, soft.num_real)  # (P,)
+        budget = R.lagrangian_penalty(gap, lam)
+        extra = self.hard_pass_losses(model, batch, rho)
+        extra.salient = self.salient_loss(soft, batch)
+        return StepTerms(soft, gap, task_loss, budget, extra)
+
+    def hard_pass_losses(self, model: RetentionModel, batch: Batch, rho: torch.Tensor) -> ExtraTerms:
+        """The hard top-M pass at the batch's ρ and, with distillation, the dense pass.
+
+        The soft pass never freezes a token completely, while inference drops tokens for good and
+        restores their early states; the top-M pass trains backbone and head on exactly that. Top-M is
+        not differentiable, so the scorers still learn only from the soft pass. With distillation the
+        dense pass (ρ = 1) trains on the gold targets too and its detached outputs teach the top-M
+        pass (the Length-Adaptive Transformer's sandwich rule with in-place distillation).
+        """
+        distill = self.weights.distill > 0.0
+        if self.weights.pruned <= 0.0 and not distill:
+            return ExtraTerms()
+        inputs = batch.encoder_inputs()
+        pruned_logits = model.forward_pruned(**inputs, rho=rho).logits
+        pruned = self.task.loss(pruned_logits, batch)
+        if not distill:
+            return ExtraTerms(pruned=pruned)
+        assert self.task.distill is not None  # from_recipe refuses distillation without it
+        dense_logits = model.forward_pruned(**inputs, rho=torch.ones_like(rho)).logits
+        return ExtraTerms(
+            pruned=pruned,
+            dense=self.task.loss(dense_logits, batch),
+            distill=self.task.distill(pruned_logits, dense_logits.detach(), batch),
+        )
+
+    def salient_loss(self, soft: SoftOutput, batch: Batch) -> torch.Tensor | None:
+        """The scorers' supervised term from the soft pass, or None when not trained on."""
+        if self.weights.salient <= 0.0 or self.task.salient is None:
+            return None
+        return R.salient_keep_loss(soft.open_prob, self.task.salient(batch))
+
+    def weighted_extra(self, extra: ExtraTerms) -> torch.Tensor | float:
+        """Weighted sum of the terms beyond the soft pass (0.0 when there are none)."""
+        weighted: list[tuple[float, torch.Tensor | None]] = [
+            (self.weights.pruned, extra.pruned),
+            (self.weights.dense, extra.dense),
+            (self.weights.distill, extra.distill),
+            (self.weights.salient, extra.salient),
+        ]
+        return sum((weight * value for weight, value in weighted if value is not None), 0.0)
+
+    def total(self, step: StepTerms) -> torch.Tensor:
+        """The loss to minimise: soft task loss + λ·gap + the weighted extra terms."""
+        return step.task + step.budget + self.weighted_extra(step.extra)

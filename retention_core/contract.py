@@ -80,6 +80,15 @@ class Backbone(BaseModel):
     intermediate_size: int
 
 
+class EmbeddingInfo(BaseModel):
+    """How a pooled (embedding) graph's vector is made and served: from the model's
+    sentence-transformers config (``modules.json``, ``1_Pooling/config.json``, a ``Normalize`` module)."""
+
+    pooling: Literal["mean"] = "mean"
+    normalize: bool = Field(default=True, description="L2-normalise the vector unless a request says not")
+    dimensions: int = Field(ge=1, description="length of the vector (the encoder's hidden size)")
+
+
 class Variant(BaseModel):
     file: str
     precision: Literal["fp32", "int8"]
@@ -102,6 +111,7 @@ class Manifest(BaseModel):
     outputs: list[TensorSpec]
     training: dict[str, object] = Field(default_factory=dict, description="recipe and data it was trained on")
     quality: QualityCurve | None = None
+    embedding: EmbeddingInfo | None = Field(default=None, description="pooled-head tasks only")
     versions: dict[str, str] = Field(default_factory=dict)
 
     @classmethod

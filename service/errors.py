@@ -2,13 +2,16 @@
 
 Engine and handlers raise ``ServiceError`` subclasses; ``install_error_handlers`` maps them (and
 request-validation errors, unknown routes and any unexpected exception) to JSON bodies of the form
-``{"error": {"code": ..., "message": ...}}``. Bodies never carry ``str(exc)`` of unexpected errors,
-stack traces or file paths; those go to the log only.
+``{"error": {"code": ..., "message": ...}}``. Under ``/v1/`` (the OpenAI-compatible routes) the same
+errors take OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, so OpenAI clients
+raise their usual exceptions; ``error_payload`` is the one function that picks the shape. Bodies never
+carry ``str(exc)`` of unexpected errors, stack traces or file paths; those go to the log only.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -35,10 +38,19 @@ class ServiceError(Exception):
     reason: str | None = None  # retention_rejections_total{reason}
     message: str = "internal error"
 
-    def __init__(self, message: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, message: str | None = None, headers: dict[str, str] | None = None, param: str | None = None
+    ) -> None:
         super().__init__(message or self.message)
         self.message = message or self.message
         self.headers = headers or {}
+        self.param = param  # the request field at fault, when one is (OpenAI bodies report it)
+
+
+class UnsupportedValue(ServiceError):
+    """A well-formed value this server cannot honour (e.g. ``dimensions`` other than the model's)."""
+
+    status, code, reason = 400, "unsupported_value", "invalid"
 
 
 class InvalidRequest(ServiceError):
@@ -95,6 +107,31 @@ def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
     return body
 
 
+OPENAI_PREFIX = "/v1/"  # routes that speak OpenAI's API, errors included
+
+
+def openai_error_type(status: int) -> str:
+    """OpenAI's ``error.type`` for a status: what its clients and dashboards group errors by."""
+    if status == 401:
+        return "authentication_error"
+    if status == 429:
+        return "rate_limit_error"
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+def openai_error_body(status: int, code: str, message: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": openai_error_type(status), "param": param, "code": code}}
+
+
+def error_payload(
+    path: str, status: int, code: str, message: str, details: Any = None, param: str | None = None
+) -> dict[str, Any]:
+    """The error body for a request to ``path``: OpenAI's shape under ``/v1/``, ours elsewhere."""
+    if path.startswith(OPENAI_PREFIX):
+        return openai_error_body(status, code, message, param)
+    return error_body(code, message, details)
+
+
 def _clean_validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     """loc / msg / type only: no echo of the (maybe huge) input, no ctx objects."""
     cleaned = []
@@ -103,6 +140,12 @@ def _clean_validation_errors(exc: RequestValidationError) -> list[dict[str, Any]
         msg = str(err.get("msg", "invalid value"))
         cleaned.append({"loc": loc, "msg": msg[:300], "type": str(err.get("type", "value_error"))})
     return cleaned
+
+
+def _param_of(loc: Sequence[Any]) -> str | None:
+    """The request field a validation error names: ``["body", "input", 0]`` -> ``"input"``."""
+    names = [part for part in loc[1:] if isinstance(part, str)]
+    return names[0] if names else None
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -114,12 +157,24 @@ def install_error_handlers(app: FastAPI) -> None:
         if metrics is not None and reason is not None:
             metrics.rejections.labels(reason=reason).inc()
 
+    def respond(
+        request: Request,
+        status: int,
+        code: str,
+        message: str,
+        details: Any = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> JSONResponse:
+        body = error_payload(request.url.path, status, code, message, details, param)
+        return JSONResponse(body, status_code=status, headers=headers)
+
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
         count_rejection(request, exc.reason)
         if exc.status >= 500 and exc.status not in (503, 504):
             log.error("request failed: %s", exc.code, exc_info=exc.__cause__ or exc)
-        return JSONResponse(error_body(exc.code, exc.message), status_code=exc.status, headers=exc.headers)
+        return respond(request, exc.status, exc.code, exc.message, param=exc.param, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -128,19 +183,16 @@ def install_error_handlers(app: FastAPI) -> None:
         first = details[0] if details else {"loc": [], "msg": "invalid request"}
         where = ".".join(str(part) for part in first["loc"])
         message = f"{where}: {first['msg']}" if where else str(first["msg"])
-        return JSONResponse(error_body("invalid_request", message, details), status_code=422)
+        return respond(request, 422, "invalid_request", message, details, param=_param_of(first["loc"]))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         codes = {404: "not_found", 405: "method_not_allowed"}
         message = exc.detail if isinstance(exc.detail, str) and exc.status_code < 500 else "error"
-        return JSONResponse(
-            error_body(codes.get(exc.status_code, "http_error"), message),
-            status_code=exc.status_code,
-            headers=getattr(exc, "headers", None),
-        )
+        code = codes.get(exc.status_code, "http_error")
+        return respond(request, exc.status_code, code, message, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse(error_body("internal_error", "internal error"), status_code=500)
+        return respond(request, 500, "internal_error", "internal error")

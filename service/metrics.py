@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from service.errors import REJECTION_REASONS
 
-ENDPOINTS = ("classify", "qa", "summarize")  # inference endpoints (input tokens, rho, degraded)
+# inference endpoints (input tokens, rho, degraded): route templates without the leading slash
+ENDPOINTS = ("classify", "qa", "summarize", "embed", "v1/embeddings")
 STATUS_CLASSES = ("2xx", "4xx", "5xx")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 RHO_BUCKETS = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)

@@ -165,6 +165,12 @@ def load_model(directory: Path, settings: Settings, name: str | None = None) -> 
         raise ModelLoadError(
             f"{label}: graph has {dim} logits but the manifest {len(manifest.labels)} labels"
         )
+    # /v1/embeddings promises (and checks "dimensions" against) the manifest's vector size
+    vectors = manifest.embedding
+    if vectors is not None and isinstance(dim, int) and dim != vectors.dimensions:
+        raise ModelLoadError(
+            f"{label}: graph gives {dim}-dimensional vectors but the manifest says {vectors.dimensions}"
+        )
 
     try:
         codec = make_codec(spec, manifest, tokenizer, settings)

@@ -14,7 +14,7 @@ from tests.tiny import build_tiny_model_dir, tiny_model, tiny_recipe
 from training import retention as R
 from training.encoders import EncoderBackbone
 from training.export import ExportValidationError, export_model, validate_onnx
-from training.model import RetentionModel
+from training.model import PrunedInputs, RetentionModel
 from training.objective import GateKind, Objective, SoftGates
 from training.recipes import ScoreShift
 
@@ -34,6 +34,20 @@ def ragged_batch(pad_id: int, vocab: int = 120) -> tuple[torch.Tensor, torch.Ten
         mask[row, length:] = 0
         ids[row, length:] = pad_id
     return ids, mask
+
+
+def tiny_batch(task: str) -> tuple[RetentionModel, torch.Tensor, torch.Tensor]:
+    """A tiny ``task`` model (eval mode) and ``ragged_batch``: rows of 12, 7 and 3 real tokens."""
+    model, _ = tiny_model(task)
+    ids, mask = ragged_batch(0)
+    return model, ids, mask
+
+
+def leading_protected(mask: torch.Tensor, count: int) -> torch.Tensor:
+    """(B, T) bool: the first ``count`` positions of every row are protected, as a question's are."""
+    protected = torch.zeros_like(mask, dtype=torch.bool)
+    protected[:, :count] = True
+    return protected
 
 
 class RecordHeadInput:
@@ -70,8 +84,7 @@ def test_rho_one_reproduces_the_hugging_face_encoder(family: str) -> None:
 
 
 def test_classification_rho_one_equals_the_soft_pass_with_every_gate_open() -> None:
-    model, _ = tiny_model("classification")  # eval mode: noise-free gates, all fully open at ρ = 1
-    ids, mask = ragged_batch(0)
+    model, ids, mask = tiny_batch("classification")  # eval mode: noise-free gates, all fully open at ρ = 1
     with torch.no_grad():
         pruned = model.forward_pruned(ids, mask, torch.ones(3)).logits
         dense = model.forward_soft(ids, mask, torch.ones(3)).logits
@@ -79,8 +92,7 @@ def test_classification_rho_one_equals_the_soft_pass_with_every_gate_open() -> N
 
 
 def test_mixed_budgets_in_one_batch_equal_single_requests() -> None:
-    model, _ = tiny_model("classification")
-    ids, mask = ragged_batch(0)
+    model, ids, mask = tiny_batch("classification")
     rho = torch.tensor([0.3, 1.0, 0.5])
     with torch.no_grad():
         batched = model.forward_pruned(ids, mask, rho)
@@ -94,10 +106,8 @@ def test_mixed_budgets_in_one_batch_equal_single_requests() -> None:
 
 
 def test_restore_keeps_dropped_tokens_at_their_last_state_and_positions() -> None:
-    model, _ = tiny_model("qa")
-    ids, mask = ragged_batch(0)
-    protected = torch.zeros_like(mask, dtype=torch.bool)
-    protected[:, :2] = True
+    model, ids, mask = tiny_batch("qa")
+    protected = leading_protected(mask, 2)
     record = RecordHeadInput(model.head)
     with torch.no_grad():
         embedded = model.backbone.embed(ids)
@@ -112,10 +122,8 @@ def test_restore_keeps_dropped_tokens_at_their_last_state_and_positions() -> Non
 
 
 def test_protected_tokens_are_never_dropped() -> None:
-    model, _ = tiny_model("qa")
-    ids, mask = ragged_batch(0)
-    protected = torch.zeros_like(mask, dtype=torch.bool)
-    protected[:, :3] = True
+    model, ids, mask = tiny_batch("qa")
+    protected = leading_protected(mask, 3)
     seen: list[torch.Tensor] = []
 
     def spy(point: int, layer, hidden: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -129,13 +137,11 @@ def test_protected_tokens_are_never_dropped() -> None:
 
 
 def test_recorded_survivors_match_the_kept_counts_and_only_shrink() -> None:
-    model, _ = tiny_model("qa")
-    ids, mask = ragged_batch(0)
-    protected = torch.zeros_like(mask, dtype=torch.bool)
-    protected[:, :2] = True
+    model, ids, mask = tiny_batch("qa")
+    protected = leading_protected(mask, 2)
     with torch.no_grad():
         out = model.forward_evaluation(
-            ids, mask, torch.full((3,), 0.3), protected=protected, record_survivors=True
+            PrunedInputs(ids, mask, torch.full((3,), 0.3), protected=protected), record_survivors=True
         )
         exported = model.forward_pruned(ids, mask, torch.full((3,), 0.3), protected=protected)
     torch.testing.assert_close(out.logits, exported.logits, atol=0.0, rtol=0.0)  # recording changes nothing
@@ -219,8 +225,7 @@ def test_int8_variant_is_written_and_loads(tmp_path: Path) -> None:
 
 
 def test_kept_counts_follow_the_schedule_in_the_engine() -> None:
-    model, _ = tiny_model("classification")
-    ids, mask = ragged_batch(0)
+    model, ids, mask = tiny_batch("classification")
     rho = torch.tensor([0.3, 0.5, 1.0])
     with torch.no_grad():
         out = model.forward_pruned(ids, mask, rho)
@@ -252,11 +257,10 @@ def test_real_minilm_loads_offline_from_the_pypi_package() -> None:
 
 
 def test_open_gate_ablation_keeps_exactly_the_open_gates() -> None:
-    model, _ = tiny_model("classification")
-    ids, mask = ragged_batch(0)
+    model, ids, mask = tiny_batch("classification")
     rho = torch.full((3,), 0.5)
     with torch.no_grad():
-        out = model.forward_evaluation(ids, mask, rho, open_gates=True)
+        out = model.forward_evaluation(PrunedInputs(ids, mask, rho), open_gates=True)
         scheduled = model.forward_pruned(ids, mask, rho)
     counts = out.kept_counts
     assert counts.shape == scheduled.kept_counts.shape
@@ -268,8 +272,7 @@ def test_open_gate_ablation_keeps_exactly_the_open_gates() -> None:
 
 @pytest.mark.parametrize("gates", ["hard_concrete", "sigmoid"])
 def test_both_gate_kinds_report_expected_survivors_below_the_real_count(gates: GateKind) -> None:
-    model, _ = tiny_model("classification")
-    ids, mask = ragged_batch(0)
+    model, ids, mask = tiny_batch("classification")
     out = model.train().forward_soft(
         ids,
         mask,

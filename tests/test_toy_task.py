@@ -21,6 +21,7 @@ from tokenizers import Tokenizer
 
 from retention_core import tasks as core_tasks
 from retention_core.codecs.base import Encoded, Row
+from retention_core.codecs.classification import ClassificationCodec
 from retention_core.contract import BASE_INPUTS, KEPT_COUNTS, Manifest, TensorSpec
 from retention_core.tasks import CodecOptions, TaskSpec
 from retention_core.text import pad_token_id
@@ -40,23 +41,16 @@ LABELS = ("even", "odd", "empty")
 WORDS = ["apple", "river", "stone", "cloud", "green", "house", "light", "music", "paper", "table"]
 
 
-class ParityCodec:
-    """One row per text, cut to the first ``max_length`` tokens; the answer is the most likely label."""
+class ParityCodec(ClassificationCodec):
+    """Its own rows: one per text, cut to the first ``max_length`` tokens with no [SEP] put back (the
+    head is all this task reads). The answer is the classification codec's: the most likely label."""
 
     task = TASK
 
-    def __init__(self, tokenizer: Tokenizer, max_length: int, labels: list[str]) -> None:
-        self.tokenizer = tokenizer
-        self.max_length = max_length
-        self.labels = labels
-
     def encode(self, text: str) -> Encoded:
         ids = self.tokenizer.encode(text).ids
-        row = Row(tuple(ids[: self.max_length]))  # the head is all this task reads
+        row = Row(tuple(ids[: self.max_length]))
         return Encoded(rows=[row], input_tokens=len(ids), truncated=len(ids) > self.max_length)
-
-    def decode(self, encoded: Encoded, outputs: list[np.ndarray]) -> dict[str, Any]:
-        return {"label": self.labels[int(np.argmax(outputs[0]))]}
 
 
 def parity_label(text: str, tokenizer: Tokenizer) -> int:
@@ -90,16 +84,6 @@ def parity_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     return F.cross_entropy(logits, batch.targets)  # logits (B, 3)
 
 
-def truncate_text(encoded: Encoded, rho: float) -> tuple[Encoded, list[float]]:
-    """Keep [CLS], [SEP] and the first round(ρ · n) word pieces."""
-    row = encoded.rows[0]
-    content = np.array([0 < i < len(row) - 1 for i in range(len(row))])
-    positions = E.truncation_keep(row, content, rho)
-    return Encoded([E.sub_row(row, positions)], encoded.input_tokens, encoded.truncated), [
-        len(positions) / len(row)
-    ]
-
-
 def codec_loop(tokenizer: Any, max_length: int) -> E.CodecLoop:
     codec = E.evaluation_codec(TASK, tokenizer, max_length, LABELS)
 
@@ -111,7 +95,7 @@ def codec_loop(tokenizer: Any, max_length: int) -> E.CodecLoop:
         encoded: Encoded = codec.encode(str(example["text"]))
         return encoded
 
-    return E.CodecLoop(encode, score, truncate_text, pad_token_id(codec.tokenizer))
+    return E.CodecLoop(encode, score, E.truncated_text, pad_token_id(codec.tokenizer))
 
 
 def parity_report(

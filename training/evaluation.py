@@ -244,6 +244,17 @@ def sub_row(row: Row, positions: Sequence[int]) -> Row:
     )
 
 
+def truncated_text(encoded: Encoded, rho: float) -> tuple[Encoded, list[float]]:
+    """The truncation baseline of a one-row text encoding ([CLS] … [SEP]): keep [CLS], [SEP] and the
+    first round(ρ · n) word pieces."""
+    row = encoded.rows[0]
+    content = np.array([0 < i < len(row) - 1 for i in range(len(row))])
+    positions = truncation_keep(row, content, rho)
+    return Encoded([sub_row(row, positions)], encoded.input_tokens, encoded.truncated), [
+        len(positions) / len(row)
+    ]
+
+
 def aggregate(values: list[dict[str, float]]) -> dict[str, float]:
     return {key: float(np.mean([value[key] for value in values])) for key in values[0]} if values else {}
 

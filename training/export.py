@@ -247,6 +247,15 @@ def versions() -> dict[str, str]:
     }
 
 
+def embedding_info(model: RetentionModel, recipe: Recipe) -> C.EmbeddingInfo | None:
+    """A pooled head's vector: mean pooling of the hidden states, normalised by default unless the
+    retrofitted model's sentence-transformers config has no Normalize module."""
+    if model.spec.head != "pooled":
+        return None
+    normalize = recipe.retrofit.normalize if recipe.retrofit is not None else True
+    return C.EmbeddingInfo(pooling="mean", normalize=normalize, dimensions=model.backbone.info.hidden_size)
+
+
 def build_manifest(
     model: RetentionModel,
     recipe: Recipe,
@@ -279,6 +288,7 @@ def build_manifest(
         outputs=list(task_spec(recipe.task).outputs),
         training={"recipe": json.loads(recipe.model_dump_json()), "dataset": recipe.dataset.name},
         quality=quality,
+        embedding=embedding_info(model, recipe),
         versions=versions(),
     )
 

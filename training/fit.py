@@ -61,13 +61,18 @@ def retention_config(recipe: Recipe) -> RetentionConfig:
 
 def build_model(recipe: Recipe, backbone: EncoderBackbone) -> RetentionModel:
     width = task_spec(recipe.task).head_width(recipe.labels)
-    return RetentionModel(backbone, recipe.task, width, retention_config(recipe))
+    model = RetentionModel(backbone, recipe.task, width, retention_config(recipe))
+    if recipe.retrofit is not None:
+        model.freeze_backbone()
+    return model
 
 
 def parameter_groups(model: RetentionModel, recipe: Recipe) -> list[dict]:
     """Backbone + head at the fine-tuning lr (no decay on biases/norms); fresh scorers at scorer_lr."""
     decay, no_decay, scorer = [], [], []
     for name, param in model.named_parameters():
+        if not param.requires_grad:  # a retrofit's frozen backbone
+            continue
         if name.startswith("scorers."):
             scorer.append(param)
         elif name.endswith(NO_DECAY_SUFFIXES):
@@ -75,11 +80,13 @@ def parameter_groups(model: RetentionModel, recipe: Recipe) -> list[dict]:
         else:
             decay.append(param)
     opt = recipe.optimizer
-    return [
+    groups = [
         {"params": decay, "lr": opt.lr, "weight_decay": opt.weight_decay},
         {"params": no_decay, "lr": opt.lr, "weight_decay": 0.0},
         {"params": scorer, "lr": opt.scorer_lr, "weight_decay": 0.0},
     ]
+    # A retrofit trains the scorers only: no empty groups, so the logged lr (group 0) is the scorers'.
+    return [group for group in groups if group["params"]]
 
 
 @dataclass

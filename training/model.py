@@ -58,6 +58,17 @@ class PrunedOutput:
     kept_counts: torch.Tensor  # (B, P) tokens entering each layer
 
 
+@dataclass(frozen=True)
+class PrunedInputs:
+    """The pruned pass's model inputs: the exported graph's, as ``forward_pruned`` takes them."""
+
+    input_ids: torch.Tensor  # (B, T)
+    attention_mask: torch.Tensor  # (B, T)
+    rho: torch.Tensor  # (B,)
+    protected: torch.Tensor | None = None  # (B, T) bool; None = [CLS] only
+    token_type_ids: torch.Tensor | None = None  # (B, T)
+
+
 @dataclass
 class EvaluationOutput(PrunedOutput):
     survivors: torch.Tensor | None = None  # (B, P, T) bool: real tokens entering each layer, if asked
@@ -132,6 +143,17 @@ class TokenHead(nn.Module):
         return self.out(self.dropout(states))
 
 
+class MeanPooling(nn.Module):
+    """Weighted mean of final states (sentence-transformers' mean pooling over the tokens that reach the
+    end): no parameters and no normalisation (the codec normalises). (B, T, d), weights (B, T) → (B, d);
+    weights: 1 = a surviving real token (inference), a token's soft survival (training)."""
+
+    def forward(self, states: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        expanded = weights.unsqueeze(-1).to(states.dtype)  # (B, T, 1)
+        total = (states * expanded).sum(1)  # (B, d)
+        return total / expanded.sum(1).clamp(min=1e-9)
+
+
 class RetentionModel(nn.Module):
     def __init__(
         self,
@@ -152,10 +174,27 @@ class RetentionModel(nn.Module):
             for _ in range(backbone.info.num_layers)
         )
         self.head: nn.Module
+        self.backbone_frozen = False
         if self.spec.head == "sequence":
             self.head = ClassificationHead(width, num_outputs, head_dropout)
+        elif self.spec.head == "pooled":
+            self.head = MeanPooling()
         else:
             self.head = TokenHead(width, num_outputs, head_dropout)
+
+    def freeze_backbone(self) -> None:
+        """Retrofit: the backbone's weights stop training and it always runs as at inference (no
+        dropout), so the dense pass (ρ = 1) stays exactly the original model; only scorers and head
+        learn."""
+        self.backbone_frozen = True
+        self.backbone.requires_grad_(False)
+        self.backbone.eval()
+
+    def train(self, mode: bool = True) -> RetentionModel:
+        super().train(mode)
+        if self.backbone_frozen:
+            self.backbone.eval()
+        return self
 
     @property
     def num_points(self) -> int:
@@ -221,7 +260,10 @@ class RetentionModel(nn.Module):
             hidden = updated
         target = fractions * num_real.unsqueeze(-1).to(fractions.dtype)  # (B, P)
         open_prob = torch.stack(open_probs, dim=1)  # (B, P, T)
-        return SoftOutput(self._head(hidden), torch.stack(expected, dim=1), target, num_real, open_prob)
+        # A head that restores nothing (pooled) weighs each token by its soft survival, as inference
+        # pools the tokens that reach the end.
+        logits = self._head(hidden, attention_mask if self.spec.restores_tokens else gate_product)
+        return SoftOutput(logits, torch.stack(expected, dim=1), target, num_real, open_prob)
 
     # ------------------------------------------------------------------ inference
     def forward_pruned(
@@ -237,15 +279,12 @@ class RetentionModel(nn.Module):
         """Physically pruned pass (what export traces). input_ids/attention_mask (B, T), rho (B,) →
         logits, kept counts (B, P). ``selector`` replaces the learned scorers (random / attention
         baselines)."""
-        return self._pruned_pass(input_ids, attention_mask, rho, protected, token_type_ids, selector, None)
+        inputs = PrunedInputs(input_ids, attention_mask, rho, protected, token_type_ids)
+        return self._pruned_pass(inputs, selector, None)
 
     def forward_evaluation(
         self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        rho: torch.Tensor,
-        protected: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
+        inputs: PrunedInputs,
         *,
         selector: Selector | None = None,
         open_gates: bool = False,
@@ -260,31 +299,26 @@ class RetentionModel(nn.Module):
         distribution = self.config.hard_concrete
         prior = None
         if open_gates:
-            fractions = R.keep_fractions(rho, self.num_points, self.config.schedule_power)  # (B, P)
+            fractions = R.keep_fractions(inputs.rho, self.num_points, self.config.schedule_power)  # (B, P)
             prior = distribution.log_alpha_for_rate(R.conditional_keep_rates(fractions))  # (B, P)
-        probe = EvaluationProbe(distribution, prior, input_ids.shape[1] if record_survivors else None)
-        out = self._pruned_pass(input_ids, attention_mask, rho, protected, token_type_ids, selector, probe)
+        length = inputs.input_ids.shape[1] if record_survivors else None
+        probe = EvaluationProbe(distribution, prior, length)
+        out = self._pruned_pass(inputs, selector, probe)
         return EvaluationOutput(out.logits, out.kept_counts, probe.survivors())
 
     def _pruned_pass(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        rho: torch.Tensor,
-        protected: torch.Tensor | None,
-        token_type_ids: torch.Tensor | None,
-        selector: Selector | None,
-        probe: EvaluationProbe | None,
+        self, inputs: PrunedInputs, selector: Selector | None, probe: EvaluationProbe | None
     ) -> PrunedOutput:
         """Deterministic top-M per point; kept tokens are gathered (physically removed), in original
         order, [CLS] and protected tokens always kept, pads never kept."""
-        valid = attention_mask.bool()  # (B, T)
-        protected = self.default_protected(attention_mask) if protected is None else protected & valid
+        valid = inputs.attention_mask.bool()  # (B, T)
+        given = inputs.protected
+        protected = self.default_protected(inputs.attention_mask) if given is None else given & valid
         num_real = valid.sum(1)  # (B,)
         counts = R.keep_counts(
-            rho, num_real, protected.sum(1), self.num_points, self.config.schedule_power
+            inputs.rho, num_real, protected.sum(1), self.num_points, self.config.schedule_power
         )  # (B, P)
-        hidden = self.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
+        hidden = self.backbone.embed(inputs.input_ids, inputs.token_type_ids)  # (B, T, d)
         restore = self.spec.restores_tokens
         restored = hidden  # (B, T, d): every token's latest state, scattered back at the end
         positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0).expand_as(valid)  # (B,T)
@@ -304,9 +338,13 @@ class RetentionModel(nn.Module):
             )
             if restore:
                 restored = _scatter_valid(restored, positions, hidden, valid)
-        return PrunedOutput(self._head(restored if restore else hidden), counts)
+        out = self._head(restored, inputs.attention_mask) if restore else self._head(hidden, valid)
+        return PrunedOutput(out, counts)
 
-    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+    def _head(self, hidden: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``weights`` (B, T): the tokens a pooled head averages (ignored by the other heads)."""
+        if self.spec.head == "pooled":
+            return self.head(hidden, weights)  # (B, T, d) → (B, d)
         if self.spec.head == "sequence":
             return self.head(hidden[:, 0])  # (B, d) → (B, C)
         return self.head(hidden)  # (B, T, d) → (B, T, C)

@@ -14,7 +14,7 @@ The retention math itself (gates, shifts, schedule, λ) lives in ``training.rete
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -172,6 +172,8 @@ class Objective:
             )
         if weights.distill > 0.0 and task.distill is None:
             raise ValueError(f"task {recipe.task!r} has no distillation loss")
+        if recipe.retrofit is not None and task.teacher is None:
+            raise ValueError(f"a retrofit trains label-free; task {recipe.task!r} needs labels (no teacher)")
         return cls(task, SoftGates.from_recipe(recipe), BudgetRule.from_recipe(recipe), weights)
 
     def terms(
@@ -184,7 +186,10 @@ class Objective:
     ) -> StepTerms:
         """Run the passes of one step (soft, then the hard ones) and compute every term.
 
-        The order of the passes is the order of their random draws (gate noise, dropout): keep it."""
+        The order of the passes is the order of their random draws (gate noise, dropout): keep it.
+        A label-free task's teacher pass comes first (it draws nothing when the backbone is frozen)."""
+        if self.task.teacher is not None:
+            batch = replace(batch, targets=self.task.teacher(model, batch))
         soft = model.forward_soft(**batch.encoder_inputs(), rho=rho, generator=generator, gates=self.gates)
         task_loss = self.task.loss(soft.logits, batch)
         gap = R.budget_gap(soft.expected_kept, soft.target_kept, soft.num_real)  # (P,)

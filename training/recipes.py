@@ -22,6 +22,12 @@ class DatasetSpec(Strict):
     validation_split: str = "validation"
     test_split: str = "test"
     train_limit: int | None = None
+    path: str | None = Field(
+        default=None,
+        description="a local text file (.jsonl, .jsonl.gz or .txt, one text a line) instead of a registry "
+        "dataset: unlabeled texts for label-free tasks (training.data.text_file_split)",
+    )
+    text_field: str = Field(default="text", description="with path: the JSON field that holds the text")
 
 
 ScoreShift = Literal["none", "quantile", "calibrated"]
@@ -151,6 +157,18 @@ class EvalSpec(Strict):
     batch_size: int = 16
 
 
+class RetrofitSpec(Strict):
+    """Retention added to a model the user already has, label-free: the model is its own teacher."""
+
+    freeze_backbone: Literal[True] = Field(
+        default=True,
+        description="only the scorers train, so ρ = 1 is bit-for-bit the original model (tuning the "
+        "backbone would need a frozen copy as the teacher: not supported yet)",
+    )
+    pooling: Literal["mean"] = Field(default="mean", description="the model's sentence-transformers pooling")
+    normalize: bool = Field(default=True, description="the model ends in a sentence-transformers Normalize")
+
+
 class Recipe(Strict):
     name: str
     task: str = Field(default="classification", description="a name in the task registry")
@@ -178,6 +196,9 @@ class Recipe(Strict):
     optimizer: OptimizerSpec = OptimizerSpec()
     objective: ObjectiveSpec = ObjectiveSpec()
     evaluation: EvalSpec = EvalSpec()
+    retrofit: RetrofitSpec | None = Field(
+        default=None, description="retrofit an existing model (python -m training retrofit): frozen backbone"
+    )
     profile: str = "full"
 
 

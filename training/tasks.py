@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from training import classification, qa, summarization
+from training import classification, embedding, qa, summarization
 from training.batch import Batch, EncoderInputs
 from training.data import Example
 from training.evaluation import TaskEvaluation
+from training.model import RetentionModel
 
 __all__ = [
     "TRAINING_TASKS",
@@ -41,6 +42,9 @@ class TrainingTask:
     salient: Callable[[Batch], torch.Tensor] | None = None
     # The dataset of the task's reference recipe (tiny recipes and examples name it).
     reference_dataset: str = ""
+    # Label-free tasks: (model, batch) → the step's targets, computed from the model being trained before
+    # its soft pass (embedding: its own dense pass). Such a task can retrofit an existing model.
+    teacher: Callable[[RetentionModel, Batch], torch.Tensor] | None = None
 
 
 TRAINING_TASKS: dict[str, TrainingTask] = {}
@@ -87,5 +91,15 @@ register_training_task(
         evaluation=summarization.EVALUATION,
         distill=summarization.summarization_distill,
         reference_dataset="scitldr_a",
+    ),
+)
+register_training_task(
+    "embedding",
+    TrainingTask(
+        make_batch=embedding.embedding_batch,
+        loss=embedding.embedding_loss,
+        evaluation=embedding.EVALUATION,
+        reference_dataset="squad_contexts",
+        teacher=embedding.dense_targets,
     ),
 )

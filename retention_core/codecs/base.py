@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+from tokenizers import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,17 @@ class TaskCodec(Protocol):
         """``outputs[i]`` is the first graph output of ``encoded.rows[i]``, unpadded
         (classification: (C,); qa: (T_i, 2); summarization: (T_i, 1))."""
         ...
+
+
+def head_row(tokenizer: Tokenizer, text: str, max_length: int) -> Encoded:
+    """One row: the tokenizer's template ([CLS] … [SEP]), cut to the first ``max_length`` tokens with
+    the last special token re-appended (single-row tasks: classification, embedding)."""
+    ids = tokenizer.encode(text).ids
+    input_tokens = len(ids)
+    truncated = input_tokens > max_length
+    if truncated:
+        ids = [*ids[: max_length - 1], ids[-1]]
+    return Encoded(rows=[Row(tuple(ids))], input_tokens=input_tokens, truncated=truncated)
 
 
 def pad_rows(rows: list[Row], pad_id: int) -> dict[str, np.ndarray]:

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from retention_core.codecs.base import Encoded, Row
+from retention_core.codecs.base import Encoded, head_row
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -25,12 +25,7 @@ class ClassificationCodec:
 
     def encode(self, text: str) -> Encoded:
         """Tokenize with special tokens; keep the first ``max_length`` tokens ([SEP] re-appended)."""
-        ids = self.tokenizer.encode(text).ids
-        input_tokens = len(ids)
-        truncated = input_tokens > self.max_length
-        if truncated:
-            ids = [*ids[: self.max_length - 1], ids[-1]]
-        return Encoded(rows=[Row(tuple(ids))], input_tokens=input_tokens, truncated=truncated)
+        return head_row(self.tokenizer, text, self.max_length)
 
     def decode(self, encoded: Encoded, outputs: list[np.ndarray]) -> dict[str, Any]:
         probs = softmax(outputs[0].astype(np.float64))  # (C,)

@@ -17,10 +17,10 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.deps import require_admin_key, require_api_key
-from service.api.routers import admin, classify, health, models, qa, summarize
+from service.api.routers import admin, classify, embed, health, models, openai_compat, qa, summarize
 from service.api.routers import metrics as metrics_router
 from service.engine import RetentionEngine
-from service.errors import error_body, install_error_handlers
+from service.errors import error_payload, install_error_handlers
 from service.metrics import Metrics, status_class
 from service.settings import Settings
 
@@ -84,7 +84,7 @@ class RequestMiddleware:
             except ValueError:
                 too_large = False
             if too_large:
-                await self._reject(send)
+                await self._reject(scope, send)
                 return None
             return receive
         if scope.get("method") in ("GET", "HEAD", "OPTIONS"):
@@ -99,7 +99,7 @@ class RequestMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                await self._reject(send)
+                await self._reject(scope, send)
                 return None
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -116,11 +116,11 @@ class RequestMiddleware:
 
         return replay
 
-    async def _reject(self, send: Send) -> None:
+    async def _reject(self, scope: Scope, send: Send) -> None:
         self.metrics.rejections.labels(reason="payload_too_large").inc()
-        payload = json.dumps(
-            error_body("payload_too_large", f"request body larger than {self.settings.max_body_bytes} bytes")
-        ).encode()
+        message = f"request body larger than {self.settings.max_body_bytes} bytes"
+        body = error_payload(str(scope.get("path", "")), 413, "payload_too_large", message)
+        payload = json.dumps(body).encode()
         await send(
             {
                 "type": "http.response.start",
@@ -158,7 +158,17 @@ def mount_routers(app: FastAPI, settings: Settings) -> list[APIRouter]:
     one is set; the admin routes exist only with an admin key (model control is opt-in) and need it."""
     api_auth = [Depends(require_api_key)] if settings.api_key is not None else []
     mounted: list[tuple[APIRouter, list[Any]]] = [
-        *((router, api_auth) for router in (classify.router, qa.router, summarize.router, models.router)),
+        *(
+            (router, api_auth)
+            for router in (
+                classify.router,
+                qa.router,
+                summarize.router,
+                embed.router,
+                openai_compat.router,
+                models.router,
+            )
+        ),
         (health.router, []),
         (metrics_router.router, []),
     ]

@@ -101,13 +101,19 @@ def query_options(
         bool | None, Query(description="false: 413 instead of truncating long inputs")
     ] = None,
 ) -> QueryOptions:
-    try:
-        parsed_rho = parse_rho(rho, "rho", allow_auto=True)
-        parsed_min = parse_rho(min_rho, "min_rho", allow_auto=False)
-    except ValueError as exc:
-        raise InvalidRequest(str(exc)) from None
+    parsed_min = parsed_rho(min_rho, "min_rho", allow_auto=False)
     assert parsed_min is None or isinstance(parsed_min, float)
-    return QueryOptions(model=model, rho=parsed_rho, min_rho=parsed_min, truncate=truncate)
+    return QueryOptions(
+        model=model, rho=parsed_rho(rho, "rho", allow_auto=True), min_rho=parsed_min, truncate=truncate
+    )
+
+
+def parsed_rho(text: str | None, name: str, allow_auto: bool) -> float | str | None:
+    """A rho query parameter, or a 422 naming it."""
+    try:
+        return parse_rho(text, name, allow_auto=allow_auto)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param=name) from None
 
 
 QueryDep = Annotated[QueryOptions, Depends(query_options)]
@@ -153,13 +159,16 @@ class InferenceContext:
     metrics: Metrics
     response: Response  # where the x-* headers go
 
-    def model_for(self, task: str) -> LoadedModel:
-        """The model the query names (checked against ``task``), else the task's default."""
-        return self.engine.resolve(self.query.model, task)
+    def model_for(self, task: str, named: str | None = None) -> LoadedModel:
+        """The model ``named`` (a body field, which wins) or the query names, checked against ``task``;
+        else the task's default."""
+        return self.engine.resolve(named or self.query.model, task)
 
-    def check_items(self, count: int) -> None:
+    def check_items(self, count: int, param: str | None = None) -> None:
         if count > self.settings.max_items:
-            raise PayloadTooLarge(f"at most {self.settings.max_items} items per request, got {count}")
+            raise PayloadTooLarge(
+                f"at most {self.settings.max_items} items per request, got {count}", param=param
+            )
 
 
 def inference_context(

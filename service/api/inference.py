@@ -1,4 +1,4 @@
-"""What the three inference endpoints share: rho resolution, truncation policy, the engine call,
+"""What the inference endpoints share: rho resolution, truncation policy, the engine call,
 usage accounting, metrics and response headers."""
 
 from __future__ import annotations

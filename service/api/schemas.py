@@ -77,7 +77,9 @@ class InferenceOptions(BaseModel):
         return parse_rho(value, "min_rho", allow_auto=False, text_numbers=False)
 
 
-class ClassifyRequest(InferenceOptions):
+class TextsRequest(InferenceOptions):
+    """One text (``text``) or several (``texts``): the body of /classify and /embed."""
+
     model_config = ConfigDict(
         extra="forbid", json_schema_extra={"oneOf": [{"required": ["text"]}, {"required": ["texts"]}]}
     )
@@ -85,13 +87,52 @@ class ClassifyRequest(InferenceOptions):
     texts: Omittable[NonEmptyTexts] = None
 
     @model_validator(mode="after")
-    def one_input(self) -> ClassifyRequest:
+    def one_input(self) -> TextsRequest:
         if (self.text is None) == (self.texts is None):
             raise ValueError("send exactly one of 'text' or 'texts'")
         return self
 
     def items(self) -> list[str]:
         return [self.text] if self.text is not None else list(self.texts or [])
+
+
+class ClassifyRequest(TextsRequest):
+    pass
+
+
+class EmbedRequest(TextsRequest):
+    normalize: bool | None = Field(
+        default=None,
+        description="L2-normalise the vectors; default: the model's (its sentence-transformers config)",
+    )
+
+
+def _no_token_arrays(value: object) -> object:
+    """OpenAI also takes pre-tokenized input (lists of token ids); these models read text only."""
+    if isinstance(value, list) and any(isinstance(item, int | float | list) for item in value):
+        raise ValueError("token arrays are not supported: send 'input' as a string or a list of strings")
+    return value
+
+
+class OpenAIEmbeddingRequest(InferenceOptions):
+    """OpenAI's embeddings body (``POST /v1/embeddings``), plus this server's rho options."""
+
+    input: Annotated[NonEmptyText | NonEmptyTexts, BeforeValidator(_no_token_arrays)] = Field(
+        description="a text or a list of texts (token arrays are not supported)"
+    )
+    model: Omittable[str] = Field(
+        default=None, description="served model name or alias; default: the default embedding model"
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        default="float", description="base64: the little-endian float32 bytes of each vector"
+    )
+    dimensions: Omittable[Annotated[int, Field(ge=1), BeforeValidator(_whole_float_to_int)]] = Field(
+        default=None, description="must equal the model's vector size (no truncation of vectors)"
+    )
+    user: Omittable[str] = Field(default=None, description="accepted for compatibility, ignored")
+
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)
 
 
 class QAItem(BaseModel):
@@ -188,6 +229,33 @@ class ClassifyResponse(BaseModel):
     usage: Usage
 
 
+class EmbedResponse(BaseModel):
+    model: str
+    embedding: list[float] | None = Field(default=None, description="single 'text' requests only")
+    embeddings: list[list[float]] = Field(description="one vector per input, in input order")
+    usage: Usage
+
+
+class OpenAIEmbedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str = Field(description="floats, or base64 of the little-endian float32 bytes")
+
+
+class OpenAIUsage(Usage):
+    """OpenAI's two counts plus this server's usage fields (what every inference response reports)."""
+
+    prompt_tokens: int = Field(description="tokens the encoder read, after truncation (= processed_tokens)")
+    total_tokens: int = Field(description="= prompt_tokens")
+
+
+class OpenAIEmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIEmbedding]
+    model: str
+    usage: OpenAIUsage
+
+
 class QAResult(BaseModel):
     model_config = ConfigDict(extra="allow")
     answer: str
@@ -265,3 +333,18 @@ class ErrorDetail(BaseModel):
 
 class ErrorBody(BaseModel):
     error: ErrorDetail
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str = Field(
+        description="invalid_request_error, authentication_error, rate_limit_error or server_error"
+    )
+    param: str | None = Field(description="the request field at fault, when one is")
+    code: str | None = Field(description="this server's error code (model_not_found, invalid_request, ...)")
+
+
+class OpenAIErrorBody(BaseModel):
+    """Errors of the OpenAI-compatible routes (``/v1/...``), in OpenAI's shape."""
+
+    error: OpenAIErrorDetail

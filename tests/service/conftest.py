@@ -20,7 +20,7 @@ from service.engine import RetentionEngine
 from service.settings import Settings
 from tests.tiny import build_tiny_model_dir
 
-TASKS = ("classification", "qa", "summarization")
+TASKS = ("classification", "qa", "summarization", "embedding")
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +37,7 @@ def _build(path: Path, task: str) -> Path:
 
 @pytest.fixture(scope="session")
 def models_root(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A read-only models root holding the three tiny models."""
+    """A read-only models root holding one tiny model per task."""
     root = tmp_path_factory.mktemp("models-root")
     for task, source in tiny_models.items():
         shutil.copytree(source, root / f"tiny-{task}")

@@ -179,7 +179,7 @@ def test_default_model_is_configurable(tiny_models: dict[str, Path], tmp_path: P
 def test_models_endpoints(client: TestClient) -> None:
     listing = client.get("/models").json()
     names = {m["name"]: m for m in listing["models"]}
-    assert set(names) == {"tiny-classification", "tiny-qa", "tiny-summarization"}
+    assert set(names) == {"tiny-classification", "tiny-qa", "tiny-summarization", "tiny-embedding"}
     assert all(m["is_default"] for m in names.values())
     assert names["tiny-classification"]["labels"] == ["negative", "positive"]
     detail = client.get("/models/tiny-qa").json()
@@ -191,11 +191,11 @@ def test_models_endpoints(client: TestClient) -> None:
 def test_health_docs_and_openapi(client: TestClient) -> None:
     assert client.get("/livez").json()["status"] == "alive"
     ready = client.get("/readyz").json()
-    assert ready["status"] == "ready" and len(ready["models"]) == 3
+    assert ready["status"] == "ready" and len(ready["models"]) == 4
     assert client.get("/docs").status_code == 200
     paths = client.get("/openapi.json").json()["paths"]
-    for path in ("/classify", "/qa", "/summarize", "/models", "/models/{name}", "/readyz"):
-        assert path in paths
+    assert {"/classify", "/qa", "/summarize", "/embed", "/v1/embeddings"} <= set(paths)
+    assert {"/models", "/models/{name}", "/readyz"} <= set(paths)
 
 
 def test_payload_limits(models_root: Path) -> None:

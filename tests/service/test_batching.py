@@ -38,14 +38,14 @@ def test_plan_runs_sorts_by_length_and_respects_the_token_budget() -> None:
     assert flat == sorted(flat)
 
 
-@pytest.mark.parametrize("task", ["classification", "qa", "summarization"])
+@pytest.mark.parametrize("task", ["classification", "qa", "summarization", "embedding"])
 def test_batched_equals_unbatched(tiny_models: dict[str, Path], task: str) -> None:
     """Different lengths and rhos in one batch give the same outputs and kept counts as one by one."""
     settings = settings_for(tiny_models[task].parent, max_batch_wait_ms=50.0, max_batch_tokens=4096)
     model = load_model(tiny_models[task], settings)
     codec = model.codec
     encoded: list[Encoded]
-    if task == "classification":
+    if task in ("classification", "embedding"):
         encoded = [codec.encode(text) for text in TEXTS]
     elif task == "qa":
         encoded = [codec.encode("what is it?", text + " " + TEXTS[1]) for text in TEXTS]

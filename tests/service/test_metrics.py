@@ -29,7 +29,7 @@ NAMES = {
     "retention_activation_memory_estimate_bytes": "histogram",
     "retention_model_info": "gauge",
 }
-MODELS = ("tiny-classification", "tiny-qa", "tiny-summarization")
+MODELS = ("tiny-classification", "tiny-qa", "tiny-summarization", "tiny-embedding")
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -58,7 +58,7 @@ def test_metrics_exist_before_and_after_traffic(models_root: Path) -> None:
         assert {name: kind for name, kind in families(before).items() if name in NAMES} == NAMES
         # labelled series exist at 0 before any inference traffic
         assert value(before, "retention_requests_total", endpoint="classify", status_class="5xx") == 0
-        for endpoint in ("classify", "qa", "summarize"):
+        for endpoint in ("classify", "qa", "summarize", "embed", "v1/embeddings"):
             assert value(before, "retention_degraded_requests_total", endpoint=endpoint) == 0
             assert value(before, "retention_input_tokens_count", endpoint=endpoint) == 0
         for reason in (
@@ -82,6 +82,7 @@ def test_metrics_exist_before_and_after_traffic(models_root: Path) -> None:
         client.post("/classify?rho=0.3", json={"text": "counting tokens"})
         client.post("/qa?rho=0.5", json={"question": "q?", "context": "some context here"})
         client.post("/summarize", json={"text": "One. Two. Three.", "rho": "auto"})
+        client.post("/embed", json={"text": "a vector, please"})
         client.post("/classify?rho=2", json={"text": "x"})
         after = client.get("/metrics").text
         assert value(after, "retention_requests_total", endpoint="classify", status_class="2xx") == 1

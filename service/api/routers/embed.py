@@ -1,0 +1,51 @@
+"""POST /embed"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.concurrency import run_in_threadpool
+
+from service.api.deps import InferenceContext, InferenceDep
+from service.api.inference import infer
+from service.api.routers.common import ERROR_RESPONSES
+from service.api.schemas import EmbedRequest, EmbedResponse, InferenceOptions, Usage
+from service.runtime import LoadedModel
+
+router = APIRouter(tags=["inference"])
+
+EMBEDDING = "embedding"  # the task name in retention_core.tasks
+
+
+async def embed_texts(
+    ctx: InferenceContext,
+    endpoint: str,
+    model: LoadedModel,
+    texts: list[str],
+    options: InferenceOptions,
+    normalize: bool | None,
+) -> tuple[list[list[float]], Usage]:
+    """One vector per text, in order (``normalize`` None: the model's default), and the request's usage.
+    Shared by /embed and the OpenAI-compatible /v1/embeddings."""
+    codec = model.codec
+    encoded = await run_in_threadpool(lambda: [codec.encode(text) for text in texts])
+    outcome = await infer(ctx, endpoint, model, encoded, options)
+    vectors = [
+        list(codec.decode(item, outputs, normalize=normalize)["embedding"])
+        for item, outputs in zip(encoded, outcome.outputs, strict=True)
+    ]
+    return vectors, outcome.usage
+
+
+@router.post("/embed", response_model=EmbedResponse, responses=ERROR_RESPONSES)
+async def embed(body: EmbedRequest, ctx: InferenceDep) -> EmbedResponse:
+    """The vector of one text (``text``) or of several (``texts``); mean of the final token states."""
+    texts = body.items()
+    ctx.check_items(len(texts))
+    model = ctx.model_for(EMBEDDING)
+    vectors, usage = await embed_texts(ctx, "embed", model, texts, body, body.normalize)
+    return EmbedResponse(
+        model=model.name,
+        embedding=vectors[0] if body.text is not None else None,
+        embeddings=vectors,
+        usage=usage,
+    )

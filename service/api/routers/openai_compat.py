@@ -1,0 +1,69 @@
+"""POST /v1/embeddings: OpenAI's embeddings API (request, response and error shapes), so the ``openai``
+client and tools built on it work against this server unchanged. rho, rho=auto and min_rho come as
+extra body fields (``extra_body={"rho": 0.3}``) or query parameters, as on every inference route."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+from fastapi import APIRouter
+
+from service.api.deps import InferenceDep
+from service.api.routers.common import OPENAI_ERROR_RESPONSES
+from service.api.routers.embed import EMBEDDING, embed_texts
+from service.api.schemas import (
+    OpenAIEmbedding,
+    OpenAIEmbeddingRequest,
+    OpenAIEmbeddingResponse,
+    OpenAIUsage,
+)
+from service.errors import UnsupportedValue
+from service.runtime import LoadedModel
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+
+def vector_size(model: LoadedModel) -> int:
+    """The size of the model's vectors: the manifest's embedding record, else the encoder width."""
+    info = model.manifest.embedding
+    return info.dimensions if info is not None else model.manifest.backbone.hidden_size
+
+
+def check_dimensions(model: LoadedModel, dimensions: int | None) -> None:
+    """Vectors are served at the model's size; any other size is refused rather than truncated (vLLM
+    does the same for models not trained for shorter vectors)."""
+    size = vector_size(model)
+    if dimensions is not None and dimensions != size:
+        raise UnsupportedValue(
+            f"model {model.name!r} produces {size}-dimensional embeddings; 'dimensions' must be {size} "
+            f"or left out, got {dimensions}",
+            param="dimensions",
+        )
+
+
+def encoded_vector(vector: list[float], encoding_format: str) -> list[float] | str:
+    """``base64``: the little-endian float32 bytes, which the openai client decodes itself."""
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return vector
+
+
+@router.post("/embeddings", response_model=OpenAIEmbeddingResponse, responses=OPENAI_ERROR_RESPONSES)
+async def create_embeddings(body: OpenAIEmbeddingRequest, ctx: InferenceDep) -> OpenAIEmbeddingResponse:
+    """OpenAI-compatible embeddings (always L2-normalised, as OpenAI's are). Errors in OpenAI's shape."""
+    texts = body.texts()
+    ctx.check_items(len(texts), param="input")
+    model = ctx.model_for(EMBEDDING, body.model)
+    check_dimensions(model, body.dimensions)
+    vectors, usage = await embed_texts(ctx, "v1/embeddings", model, texts, body, normalize=True)
+    return OpenAIEmbeddingResponse(
+        data=[
+            OpenAIEmbedding(index=index, embedding=encoded_vector(vector, body.encoding_format))
+            for index, vector in enumerate(vectors)
+        ],
+        model=model.name,
+        usage=OpenAIUsage(
+            prompt_tokens=usage.processed_tokens, total_tokens=usage.processed_tokens, **usage.model_dump()
+        ),
+    )

@@ -207,6 +207,20 @@ def pad_token_id(tokenizer: Tokenizer) -> int:
     return 0
 
 
+def plain_copy(tokenizer: Tokenizer) -> Tokenizer:
+    """A private copy of ``tokenizer`` that neither truncates nor pads.
+
+    A codec cuts inputs itself (to ``max_length``, or into windows), so it must not inherit the settings
+    the given tokenizer carries: a transformers tokenizer's backend (training, evaluation) keeps whatever
+    truncation its last call set (MiniLM's file says 128). The shared tokenizer is never mutated, so
+    codecs can be used from several threads.
+    """
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.no_truncation()
+    copy.no_padding()
+    return copy
+
+
 def windowing_tokenizer(tokenizer: Tokenizer, max_length: int, stride: int, pair: bool) -> Tokenizer:
     """A private copy of ``tokenizer`` that cuts long inputs into overlapping windows.
 
@@ -214,8 +228,7 @@ def windowing_tokenizer(tokenizer: Tokenizer, max_length: int, stride: int, pair
     consecutive windows share ``stride`` tokens of the (second) sequence. The shared tokenizer is
     never mutated, so codecs can be used from several threads.
     """
-    copy = Tokenizer.from_str(tokenizer.to_str())
-    copy.no_padding()
+    copy = plain_copy(tokenizer)
     copy.enable_truncation(
         max_length, stride=stride, strategy="only_second" if pair else "longest_first", direction="right"
     )

@@ -14,9 +14,17 @@ from retention_core.contract import Manifest
 from tests.tiny import tiny_model, tiny_recipe, write_rows
 from training.__main__ import main as training_main
 from training.classification import evaluate_classification, markdown_table
+from training.evaluation import EvaluationRun
 from training.fit import save_run
 
 ROWS = [{"text": f"{'great fun' if i % 2 else 'dull and slow'} film {i}", "label": i % 2} for i in range(12)]
+
+
+def tiny_evaluation_run() -> EvaluationRun:
+    """A tiny classifier on ROWS, evaluated in batches of 4."""
+    recipe = tiny_recipe()
+    recipe = recipe.model_copy(update={"evaluation": recipe.evaluation.model_copy(update={"batch_size": 4})})
+    return EvaluationRun(*tiny_model(), recipe, ROWS)
 
 
 def _tiny_run(tmp_path: Path, data_root: Path | None = None) -> Path:
@@ -39,9 +47,8 @@ def test_export_command_writes_a_model_directory(tmp_path: Path) -> None:
 
 
 def test_evaluation_covers_every_method_and_budget(tmp_path: Path) -> None:
-    model, tokenizer = tiny_model()
     methods = ["learned", "random", "attention", "first_k", "first_k_work", "head_tail_work"]
-    results = evaluate_classification(model, tokenizer, ROWS, [0.3, 1.0], methods, 64, 4, progress=False)
+    results = evaluate_classification(tiny_evaluation_run(), [0.3, 1.0], methods, progress=False)
     seen = {(r.method, r.rho) for r in results}
     assert ("learned", 1.0) in seen and ("attention", 0.3) in seen and ("first_k", 1.0) not in seen
     learned_dense = next(r for r in results if r.method == "learned" and r.rho == 1.0)
@@ -100,7 +107,7 @@ def test_every_task_refuses_a_misspelt_method_at_the_cli(tmp_path: Path) -> None
         training_main(["evaluate", str(run_dir), "--out", str(tmp_path / "out"), "--methods", "learnd"])
     assert not (tmp_path / "out").exists()  # refused before anything ran or was written
     with pytest.raises(ValueError, match="learnd"):
-        evaluate_classification(*tiny_model(), ROWS, [0.5], ["learnd"], 64, 4, progress=False)
+        evaluate_classification(tiny_evaluation_run(), [0.5], ["learnd"], progress=False)
 
 
 def test_merged_evaluation_and_its_report(tmp_path: Path) -> None:
@@ -108,12 +115,12 @@ def test_merged_evaluation_and_its_report(tmp_path: Path) -> None:
     from training.classification import EVALUATION, report_of
     from training.evaluation import write_report
 
-    model, tokenizer = tiny_model()
+    run = tiny_evaluation_run()
     run_dir = tmp_path / "results" / "sst2-minilm-quick"
     meta = {"model": "tiny", "profile": "quick", "split": "validation", "num_examples": len(ROWS)}
-    first = evaluate_classification(model, tokenizer, ROWS, [0.5], ["learned", "threshold"], 64, 4, False)
+    first = evaluate_classification(run, [0.5], ["learned", "threshold"], progress=False)
     write_report(report_of(first), run_dir, meta, EVALUATION.table(report_of(first)))
-    second = evaluate_classification(model, tokenizer, ROWS, [0.3, 0.5], ["learned"], 64, 4, False)
+    second = evaluate_classification(run, [0.3, 0.5], ["learned"], progress=False)
     merged = EVALUATION.merge(json.loads((run_dir / "eval.json").read_text()), report_of(second))
     assert sorted((r["method"], r["rho"]) for r in merged["results"]) == [
         ("learned", 0.3),

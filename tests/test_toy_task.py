@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,21 +98,15 @@ def codec_loop(tokenizer: Any, max_length: int) -> E.CodecLoop:
     return E.CodecLoop(encode, score, E.truncated_text, pad_token_id(codec.tokenizer))
 
 
-def parity_report(
-    model: Any, tokenizer: Any, recipe: Any, examples: list[Example], rhos: Any, methods: Any
-) -> E.Report:
+def parity_report(run: E.EvaluationRun, rhos: Sequence[float], methods: Sequence[str]) -> E.Report:
     EVALUATION.check_methods(methods)
-    loop = codec_loop(tokenizer, recipe.max_length)
-    results = E.codec_results(model, loop, examples, rhos, methods, recipe.evaluation.batch_size)
-    return {"task": TASK, "num_examples": len(examples), "metric": "accuracy", "results": results}
+    results = E.codec_results(run, codec_loop(run.tokenizer, run.recipe.max_length), rhos, methods)
+    return {"task": TASK, "num_examples": len(run.examples), "metric": "accuracy", "results": results}
 
 
 def parity_curve(onnx_path: Path, tokenizer: Any, examples: list[Example], recipe: Any) -> E.Curve:
     loop = codec_loop(tokenizer, recipe.max_length)
-    evaluation = recipe.evaluation
-    return E.codec_quality_curve(
-        onnx_path, loop, examples, "accuracy", evaluation.rhos, evaluation.batch_size
-    )
+    return E.codec_quality_curve(onnx_path, loop, examples, "accuracy", recipe.evaluation)
 
 
 EVALUATION = E.codec_task_evaluation(parity_report, ("accuracy",), lambda dataset: "accuracy", parity_curve)

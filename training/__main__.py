@@ -135,7 +135,7 @@ def evaluation_meta(
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from training.data import load_split, shuffled
-    from training.evaluation import write_report
+    from training.evaluation import EvaluationRun, write_report
     from training.fit import LOG_FILE, load_run
     from training.tasks import training_task
 
@@ -152,7 +152,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     out_dir = args.out or DEFAULT_RESULTS_DIR / f"{recipe.name}-{recipe.profile}"
     meta = evaluation_meta(recipe, split, len(rows), args.argv, args.device)
     previous = earlier_results(out_dir, meta) if args.merge else None
-    report = evaluation.report(model, tokenizer, recipe, rows, rhos, methods)
+    report = evaluation.report(EvaluationRun(model, tokenizer, recipe, rows), rhos, methods)
     if previous is not None:
         report = evaluation.merge(json.loads(previous.read_text(encoding="utf-8")), report)
     write_report(report, out_dir, meta, evaluation.table(report))
@@ -196,6 +196,13 @@ def cmd_build(args: argparse.Namespace) -> None:
         export_run(run_dir, out_dir, int8=args.int8, quality=True)
 
 
+def add_training_run_options(command: argparse.ArgumentParser) -> None:
+    """Where a training command (fit, retrofit) writes its run and which device trains it."""
+    command.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS_DIR)
+    command.add_argument("--run-dir", type=Path, default=None, help="default: <runs-dir>/<name>-<profile>")
+    command.add_argument("--device", default="cpu", help="torch device to train on, e.g. cuda")
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="python -m training", description=__doc__)
     sub = root.add_subparsers(dest="command", required=True)
@@ -203,9 +210,7 @@ def parser() -> argparse.ArgumentParser:
     fit_p = sub.add_parser("fit", help="train a recipe")
     fit_p.add_argument("recipe", type=Path)
     fit_p.add_argument("--profile", default="full")
-    fit_p.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS_DIR)
-    fit_p.add_argument("--run-dir", type=Path, default=None)
-    fit_p.add_argument("--device", default="cpu", help="torch device to train on, e.g. cuda")
+    add_training_run_options(fit_p)
     fit_p.add_argument(
         "--resume", action="store_true", help="continue from the run dir's checkpoint.pt (same recipe)"
     )
@@ -221,9 +226,7 @@ def parser() -> argparse.ArgumentParser:
     retro_p.add_argument("--field", default="text", help="the JSON field that holds each text")
     retro_p.add_argument("--profile", default="quick", choices=["quick", "full"])
     retro_p.add_argument("--steps", type=int, default=None, help="override the profile's step count")
-    retro_p.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS_DIR)
-    retro_p.add_argument("--run-dir", type=Path, default=None)
-    retro_p.add_argument("--device", default="cpu", help="torch device to train on, e.g. cuda")
+    add_training_run_options(retro_p)
     retro_p.add_argument("--no-progress", action="store_true", help="no progress bar")
     retro_p.set_defaults(func=cmd_retrofit)
 

@@ -162,19 +162,13 @@ def evaluate_method(
 
 
 def evaluate_classification(
-    model: RetentionModel,
-    tokenizer: Any,
-    rows: list[Example],
-    rhos: Sequence[float],
-    methods: Sequence[str],
-    max_length: int,
-    batch_size: int,
-    progress: bool = True,
+    run: E.EvaluationRun, rhos: Sequence[float], methods: Sequence[str], progress: bool = True
 ) -> list[MethodResult]:
+    """One result per (method, ρ) over the run's examples (batches of the recipe's evaluation size)."""
     EVALUATION.check_methods(methods)
-    model = model.eval()
-    sequences = tokenize_rows(rows, tokenizer, max_length)
-    labels = [int(row["label"]) for row in rows]  # type: ignore[call-overload]
+    model, tokenizer, batch_size = run.model.eval(), run.tokenizer, run.recipe.evaluation.batch_size
+    sequences = tokenize_rows(run.examples, tokenizer, run.recipe.max_length)
+    labels = [int(row["label"]) for row in run.examples]  # type: ignore[call-overload]
     results = []
     grid = [(m, r) for m in methods for r in rhos]
     for method, rho in tqdm(grid, desc="evaluate", disable=not progress):
@@ -217,18 +211,10 @@ def results_of(report: E.Report) -> list[MethodResult]:
 
 
 def evaluate(
-    model: RetentionModel,
-    tokenizer: Any,
-    recipe: Recipe,
-    rows: list[Example],
-    rhos: Sequence[float],
-    methods: Sequence[str] = DEFAULT_METHODS,
+    run: E.EvaluationRun, rhos: Sequence[float], methods: Sequence[str] = DEFAULT_METHODS
 ) -> E.Report:
     """The CLI's report: ``{"results": [MethodResult as a dict, …]}``."""
-    results = evaluate_classification(
-        model, tokenizer, rows, rhos, methods, recipe.max_length, recipe.evaluation.batch_size
-    )
-    return report_of(results)
+    return report_of(evaluate_classification(run, rhos, methods))
 
 
 def onnx_accuracy_curve(onnx_path: Path, tokenizer: Any, rows: list[Example], recipe: Recipe) -> E.Curve:

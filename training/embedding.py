@@ -100,25 +100,20 @@ def dense_vectors(
 
 
 def evaluate(
-    model: RetentionModel,
-    tokenizer: Any,
-    recipe: Recipe,
-    examples: list[Example],
-    rhos: Sequence[float],
-    methods: Sequence[str] = E.CODEC_METHODS,
+    run: E.EvaluationRun, rhos: Sequence[float], methods: Sequence[str] = E.CODEC_METHODS
 ) -> dict[str, Any]:
     """``cosine_to_dense`` (percent) per method and ρ against the model's own dense embeddings."""
     EVALUATION.check_methods(methods)
-    batch_size = recipe.evaluation.batch_size
-    loop = codec_loop(tokenizer, recipe.max_length, {})
+    tokenizer, max_length, examples = run.tokenizer, run.recipe.max_length, run.examples
+    loop = codec_loop(tokenizer, max_length, {})
     rows = [loop.encode(example).rows[0] for example in examples]
-    dense = dense_vectors(examples, E.predict_rows(model, rows, 1.0, loop.pad_id, None, batch_size))
-    loop = codec_loop(tokenizer, recipe.max_length, dense)
+    predictions = E.predict_rows(run.model, rows, 1.0, loop.pad_id, None, run.recipe.evaluation.batch_size)
+    loop = codec_loop(tokenizer, max_length, dense_vectors(examples, predictions))
     return {
         "task": TASK,
         "num_examples": len(examples),
         "metric": METRIC,
-        "results": E.codec_results(model, loop, examples, rhos, methods, batch_size),
+        "results": E.codec_results(run, loop, rhos, methods),
     }
 
 
@@ -130,7 +125,7 @@ def onnx_quality_curve(onnx_path: Path, tokenizer: Any, examples: list[Example],
     rows = [loop.encode(example).rows[0] for example in examples]
     outputs = E.onnx_predict_rows(open_session(onnx_path), rows, 1.0, loop.pad_id, batch_size)
     loop = codec_loop(tokenizer, recipe.max_length, dense_vectors(examples, outputs))
-    return E.codec_quality_curve(onnx_path, loop, examples, METRIC, recipe.evaluation.rhos, batch_size)
+    return E.codec_quality_curve(onnx_path, loop, examples, METRIC, recipe.evaluation)
 
 
 EVALUATION = E.codec_task_evaluation(evaluate, (METRIC,), lambda dataset: METRIC, onnx_quality_curve)

@@ -32,7 +32,7 @@ from retention_core.text import backend_tokenizer
 from training import retention as R
 from training.data import EVAL_SEED, Example
 from training.model import RetentionModel, Selector, attention_selector, random_selector
-from training.recipes import Recipe
+from training.recipes import EvalSpec, Recipe
 
 LEARNED = "learned"
 TRUNCATION = "truncation"
@@ -47,13 +47,24 @@ Curve = list[tuple[float, float]]  # (ρ, quality in 0-1)
 
 # ---------------------------------------------------------------------- what a task registers
 @dataclass(frozen=True)
+class EvaluationRun:
+    """What a task's report measures: a trained model, the tokenizer and recipe it was trained with, and
+    the examples to score (``python -m training evaluate`` builds it once; every task's report takes it)."""
+
+    model: RetentionModel
+    tokenizer: Any
+    recipe: Recipe
+    examples: list[Example]
+
+
+@dataclass(frozen=True)
 class TaskEvaluation:
     """How ``python -m training evaluate`` and the manifest's quality curve measure one task."""
 
     methods: tuple[str, ...]  # every method ``--methods`` accepts, ``learned`` first
     default_methods: tuple[str, ...]
-    # (model, tokenizer, recipe, examples, ρs, methods) → report (``{"results": …}`` at least)
-    report: Callable[[RetentionModel, Any, Recipe, list[Example], Sequence[float], Sequence[str]], Report]
+    # (run, ρs, methods) → report (``{"results": …}`` at least)
+    report: Callable[[EvaluationRun, Sequence[float], Sequence[str]], Report]
     merge: Callable[[Report, Report], Report]  # (earlier eval.json, new report) → both, new wins
     table: Callable[[Report], str]  # markdown of a report (rows: methods, columns: ρ)
     metrics: tuple[str, ...]  # the report's per-cell metrics, in table order
@@ -69,7 +80,7 @@ class TaskEvaluation:
 
 
 def codec_task_evaluation(
-    report: Callable[[RetentionModel, Any, Recipe, list[Example], Sequence[float], Sequence[str]], Report],
+    report: Callable[[EvaluationRun, Sequence[float], Sequence[str]], Report],
     metrics: tuple[str, ...],
     quality_metric: Callable[[str], str],
     quality_curve: Callable[[Path, Any, list[Example], Recipe], Curve],
@@ -286,14 +297,11 @@ def _method_predictions(
 
 
 def codec_results(
-    model: RetentionModel,
-    loop: CodecLoop,
-    examples: list[Example],
-    rhos: Sequence[float],
-    methods: Sequence[str],
-    batch_size: int,
+    run: EvaluationRun, loop: CodecLoop, rhos: Sequence[float], methods: Sequence[str]
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """``{method: {"<ρ>": mean metrics (percent), kept_fraction, token_work}}`` over the examples."""
+    """``{method: {"<ρ>": mean metrics (percent), kept_fraction, token_work}}`` over the run's examples
+    (batches of the recipe's evaluation batch size)."""
+    model, examples, batch_size = run.model, run.examples, run.recipe.evaluation.batch_size
     encodings = [loop.encode(example) for example in examples]
     results: dict[str, dict[str, dict[str, float]]] = {}
     for method in methods:
@@ -318,10 +326,11 @@ def codec_quality_curve(
     loop: CodecLoop,
     examples: list[Example],
     metric: str,
-    rhos: Sequence[float],
-    batch_size: int,
+    evaluation: EvalSpec,
 ) -> Curve:
-    """``metric`` (0-1) of the exported graph at each ρ, through the serving codec: the manifest curve."""
+    """``metric`` (0-1) of the exported graph at each of the recipe's evaluation ρ (``evaluation.rhos``),
+    through the serving codec: the manifest curve."""
+    rhos, batch_size = evaluation.rhos, evaluation.batch_size
     session = open_session(onnx_path)
     encodings = [loop.encode(example) for example in examples]
     flat = [row for encoded in encodings for row in encoded.rows]

@@ -36,7 +36,6 @@ from retention_core.text import pad_token_id
 from training import evaluation as E
 from training.batch import Batch, softmax_divergence
 from training.data import Example
-from training.model import RetentionModel
 from training.recipes import Recipe
 
 DOC_STRIDE = 128  # the QACodec default the service uses
@@ -154,32 +153,21 @@ def codec_loop(tokenizer: Any, max_length: int) -> E.CodecLoop:
     return E.CodecLoop(lambda row: encode(codec, row), score, truncated_qa, pad_token_id(codec.tokenizer))
 
 
-def evaluate(
-    model: RetentionModel,
-    tokenizer: Any,
-    recipe: Recipe,
-    rows: list[Example],
-    rhos: Sequence[float],
-    methods: Sequence[str] = METHODS,
-) -> dict[str, Any]:
+def evaluate(run: E.EvaluationRun, rhos: Sequence[float], methods: Sequence[str] = METHODS) -> dict[str, Any]:
     """EM / F1 (percent) per method and ρ, plus kept fraction and encoder token-work.
 
     Returns ``{"task", "num_examples", "metric", "results": {method: {"<rho>": {...}}}}``.
     """
     EVALUATION.check_methods(methods)
-    loop = codec_loop(tokenizer, recipe.max_length)
-    results = E.codec_results(model, loop, rows, rhos, methods, recipe.evaluation.batch_size)
-    return {"task": "qa", "num_examples": len(rows), "metric": QUALITY_METRIC, "results": results}
+    results = E.codec_results(run, codec_loop(run.tokenizer, run.recipe.max_length), rhos, methods)
+    return {"task": "qa", "num_examples": len(run.examples), "metric": QUALITY_METRIC, "results": results}
 
 
 def onnx_quality_curve(onnx_path: Path, tokenizer: Any, rows: list[Example], recipe: Recipe) -> E.Curve:
     """F1 (0-1) of the exported graph itself at each of the recipe's evaluation ρ, through the serving
     codec: the manifest curve."""
     loop = codec_loop(tokenizer, recipe.max_length)
-    evaluation = recipe.evaluation
-    return E.codec_quality_curve(
-        onnx_path, loop, rows, QUALITY_METRIC, evaluation.rhos, evaluation.batch_size
-    )
+    return E.codec_quality_curve(onnx_path, loop, rows, QUALITY_METRIC, recipe.evaluation)
 
 
 EVALUATION = E.codec_task_evaluation(evaluate, METRICS, lambda dataset: QUALITY_METRIC, onnx_quality_curve)

@@ -43,7 +43,6 @@ from retention_core.text import pad_token_id, split_sentences
 from training import evaluation as E
 from training.batch import Batch
 from training.data import Example
-from training.model import RetentionModel
 from training.recipes import Recipe
 
 IGNORE_LABEL = -1.0
@@ -218,30 +217,29 @@ def baselines(rows: list[Example], selection: dict[str, Any]) -> dict[str, dict[
 
 
 def evaluate(
-    model: RetentionModel,
-    tokenizer: Any,
-    recipe: Recipe,
-    rows: list[Example],
+    run: E.EvaluationRun,
     rhos: Sequence[float],
     methods: Sequence[str] = METHODS,
     selection: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """ROUGE (percent) per method and ρ, plus lead-k and oracle baselines.
+    """ROUGE (percent) per method and ρ, plus lead-k and oracle baselines. ``selection`` defaults to the
+    dataset's.
 
     Returns ``{"task", "num_examples", "metric", "selection", "results": {method: {"<rho>": {...}}},
     "baselines": {"lead": {...}, "oracle": {...}}}``.
     """
     EVALUATION.check_methods(methods)
-    selection = selection or selection_for(recipe.dataset.name)
-    loop = codec_loop(tokenizer, recipe.max_length, selection)
+    dataset = run.recipe.dataset.name
+    selection = selection or selection_for(dataset)
+    loop = codec_loop(run.tokenizer, run.recipe.max_length, selection)
     return {
         "task": "summarization",
-        "num_examples": len(rows),
-        "metric": quality_metric(recipe.dataset.name),
+        "num_examples": len(run.examples),
+        "metric": quality_metric(dataset),
         "selection": selection,
         "reference_aggregate": "max",
-        "results": E.codec_results(model, loop, rows, rhos, methods, recipe.evaluation.batch_size),
-        "baselines": baselines(rows, selection),
+        "results": E.codec_results(run, loop, rhos, methods),
+        "baselines": baselines(run.examples, selection),
     }
 
 
@@ -257,10 +255,7 @@ def onnx_quality_curve(
     dataset's."""
     dataset = recipe.dataset.name
     loop = codec_loop(tokenizer, recipe.max_length, selection or selection_for(dataset))
-    evaluation = recipe.evaluation
-    return E.codec_quality_curve(
-        onnx_path, loop, rows, quality_metric(dataset), evaluation.rhos, evaluation.batch_size
-    )
+    return E.codec_quality_curve(onnx_path, loop, rows, quality_metric(dataset), recipe.evaluation)
 
 
 EVALUATION = E.codec_task_evaluation(evaluate, METRICS, quality_metric, onnx_quality_curve)

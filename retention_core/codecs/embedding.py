@@ -9,6 +9,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from retention_core.codecs.base import Encoded, head_row
+from retention_core.text import plain_copy
 
 
 def l2_normalized(vector: np.ndarray) -> np.ndarray:
@@ -24,12 +25,7 @@ class EmbeddingCodec:
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.normalize_default = normalize_default
-        # A private copy that never truncates nor pads: a transformers tokenizer's backend (training,
-        # evaluation) carries whatever truncation its last call set (MiniLM's file says 128), and the
-        # cut to max_length is this codec's.
-        self._whole = Tokenizer.from_str(tokenizer.to_str())
-        self._whole.no_truncation()
-        self._whole.no_padding()
+        self._whole = plain_copy(tokenizer)  # the cut to max_length is head_row's
 
     def encode(self, text: str) -> Encoded:
         """Tokenize with special tokens; keep the first ``max_length`` tokens ([SEP] re-appended)."""

@@ -30,7 +30,7 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer
 
 from retention_core.codecs.base import Encoded, Row
-from retention_core.text import windowing_tokenizer
+from retention_core.text import plain_copy, windowing_tokenizer
 
 NO_ANSWER: dict[str, Any] = {"answer": "", "start": 0, "end": 0, "score": 0.0}
 _NEG = -1e30
@@ -69,9 +69,7 @@ class QACodec:
         self.max_answer_tokens = max_answer_tokens
         self.max_windows = max_windows
         self.max_question_tokens = max_length // 2
-        self._question_tokenizer = Tokenizer.from_str(tokenizer.to_str())
-        self._question_tokenizer.no_truncation()
-        self._question_tokenizer.no_padding()
+        self._question_tokenizer = plain_copy(tokenizer)  # whole inputs, to count their tokens
         processor = self._question_tokenizer.post_processor
         self._special_pair = processor.num_special_tokens_to_add(True) if processor is not None else 0
         self._windowers: dict[int, Tokenizer] = {}

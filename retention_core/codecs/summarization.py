@@ -28,7 +28,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from retention_core.codecs.base import Encoded, Row
-from retention_core.text import windowing_tokenizer
+from retention_core.text import plain_copy, windowing_tokenizer
 
 DEFAULT_MAX_SENTENCES = 3
 NO_SENTENCE = -1
@@ -60,9 +60,7 @@ class SummarizationCodec:
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.max_windows = max_windows
-        self._full = Tokenizer.from_str(tokenizer.to_str())
-        self._full.no_truncation()
-        self._full.no_padding()
+        self._full = plain_copy(tokenizer)  # whole documents, to count their tokens
         processor = self._full.post_processor
         room = max_length - (processor.num_special_tokens_to_add(False) if processor is not None else 0)
         self.stride = max(0, min(stride, room // 2))

@@ -20,7 +20,7 @@ from retention_core.codecs.embedding import EmbeddingCodec
 from retention_core.contract import MODEL_FILE, Manifest
 from retention_core.onnx import open_session
 from retention_core.tasks import task_spec
-from retention_core.text import pad_token_id
+from retention_core.text import pad_token_id, plain_copy
 from tests.tasks.rows import CAFE, NORMANS
 from tests.tiny import TINY_MAX_LENGTH, tiny_model, tiny_recipe, write_rows
 from training import retention as R
@@ -59,10 +59,7 @@ def dense_mean_pooling(model: Any, input_ids: torch.Tensor, attention_mask: torc
 def test_codec_keeps_the_head_and_normalises_by_default(tokenizer: Any) -> None:
     codec = EmbeddingCodec(tokenizer, max_length=16)
     encoded = codec.encode(NORMANS)
-    plain = Tokenizer.from_str(tokenizer.to_str())
-    plain.no_truncation()
-    plain.no_padding()
-    whole = plain.encode(NORMANS).ids
+    whole = plain_copy(tokenizer).encode(NORMANS).ids
     assert encoded.truncated and encoded.input_tokens == len(whole)
     assert encoded.rows[0].input_ids == (*whole[:15], whole[-1])  # head kept, [SEP] re-appended
     vector = np.array([3.0, 4.0], dtype=np.float32)

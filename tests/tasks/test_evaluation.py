@@ -12,6 +12,7 @@ from tests.service.conftest import settings_for
 from tests.tasks.rows import NORMANS
 from tests.tiny import build_tiny_model_dir, tiny_model, tiny_recipe
 from training import qa, summarization
+from training.evaluation import EvaluationRun
 from training.tasks import TRAINING_TASKS, training_task
 
 
@@ -20,7 +21,7 @@ def test_every_task_refuses_a_misspelt_method(task: str) -> None:
     model, tokenizer = tiny_model(task)
     evaluation = training_task(task).evaluation
     with pytest.raises(ValueError, match="lerned"):
-        evaluation.report(model, tokenizer, tiny_recipe(task), [], [0.5], ["lerned"])
+        evaluation.report(EvaluationRun(model, tokenizer, tiny_recipe(task), []), [0.5], ["lerned"])
     evaluation.check_methods(evaluation.default_methods)  # what the CLI runs by default is known
 
 

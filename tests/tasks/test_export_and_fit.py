@@ -121,7 +121,7 @@ def with_evaluation(recipe: Any, rhos: tuple[float, ...], batch_size: int) -> An
 
 
 def test_qa_train_export_serve_round_trip(tmp_path: Path) -> None:
-    from training.evaluation import markdown_table
+    from training.evaluation import EvaluationRun, markdown_table
     from training.export import export_model
     from training.fit import LOG_FILE, load_run
     from training.qa import evaluate, onnx_quality_curve
@@ -143,7 +143,7 @@ def test_qa_train_export_serve_round_trip(tmp_path: Path) -> None:
     answer = codec.decode(encoded, onnx_out)
     assert str(row["context"])[answer["start"] : answer["end"]] == answer["answer"]
 
-    report = evaluate(model, tokenizer, recipe, SQUAD_ROWS[:3], rhos=(0.3, 1.0))
+    report = evaluate(EvaluationRun(model, tokenizer, recipe, SQUAD_ROWS[:3]), rhos=(0.3, 1.0))
     assert set(report["results"]) == {"learned", "random", "attention", "truncation"}
     for method, by_rho in report["results"].items():
         assert set(by_rho) == {"0.3", "1"}
@@ -170,6 +170,7 @@ def test_qa_train_export_serve_round_trip(tmp_path: Path) -> None:
 def test_summarization_train_export_round_trip(
     tmp_path: Path, rows: list[dict[str, object]], dataset: str
 ) -> None:
+    from training.evaluation import EvaluationRun
     from training.export import export_model
     from training.summarization import evaluate, onnx_quality_curve
 
@@ -184,7 +185,8 @@ def test_summarization_train_export_round_trip(
         np.testing.assert_allclose(a, b, atol=PARITY_ATOL)
     assert len(codec.decode(encoded, onnx_out, max_sentences=1)["sentences"]) == 1
 
-    report = evaluate(model, tokenizer, recipe, rows[:3], rhos=(0.5, 1.0), methods=("learned", "truncation"))
+    run = EvaluationRun(model, tokenizer, recipe, rows[:3])
+    report = evaluate(run, rhos=(0.5, 1.0), methods=("learned", "truncation"))
     assert report["reference_aggregate"] == "max"
     for by_rho in report["results"].values():
         for values in by_rho.values():

@@ -3,8 +3,9 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from tokenizers import Tokenizer
 
-from retention_core.text import sentence_spans, split_sentences
+from retention_core.text import plain_copy, sentence_spans, split_sentences
 
 
 @pytest.mark.parametrize(
@@ -54,3 +55,15 @@ def test_spans_point_into_the_text_in_order() -> None:
     spans = sentence_spans(text)
     assert [text[s:e] for s, e in spans] == ["First one.", "Second one!", "Third."]
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+
+
+def test_plain_copy_neither_truncates_nor_pads_and_leaves_the_original(tokenizer: Tokenizer) -> None:
+    configured = Tokenizer.from_str(tokenizer.to_str())
+    configured.enable_truncation(8)
+    configured.enable_padding(length=64)
+    text = "The Normans gave their name to Normandy, a region in France, in the tenth century."
+    copy = plain_copy(configured)
+    assert copy.truncation is None and copy.padding is None
+    assert 8 < len(copy.encode(text).ids) < 64  # whole, unpadded
+    assert len(configured.encode(text).ids) == 64  # the original keeps its settings
+    assert configured.truncation is not None and configured.truncation["max_length"] == 8

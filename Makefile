@@ -7,7 +7,12 @@ MODELS_DIR ?= models
 PROFILE ?= quick
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# The embedding model comes first: a label-free retrofit, the quickest default to build (`make serve`
+# answers with it while the others build in the background and hot-load).
+EMBED_RECIPE ?= models/recipes/minilm-embed.yaml
 DEFAULT_RECIPES ?= models/recipes/imdb.yaml models/recipes/squad.yaml models/recipes/scitldr.yaml
+RELOAD_INTERVAL_S ?= 5
+BUILD_LOG ?= logs/build-defaults.log
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
@@ -30,10 +35,15 @@ install-serve:
 
 # Build every default model that is missing (fit with the quick profile, export, validate).
 models: install
-	$(BIN)/python -m training build $(DEFAULT_RECIPES) --profile $(PROFILE) --models-dir $(MODELS_DIR)
+	$(BIN)/python -m training build $(EMBED_RECIPE) $(DEFAULT_RECIPES) --profile $(PROFILE) \
+		--models-dir $(MODELS_DIR)
 
-serve: models
-	$(BIN)/python -m service --models-dir $(MODELS_DIR) --host $(HOST) --port $(PORT)
+# Build the embedding model if missing and serve it; the other defaults build in the background (log:
+# $(BUILD_LOG)) and are hot-loaded as each finishes. Ctrl-C stops both.
+serve: install
+	BIN=$(BIN) MODELS_DIR=$(MODELS_DIR) PROFILE=$(PROFILE) HOST=$(HOST) PORT=$(PORT) \
+		FIRST_RECIPES="$(EMBED_RECIPE)" BACKGROUND_RECIPES="$(DEFAULT_RECIPES)" BUILD_LOG=$(BUILD_LOG) \
+		RETENTION_RELOAD_INTERVAL_S=$(RELOAD_INTERVAL_S) scripts/serve.sh
 
 lint: install
 	$(BIN)/ruff check .

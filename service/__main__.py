@@ -1,7 +1,8 @@
 """``python -m service --models-dir models --host 127.0.0.1 --port 8000``: run the API with uvicorn.
 
 Every option can also come from the environment (``RETENTION_*``, see ``service.settings``); command
-line flags win. SIGHUP reloads the models directory; SIGTERM drains in-flight requests and exits.
+line flags win. SIGHUP reloads the models directory (``--reload-interval-s N``: also every N seconds, when
+it changed); SIGTERM drains in-flight requests and exits.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--intra-op-threads", type=int, help="onnxruntime intra-op threads per session")
     parser.add_argument("--api-key", help="require 'Authorization: Bearer <key>' (prefer RETENTION_API_KEY)")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--reload-interval-s", type=float, help="rescan the models directory this often (0 = only on SIGHUP)"
+    )
     args = parser.parse_args(argv)
 
     import uvicorn
@@ -35,6 +39,7 @@ def main(argv: list[str] | None = None) -> None:
             "intra_op_threads": args.intra_op_threads,
             "api_key": args.api_key,
             "log_level": args.log_level,
+            "reload_interval_s": args.reload_interval_s,
         }.items()
         if value is not None
     }

@@ -15,6 +15,7 @@ Repository layout::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from dataclasses import dataclass, field
@@ -98,6 +99,7 @@ class RetentionEngine:
         self._errors: dict[str, str] = {}
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()
+        self._watcher: asyncio.Task[None] | None = None  # the periodic rescan (reload_interval_s)
         self.started = False  # first load finished
         self.stopping = False
 
@@ -202,10 +204,40 @@ class RetentionEngine:
         except ValueError:
             return directory.name
 
+    def _signature(self) -> tuple[tuple[str, str], ...]:
+        """(directory, fingerprint) of every model directory: equal signatures mean nothing to reload."""
+        try:
+            return tuple((str(directory), fingerprint(directory)) for directory, _, _ in self._scan())
+        except OSError:  # a directory swapped away mid-scan (the exporter's rename): unlike any real look
+            return (("", "unreadable"),)
+
     async def load_all(self) -> ReloadReport:
+        """The first load; then, with ``reload_interval_s`` set, rescan the root periodically."""
+        signature = self._signature()
         report = await self.reload()
         self.started = True
+        interval = self.settings.reload_interval_s
+        if interval > 0 and not self.stopping:
+            self._watcher = asyncio.get_running_loop().create_task(self._rescan_every(interval, signature))
         return report
+
+    async def _rescan_every(self, interval: float, signature: tuple[tuple[str, str], ...]) -> None:
+        """Hot-load: reload whenever the repository's signature changed (a model built while serving,
+        as ``make serve``'s background build does, appears without SIGHUP). An unchanged repository is
+        not reloaded, so a broken directory is not retried (nor logged) every interval until it changes."""
+        while not self.stopping:
+            await asyncio.sleep(interval)
+            current = self._signature()
+            if current == signature:
+                continue
+            signature = current  # taken before the reload: a change during it is seen next time
+            try:
+                report = await self.reload()
+            except Exception:  # keep watching: the next change gets another chance
+                log.exception("periodic reload failed")
+                continue
+            if report.loaded or report.removed:
+                log.info("models directory changed: loaded %s, removed %s", report.loaded, report.removed)
 
     async def reload(self) -> ReloadReport:
         """Rescan the root. Unchanged models keep running; changed ones are swapped in only once they
@@ -293,6 +325,10 @@ class RetentionEngine:
     async def close(self) -> None:
         """Graceful shutdown: not ready any more, queued work finishes (up to drain_timeout_s)."""
         self.stopping = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
         batchers = list(self._batchers.values())
         await asyncio.gather(*(b.close(self.settings.drain_timeout_s) for b in batchers), *self._closing)
 

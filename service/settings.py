@@ -31,6 +31,11 @@ class Settings(BaseSettings):
     inter_op_threads: int = Field(default=1, ge=1)
     use_cuda: bool = Field(default=True, description="use CUDAExecutionProvider when onnxruntime offers it")
     warmup: bool = True
+    reload_interval_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="rescan models_dir this often and hot-load what changed, as SIGHUP does (0 = off)",
+    )
 
     # ------------------------------------------------------------------ batching / backpressure
     max_batch_tokens: int = Field(default=8192, ge=1, description="padded tokens per ONNX run")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -188,3 +189,46 @@ def test_int8_variant_is_served_when_preferred(tmp_path: Path) -> None:
         assert client.get("/models/tiny-int8").json()["summary"]["precision"] == "int8"
         assert client.post("/classify?rho=0.5", json={"text": TEXT}).status_code == 200
         assert 'model="tiny-int8",precision="int8"' in client.get("/metrics").text
+
+
+def test_reload_interval_hot_loads_a_model_that_appears_after_start(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """``reload_interval_s`` (what ``make serve`` sets for its background build): a model directory that
+    appears after start is served without SIGHUP or the admin route, and the running model is kept."""
+    root = copy_models(tiny_models, tmp_path / "models", ("embedding",))
+    with running(settings_for(root, reload_interval_s=0.05)) as (app, client):
+        embedder = engine_of(app).get("tiny-embedding")
+        assert client.post("/classify", json={"text": TEXT}).status_code == 404
+        # the exporter's way: a complete copy staged under a dot-name, then renamed into place
+        staged = root / ".tiny-classification.staging-1"
+        shutil.copytree(tiny_models["classification"], staged)
+        staged.rename(root / "tiny-classification")
+        wait_until(lambda: client.post("/classify", json={"text": TEXT}).status_code == 200, what="hot-load")
+        assert engine_of(app).get("tiny-embedding") is embedder  # unchanged: not reloaded
+        assert client.post("/embed", json={"text": TEXT}).status_code == 200
+        assert "/admin/reload" not in client.get("/openapi.json").json()["paths"]
+
+
+def test_reload_interval_retries_a_directory_only_once_it_changed(
+    tiny_models: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A directory copied file by file is reported while incomplete, not retried (nor logged) every
+    interval while it stays the same, and served once the copy completes."""
+    root = copy_models(tiny_models, tmp_path / "models", ("classification",))
+    with running(settings_for(root, reload_interval_s=0.02)) as (_, client):
+        partial = root / "qa-copy"
+        partial.mkdir()
+        shutil.copy2(tiny_models["qa"] / "manifest.json", partial / "manifest.json")
+        wait_until(lambda: "qa-copy" in client.get("/models").json()["errors"], what="incomplete reported")
+        assert any("qa-copy" in record.getMessage() for record in caplog.records)
+        caplog.clear()
+        time.sleep(0.5)  # 25 intervals with nothing changed
+        assert not [record for record in caplog.records if "qa-copy" in record.getMessage()]
+
+        for name in ("tokenizer.json", "model.onnx"):
+            shutil.copy2(tiny_models["qa"] / name, partial / name)
+        question = {"question": "q?", "context": "a context"}
+        wait_until(lambda: client.post("/qa", json=question).status_code == 200, what="complete copy served")
+        assert client.get("/models").json()["errors"] == {}
+        assert client.post("/classify", json={"text": TEXT}).status_code == 200

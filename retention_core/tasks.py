@@ -25,8 +25,7 @@ from retention_core.contract import BASE_INPUTS, DEFAULT_MAX_WINDOWS, KEPT_COUNT
 # "token": the head reads every position → (B, T, C); dropped tokens are restored with their last state.
 # "pooled": the mean of the final states of the tokens that reach the end → (B, d), no parameters; at
 # ρ = 1 every real token does, so it is exactly the dense model's mean pooling. Nothing is restored:
-# dropped tokens' earlier-layer states would pull the mean away from the model's (measured on MiniLM:
-# cosine to dense 0.41 with restore vs 0.76 without at ρ = 0.3; see training/embedding.py).
+# dropped tokens' earlier-layer states would pull the mean away from the model's (training/embedding.py).
 HeadKind = Literal["sequence", "token", "pooled"]
 
 

@@ -8,9 +8,9 @@ no copy is needed. Loss: 1 − cosine(student pooled, teacher pooled), mean over
 
 Pooling (the "pooled" head, ``training.model.MeanPooling``): the mean of the final states of the
 tokens that reach the end; nothing is restored. Restoring dropped tokens with their last state (as token
-heads do) averages earlier-layer states into the vector: on MiniLM retrofit on SQuAD paragraphs (quick
-run of 40 steps, 131 validation paragraphs) the cosine to dense at ρ = 0.3 was 0.41 (learned) / 0.43
-(random) with restore and 0.76 / 0.76 without. Both are exactly the dense model at ρ = 1.
+heads do) averages earlier-layer states into the vector and pulls it away from the model's (a short
+uncommitted pilot on MiniLM showed a much lower cosine to dense at ρ = 0.3 with restore; a committed
+comparison of both is still to do). Both are exactly the dense model at ρ = 1.
 
 Evaluation (the codec loop of ``training.evaluation``): the mean cosine between each method's pruned
 embedding and the dense embedding of the same text (``cosine_to_dense``; the manifest curve measures

@@ -111,3 +111,18 @@ def test_a_checkpoint_written_before_the_recipe_keys_were_renamed_still_resumes(
     whole = load_file(str(tmp_path / "whole" / WEIGHTS_FILE))
     resumed = load_file(str(tmp_path / "old" / WEIGHTS_FILE))
     assert all(torch.equal(tensor, resumed[name]) for name, tensor in whole.items())
+
+
+def test_runs_dir_defaults_to_the_environment_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Long chains keep checkpoints outside the work tree: RETENTION_RUNS_DIR is every command's
+    default --runs-dir (read when the parser is built, so a restarted process finds the same runs)."""
+    from training.__main__ import RUNS_DIR_VARIABLE, parser
+
+    monkeypatch.setenv(RUNS_DIR_VARIABLE, str(tmp_path / "kept"))
+    fit_args = parser().parse_args(["fit", "models/recipes/squad.yaml", "--profile", "teacher"])
+    build_args = parser().parse_args(["build", "models/recipes/squad.yaml"])
+    assert fit_args.runs_dir == build_args.runs_dir == tmp_path / "kept"
+    monkeypatch.delenv(RUNS_DIR_VARIABLE)
+    assert parser().parse_args(["fit", "models/recipes/squad.yaml"]).runs_dir == Path("runs")

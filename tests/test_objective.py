@@ -130,3 +130,40 @@ def test_the_exported_pass_takes_only_model_inputs_and_a_baseline_selector() -> 
         "token_type_ids",
         "selector",
     ]
+
+
+def _dense_teacher_recipe() -> Recipe:
+    recipe = tiny_recipe("classification").model_copy(update={"steps": 4, "batch_size": 4})
+    dense_only = recipe.objective.model_copy(update={"soft_loss_weight": 0.0, "pruned_loss_weight": 1.0})
+    return recipe.model_copy(
+        update={"objective": dense_only, "rho": recipe.rho.model_copy(update={"low": 1.0})}
+    )
+
+
+def test_a_step_without_the_soft_pass_is_plain_dense_fine_tuning() -> None:
+    """soft_loss_weight 0 + ρ fixed at 1 (the dense QA teacher): one dense pass, its task loss is the
+    whole loss, the scorers and λ do not move."""
+    recipe = _dense_teacher_recipe()
+    state, objective, batch = _state_and_batch(recipe)
+    scorers = {name: p.detach().clone() for name, p in state.model.named_parameters() if "scorer" in name}
+    assert scorers  # the tiny model has scorers to watch
+    lam = state.lam.clone()
+    state.model.eval()  # no dropout (train_step keeps the mode it finds): the same pass, deterministic
+    with torch.no_grad():
+        ones = torch.ones(batch.input_ids.shape[0])
+        dense_logits = state.model.forward_pruned(**batch.encoder_inputs(), rho=ones).logits
+        dense_loss = objective.task.loss(dense_logits, batch)
+    result = train_step(state, objective, batch, StepSchedule.from_recipe(recipe))
+    log = result.log(seconds=0.0)
+    assert result.terms.soft is None and log.task_loss == 0.0 and log.kept_fraction == 1.0
+    assert result.loss.item() == pytest.approx(dense_loss.item(), rel=1e-6)
+    assert torch.equal(state.lam, lam)
+    for name, before in scorers.items():
+        assert torch.equal(dict(state.model.named_parameters())[name], before), name
+
+
+def test_an_objective_with_nothing_to_train_is_refused() -> None:
+    recipe = _dense_teacher_recipe()
+    nothing = recipe.objective.model_copy(update={"pruned_loss_weight": 0.0})
+    with pytest.raises(ValueError, match="nothing would train"):
+        Objective.from_recipe(recipe.model_copy(update={"objective": nothing}))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -14,9 +15,15 @@ from retention_core.machine import describe
 from training.data import EVAL_SEED
 from training.recipes import Recipe, load_recipe
 
-DEFAULT_RUNS_DIR = Path("runs")
+RUNS_DIR_VARIABLE = "RETENTION_RUNS_DIR"  # keeps long runs' checkpoints outside the work tree
 DEFAULT_MODELS_DIR = Path("models")
 DEFAULT_RESULTS_DIR = Path("results")
+
+
+def default_runs_dir() -> Path:
+    """``$RETENTION_RUNS_DIR`` when set (a chain of long runs that must outlive the work tree, e.g. a
+    session's checkout), else ``runs/`` in the current directory."""
+    return Path(os.environ.get(RUNS_DIR_VARIABLE) or "runs")
 
 
 def run_dir_for(recipe: Recipe, runs_dir: Path) -> Path:
@@ -198,7 +205,9 @@ def cmd_build(args: argparse.Namespace) -> None:
 
 def add_training_run_options(command: argparse.ArgumentParser) -> None:
     """Where a training command (fit, retrofit) writes its run and which device trains it."""
-    command.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS_DIR)
+    command.add_argument(
+        "--runs-dir", type=Path, default=default_runs_dir(), help=f"default: ${RUNS_DIR_VARIABLE} or runs/"
+    )
     command.add_argument("--run-dir", type=Path, default=None, help="default: <runs-dir>/<name>-<profile>")
     command.add_argument("--device", default="cpu", help="torch device to train on, e.g. cuda")
 
@@ -257,7 +266,9 @@ def parser() -> argparse.ArgumentParser:
     build_p.add_argument("recipes", type=Path, nargs="+")
     build_p.add_argument("--profile", default="quick")
     build_p.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR)
-    build_p.add_argument("--runs-dir", type=Path, default=DEFAULT_RUNS_DIR)
+    build_p.add_argument(
+        "--runs-dir", type=Path, default=default_runs_dir(), help=f"default: ${RUNS_DIR_VARIABLE} or runs/"
+    )
     build_p.add_argument("--int8", action="store_true")
     build_p.set_defaults(func=cmd_build)
     return root

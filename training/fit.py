@@ -145,12 +145,12 @@ class StepResult:
     lr: float
 
     def log(self, seconds: float) -> StepLog:
-        soft, extra = self.terms.soft, self.terms.extra
+        extra = self.terms.extra
         return StepLog(
             step=self.step,
             loss=self.loss.item(),
             task_loss=self.terms.task.item(),
-            kept_fraction=(soft.expected_kept[:, -1] / soft.num_real).mean().item(),
+            kept_fraction=self.kept_fraction(),
             target_fraction=self.rho.mean().item(),
             pruned_loss=_item(extra.pruned),
             dense_loss=_item(extra.dense),
@@ -160,6 +160,14 @@ class StepResult:
             seconds=seconds,
             salient_loss=_item(extra.salient),
         )
+
+    def kept_fraction(self) -> float:
+        """Expected share of real tokens reaching the last layer in the soft pass; without that pass
+        the hard top-M pass keeps exactly the batch's ρ."""
+        soft = self.terms.soft
+        if soft is None:
+            return self.rho.mean().item()
+        return (soft.expected_kept[:, -1] / soft.num_real).mean().item()
 
 
 def _item(value: torch.Tensor | None) -> float | None:

@@ -122,13 +122,22 @@ class LossWeights:
     dense: float = 1.0  # task loss of the dense pass (ρ = 1), when distilling
     distill: float = 0.0  # divergence of the top-M pass from the dense pass's detached outputs
     salient: float = 0.0  # −log P(gate open) of the task's salient tokens
+    soft: float = 1.0  # task loss of the soft (gated) pass; 0 skips the pass
 
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> LossWeights:
         spec = recipe.objective
         return cls(
-            spec.pruned_loss_weight, spec.dense_loss_weight, spec.distill_weight, spec.salient_keep_weight
+            spec.pruned_loss_weight,
+            spec.dense_loss_weight,
+            spec.distill_weight,
+            spec.salient_keep_weight,
+            spec.soft_loss_weight,
         )
+
+    @property
+    def soft_pass(self) -> bool:
+        return self.soft > 0.0
 
 
 @dataclass
@@ -145,9 +154,9 @@ class ExtraTerms:
 class StepTerms:
     """What one step of the objective computed."""
 
-    soft: SoftOutput  # the soft (gated) pass
+    soft: SoftOutput | None  # the soft (gated) pass; None when the objective skips it
     gap: torch.Tensor  # (P,) expected − target survivors, as a fraction of real tokens; > 0 is over
-    task: torch.Tensor  # task loss of the soft pass
+    task: torch.Tensor  # task loss of the soft pass (0 without it)
     budget: torch.Tensor  # λ·gap, the Lagrangian term
     extra: ExtraTerms
 
@@ -172,6 +181,10 @@ class Objective:
             )
         if weights.distill > 0.0 and task.distill is None:
             raise ValueError(f"task {recipe.task!r} has no distillation loss")
+        if not weights.soft_pass and weights.salient > 0.0:
+            raise ValueError("objective.salient_keep_weight needs the soft pass (soft_loss_weight > 0)")
+        if not weights.soft_pass and weights.pruned <= 0.0 and weights.distill <= 0.0:
+            raise ValueError("objective.soft_loss_weight 0 needs pruned_loss_weight > 0: nothing would train")
         if recipe.retrofit is not None and task.teacher is None:
             raise ValueError(f"a retrofit trains label-free; task {recipe.task!r} needs labels (no teacher)")
         return cls(task, SoftGates.from_recipe(recipe), BudgetRule.from_recipe(recipe), weights)
@@ -190,6 +203,8 @@ class Objective:
         A label-free task's teacher pass comes first (it draws nothing when the backbone is frozen)."""
         if self.task.teacher is not None:
             batch = replace(batch, targets=self.task.teacher(model, batch))
+        if not self.weights.soft_pass:
+            return self.hard_pass_terms(model, batch, rho, lam)
         soft = model.forward_soft(**batch.encoder_inputs(), rho=rho, generator=generator, gates=self.gates)
         task_loss = self.task.loss(soft.logits, batch)
         gap = R.budget_gap(soft.expected_kept, soft.target_kept, soft.num_real)  # (P,)
@@ -197,6 +212,16 @@ class Objective:
         extra = self.hard_pass_losses(model, batch, rho)
         extra.salient = self.salient_loss(soft, batch)
         return StepTerms(soft, gap, task_loss, budget, extra)
+
+    def hard_pass_terms(
+        self, model: RetentionModel, batch: Batch, rho: torch.Tensor, lam: torch.Tensor
+    ) -> StepTerms:
+        """A step without the soft pass: only the hard passes train, so no gate is sampled, no budget
+        gap exists and λ stays where it is. With ρ fixed at 1 this is plain dense fine-tuning, one
+        pass per step (a dense teacher, three times cheaper than the joint objective)."""
+        no_gap = torch.zeros_like(lam)  # (P,)
+        zero = no_gap.sum()
+        return StepTerms(None, no_gap, zero, zero, self.hard_pass_losses(model, batch, rho))
 
     def hard_pass_losses(self, model: RetentionModel, batch: Batch, rho: torch.Tensor) -> ExtraTerms:
         """The hard top-M pass at the batch's ρ and, with distillation, the dense pass.
@@ -240,5 +265,5 @@ class Objective:
         return sum((weight * value for weight, value in weighted if value is not None), 0.0)
 
     def total(self, step: StepTerms) -> torch.Tensor:
-        """The loss to minimise: soft task loss + λ·gap + the weighted extra terms."""
-        return step.task + step.budget + self.weighted_extra(step.extra)
+        """The loss to minimise: weighted soft task loss + λ·gap + the weighted extra terms."""
+        return self.weights.soft * step.task + step.budget + self.weighted_extra(step.extra)

@@ -118,6 +118,15 @@ class OptimizerSpec(Strict):
 class ObjectiveSpec(Strict):
     """What the training loss is made of, beyond the task loss of the soft (gated) pass."""
 
+    soft_loss_weight: float = Field(
+        default=1.0,
+        ge=0.0,
+        description=(
+            "the weight of the soft (gated) pass's task loss; 0 skips that pass: with "
+            "pruned_loss_weight > 0 and rho fixed at 1 each step is plain dense fine-tuning, one pass "
+            "(a dense teacher)"
+        ),
+    )
     pruned_loss_weight: float = Field(
         default=0.0,
         ge=0.0,

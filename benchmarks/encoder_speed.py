@@ -1,6 +1,8 @@
 """Encoder throughput: pruned ONNX (fp32, int8) at several ρ vs the dense ONNX model of the same backbone
-vs Hugging Face transformers in PyTorch (SDPA). Variants are interleaved and repeated because this
-machine's speed drifts ~2× over minutes; we report medians of *paired* ratios and their spread.
+(as exported, and fused by onnxruntime's transformer optimizer: ``training.optimize``, every layer's
+attention one operator, the fastest dense graph) vs Hugging Face transformers in PyTorch (SDPA).
+Variants are interleaved and repeated because this machine's speed drifts ~2× over minutes; we report
+medians of *paired* ratios and their spread.
 
     python -m benchmarks.encoder_speed --out results/bench/encoder_speed.json            # full
     python -m benchmarks.encoder_speed --quick --out /tmp/speed.json                     # CI smoke
@@ -31,6 +33,7 @@ from retention_core.machine import describe
 
 DEFAULT_RHOS = (1.0, 0.7, 0.5, 0.3, 0.2)
 DENSE = "dense-onnx-fp32"
+FUSED_DENSE = "dense-onnx-fp32-fused"
 VOCAB_LOW, VOCAB_HIGH = 1000, 29000  # ordinary word-piece ids, away from special tokens
 
 
@@ -46,6 +49,7 @@ class Measurement:
     speedup_vs_dense: float  # median of paired ratios (same repeat round)
     speedup_min: float
     speedup_max: float
+    speedup_vs_fused_dense: float  # median of paired ratios against the optimizer-fused dense graph
     theoretical_flop_ratio: float | None
 
 
@@ -85,11 +89,25 @@ def build_graphs(args: argparse.Namespace, workdir: Path):
     pruned, dense = workdir / "pruned.onnx", workdir / "dense.onnx"
     export_onnx(model, pruned, model.backbone.info_vocab_size)
     export_dense_onnx(model, dense)
-    graphs = {"fp32": pruned, "dense": dense}
+    graphs = {"fp32": pruned, "dense": dense, "fused-dense": fused_dense_graph(model, workdir)}
     if args.int8:
         quantize_int8(pruned, workdir / "pruned.int8.onnx")
         graphs["int8"] = workdir / "pruned.int8.onnx"
     return model, graphs
+
+
+def fused_dense_graph(model, workdir: Path) -> Path:
+    """The dense graph optimised by onnxruntime's transformer optimizer; raises unless every layer's
+    attention fused."""
+    from training.export import export_dense_onnx
+    from training.optimize import optimize_for_cpu, require_fused_attention
+
+    info = model.backbone.info
+    traced, fused = workdir / "dense.traced.onnx", workdir / "dense.fused.onnx"
+    export_dense_onnx(model, traced)
+    counts = optimize_for_cpu(traced, fused, info.num_heads, info.hidden_size)
+    require_fused_attention(counts, info.num_layers, "fused dense graph")
+    return fused
 
 
 def hf_runner(model, threads: int) -> Callable[[np.ndarray, np.ndarray], object]:
@@ -128,12 +146,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     np.int64
                 )
                 mask = np.ones_like(ids)
+                dense_feeds = {"input_ids": ids, "attention_mask": mask}
                 variants: dict[str, tuple[str, float | None, Callable[[], object]]] = {
-                    DENSE: (
-                        "fp32",
-                        None,
-                        partial(sessions["dense"].run, None, {"input_ids": ids, "attention_mask": mask}),
-                    )
+                    name: ("fp32", None, partial(sessions[graph].run, None, dense_feeds))
+                    for name, graph in ((DENSE, "dense"), (FUSED_DENSE, "fused-dense"))
                 }
                 for precision in [p for p in ("fp32", "int8") if p in sessions]:
                     for rho in args.rhos:
@@ -168,6 +184,34 @@ def info_vocab(model) -> int:
     return int(model.backbone.info_vocab_size)
 
 
+def timed_rounds(
+    runs: dict[str, Callable[[], object]], repeats: int, iterations: int, max_seconds: float
+) -> dict[str, list[float]]:
+    """Seconds per call of every run, one entry per repeat round. Runs are interleaved within a round
+    (rotated, so no run always goes first) because the machine's speed drifts; later rounds are
+    skipped once ``max_seconds`` have passed (at least one round always runs)."""
+    for run in runs.values():  # warm-up: arenas, kernels, first-shape allocations
+        run()
+    rounds: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
+    deadline = time.perf_counter() + max_seconds
+    for repeat in range(repeats):
+        order = names[repeat % len(names) :] + names[: repeat % len(names)]
+        for name in order:
+            started = time.perf_counter()
+            for _ in range(iterations):
+                runs[name]()
+            rounds[name].append((time.perf_counter() - started) / iterations)
+        if time.perf_counter() > deadline:
+            break
+    return rounds
+
+
+def paired_ratios(reference: list[float], variant: list[float]) -> list[float]:
+    """Speed-up of ``variant`` over ``reference`` within each round (reference time / variant time)."""
+    return [ref / var for ref, var in zip(reference, variant, strict=True)]
+
+
 def time_variants(
     variants: dict[str, tuple[str, float | None, Callable[[], object]]],
     seq_len: int,
@@ -177,23 +221,12 @@ def time_variants(
     power: float,
     last_layer_queries: int | None,
 ) -> list[Measurement]:
-    for _, _, run in variants.values():  # warm-up: arenas, kernels, first-shape allocations
-        run()
-    rounds: dict[str, list[float]] = {name: [] for name in variants}
-    names = list(variants)
-    deadline = time.perf_counter() + args.max_seconds_per_cell
-    for repeat in range(args.repeats):
-        order = names[repeat % len(names) :] + names[: repeat % len(names)]  # rotate: no fixed position bias
-        for name in order:
-            started = time.perf_counter()
-            for _ in range(args.iterations):
-                variants[name][2]()
-            rounds[name].append((time.perf_counter() - started) / args.iterations)
-        if time.perf_counter() > deadline:
-            break
+    runs = {name: run for name, (_, _, run) in variants.items()}
+    rounds = timed_rounds(runs, args.repeats, args.iterations, args.max_seconds_per_cell)
     out = []
     for name, (precision, rho, _) in variants.items():
-        paired = [d / v for d, v in zip(rounds[DENSE], rounds[name], strict=True)]
+        paired = paired_ratios(rounds[DENSE], rounds[name])
+        fused = paired_ratios(rounds[FUSED_DENSE], rounds[name])
         median_seconds = statistics.median(rounds[name])
         out.append(
             Measurement(
@@ -207,6 +240,7 @@ def time_variants(
                 speedup_vs_dense=statistics.median(paired),
                 speedup_min=min(paired),
                 speedup_max=max(paired),
+                speedup_vs_fused_dense=statistics.median(fused),
                 theoretical_flop_ratio=(
                     flop_ratio(seq_len, rho, shape, power, last_layer_queries) if rho is not None else None
                 ),
@@ -217,14 +251,18 @@ def time_variants(
 
 def markdown(payload: dict[str, Any]) -> str:
     lines = [
-        "| seq | batch | variant | seq/s | speed-up vs dense ONNX (min–max) | theoretical FLOP ratio |",
-        "|---|---|---|---|---|---|",
+        "| seq | batch | variant | seq/s | speed-up vs dense ONNX (min–max) | vs fused dense ONNX "
+        "| theoretical FLOP ratio |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in payload["results"]:
         theory = f"{r['theoretical_flop_ratio']:.2f}" if r["theoretical_flop_ratio"] else "—"
+        fused = r.get("speedup_vs_fused_dense")  # absent from results measured before the fused graph
+        fused_cell = f"{fused:.2f}×" if fused is not None else "—"
         lines.append(
             f"| {r['seq_len']} | {r['batch']} | {r['variant']} | {r['sequences_per_second']:.1f} | "
-            f"{r['speedup_vs_dense']:.2f}× ({r['speedup_min']:.2f}–{r['speedup_max']:.2f}) | {theory} |"
+            f"{r['speedup_vs_dense']:.2f}× ({r['speedup_min']:.2f}–{r['speedup_max']:.2f}) | {fused_cell} "
+            f"| {theory} |"
         )
     return "\n".join(lines) + "\n"
 

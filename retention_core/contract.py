@@ -47,12 +47,20 @@ KEPT_COUNTS = TensorSpec(
 
 
 class Schedule(BaseModel):
-    """How ρ becomes keep counts: frac_p = ρ^(((p+1)/P)^power); count = round(frac_p · n_real)."""
+    """How ρ becomes keep counts: frac_p = ρ^(((p+1)/P)^power); count = round(frac_p · n_real), at least
+    min(min_kept_tokens, n_real) (the kept-token floor)."""
 
     model_config = ConfigDict(frozen=True)
     kind: Literal["power"] = "power"
     power: float = 1.0
     num_points: int = Field(ge=1)
+    min_kept_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="kept-token floor baked into the graph: every pruning point keeps at least "
+        "min(this, real tokens), so a row at or under it runs dense at any rho; 0 (no floor) for model "
+        "directories exported before the floor existed",
+    )
     last_layer_queries: int | None = Field(
         default=None, description="queries the last layer computes (1 = [CLS] only); None = all"
     )

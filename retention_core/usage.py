@@ -18,6 +18,8 @@ class Work:
     computed: float  # token-layers computed (last layer counts only its queries when the head reads few)
     dense: float  # token-layers of the dense model on the same rows
     activation_bytes: float  # estimated peak activation memory of the request
+    min_kept_tokens: int = 0  # the model's kept-token floor (manifest.schedule.min_kept_tokens)
+    rows_at_floor: int = 0  # rows whose last pruning point kept exactly the floor, min(floor, real tokens)
 
     @property
     def fraction(self) -> float:
@@ -37,13 +39,27 @@ def token_work(manifest: Manifest, row_lengths: list[int], kept_counts: np.ndarr
     if queries is not None:
         work[:, -1] = float(queries)
     processed = int(sum(row_lengths))
+    floor = manifest.schedule.min_kept_tokens
     return Work(
         processed_tokens=processed,
         kept_tokens_per_layer=[int(v) for v in kept_counts.sum(axis=0)],
         computed=float(work.sum()),
         dense=float(processed * layers),
         activation_bytes=activation_bytes(manifest, counts),
+        min_kept_tokens=floor,
+        rows_at_floor=rows_at_floor(floor, row_lengths, kept_counts),
     )
+
+
+def rows_at_floor(floor: int, row_lengths: list[int], kept_counts: np.ndarray) -> int:
+    """Rows whose last pruning point kept exactly min(floor, real tokens): the floor, not ρ, decided
+    how much of them reached the end (a row no longer than the floor runs dense at every ρ).
+    The counts come out of the graph, so this reads what ran rather than re-deriving the schedule.
+    kept_counts (R, L); 0 when the model has no floor."""
+    if floor <= 0 or kept_counts.size == 0:
+        return 0
+    floors = np.minimum(np.asarray(row_lengths, dtype=np.int64), floor)  # (R,)
+    return int(np.count_nonzero(kept_counts[:, -1] == floors))
 
 
 def activation_bytes(manifest: Manifest, counts: np.ndarray) -> float:

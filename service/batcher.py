@@ -5,12 +5,19 @@ requests with different budgets share a batch). The worker waits at most ``max_b
 the oldest job for the batch to fill up to ``max_batch_tokens``, sorts the rows of the taken jobs by
 length and splits them into ONNX runs of at most ``max_batch_tokens`` padded tokens. onnxruntime runs
 in a dedicated worker thread so the event loop stays free.
+
+Under load (``service.admission``): a request is admitted only when the work queued ahead of it, at
+the lowest rho each job may still get, leaves time for its own run before its due time (deadline, or
+for rho=auto its latency target); else 429 with a Retry-After of the predicted drain time. rho=auto
+jobs get their rho when their batch is formed, from the work then still queued. Every run teaches the
+cost model. Rows are padded to a multiple of ``pad_multiple`` so ORT sees few shapes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -21,12 +28,37 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from retention_core.codecs.base import Row
-from service.errors import DeadlineExceeded, InferenceFailed, QueueFull, ShuttingDown
+from service.admission import (
+    EXPORTED_RHOS,
+    CostModel,
+    Pending,
+    RhoReason,
+    Verdict,
+    admit,
+    choose_batch_rho,
+    reason_for,
+    runs_for,
+    schedule_fraction,
+    tokens_through,
+)
+from service.errors import DeadlineExceeded, InferenceFailed, Overloaded, QueueFull, ShuttingDown
 from service.metrics import Metrics
 from service.runtime import LoadedModel
 from service.settings import Settings
 
 log = logging.getLogger("service")
+
+PREDICTED_WAIT_HEADER = "x-predicted-wait"  # seconds, on a 429 from admission: Retry-After, unrounded
+WARMUP_TOKENS = 32  # padded tokens of the warm-up run (2 short rows) that seeds the cost model
+
+
+@dataclass(frozen=True)
+class AutoBudget:
+    """A rho=auto request: its rho is chosen in [floor, ceiling] when its batch is formed."""
+
+    floor: float  # min_rho
+    ceiling: float  # auto_max_rho (or the floor, when that is higher)
+    due: float  # time.monotonic() by which it should be answered: arrival + its latency target
 
 
 @dataclass
@@ -35,20 +67,37 @@ class JobResult:
     kept_counts: np.ndarray  # (R, L) int64
     queue_time: float  # enqueue -> start of the first run holding its rows
     inference_time: float  # that start -> end of the last run holding its rows
+    rhos: list[float] = field(default_factory=list)  # the rho each row was served at
+    rho_reason: RhoReason | None = None  # rho=auto: why that rho
+    predicted_wait: float = 0.0  # admission's predicted wait for the work queued ahead
 
 
 @dataclass
 class Job:
     rows: list[Row]
-    rhos: list[float]
+    rhos: list[float]  # fixed rho per row; for rho=auto filled in when the batch is formed
     future: asyncio.Future[JobResult]
     deadline: float  # time.monotonic()
+    auto: AutoBudget | None = None
+    tokens: int = 0  # padded tokens (shape lengths) of its rows
     enqueued: float = field(default_factory=time.monotonic)
     cancelled: bool = False
+    reason: RhoReason | None = None
+    predicted_wait: float = 0.0
 
     @property
-    def tokens(self) -> int:
-        return sum(len(row) for row in self.rows)
+    def floor(self) -> float:
+        """The lowest rho this job may still get."""
+        return self.auto.floor if self.auto is not None else min(self.rhos)
+
+    @property
+    def due(self) -> float:
+        return min(self.deadline, self.auto.due) if self.auto is not None else self.deadline
+
+    def pending(self) -> Pending:
+        if self.auto is not None:
+            return Pending(self.tokens, self.auto.floor, self.auto.ceiling, self.due, auto=True)
+        return Pending(self.tokens, min(self.rhos), max(self.rhos), self.due, auto=False)
 
 
 @dataclass
@@ -56,6 +105,14 @@ class RunStats:
     rows: int
     padded_tokens: int
     seconds: float
+    kept_work: float  # padded tokens x the schedule's kept fraction at each row's rho
+
+
+def shape_length(length: int, multiple: int, max_length: int) -> int:
+    """The padded length of a row: rounded up to ``multiple``, never past the model's ``max_length``
+    (unless the row itself is longer), so ORT sees at most max_length / multiple distinct lengths."""
+    rounded = -(-length // multiple) * multiple
+    return max(length, min(rounded, max_length))
 
 
 def plan_runs(lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -79,14 +136,24 @@ class Batcher:
         self.settings = settings
         self.metrics = metrics
         self.queue: deque[Job] = deque()
-        self.queued_tokens = 0
+        self.queued_tokens = 0  # padded tokens of the queued jobs
+        self.queued_floor_work = 0.0  # their kept token-work at the lowest rho each may get
         self.busy = False
+        self.busy_until = 0.0  # predicted end of the running batch (time.monotonic())
+        self.recent_batch_tokens = 0.0  # EWMA of the padded tokens of the batches formed
         self.closing = False
-        self.batch_latency = model.warmup_seconds  # EWMA of seconds per ONNX run
+        self.fraction = functools.lru_cache(maxsize=256)(
+            lambda rho: schedule_fraction(model.manifest.schedule, rho)
+        )
+        self.cost = CostModel(
+            self.fraction, model.warmup_seconds, WARMUP_TOKENS, seed_rho=model.manifest.default_rho
+        )
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ort-{model.name}")
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._depth = metrics.queue_depth.labels(model=model.name)
+        self._drain = metrics.predicted_drain.labels(model=model.name)
+        self._publish_cost_model()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -117,21 +184,46 @@ class Batcher:
         return len(self.queue) + (1 if self.busy else 0)
 
     # ------------------------------------------------------------------ client side
-    def estimated_latency(self, tokens: int) -> float:
-        """Seconds a new job of ``tokens`` would take: runs ahead of it (and its own) x recent run latency."""
-        budget = self.settings.max_batch_tokens
-        runs = math.ceil((self.queued_tokens + tokens) / budget) + (1 if self.busy else 0)
-        return runs * self.batch_latency
+    def shaped(self, rows: list[Row]) -> int:
+        """Padded tokens of ``rows`` as ORT will see them (each row at its shape length)."""
+        multiple, longest = self.settings.pad_multiple, self.model.manifest.max_length
+        return sum(shape_length(len(row), multiple, longest) for row in rows)
 
-    async def submit(self, rows: list[Row], rhos: list[float], deadline: float) -> JobResult:
+    def drain_seconds(self, now: float) -> float:
+        """Predicted seconds until the running batch and the queue (each job at the lowest rho it may get)
+        are done."""
+        running = max(0.0, self.busy_until - now) if self.busy else 0.0
+        if not self.queued_tokens:
+            return running
+        budget = self.settings.max_batch_tokens
+        runs = runs_for(self.queued_tokens, budget)
+        return running + self.cost.predict(runs, self.queued_tokens, self.queued_floor_work)
+
+    def completion_seconds(self, now: float, tokens: int, floor: float) -> float:
+        """Predicted seconds until a job of ``tokens`` queued now is done at ``floor``: the work ahead, then
+        its run, counted as full as recent batches (requests behind it join its run until it forms)."""
+        running = max(0.0, self.busy_until - now) if self.busy else 0.0
+        budget = self.settings.max_batch_tokens
+        cumulative = self.queued_tokens + tokens
+        through = tokens_through(cumulative, budget, self.recent_batch_tokens)
+        work = (self.queued_floor_work + tokens * self.fraction(floor)) * through / cumulative
+        return running + self.cost.predict(runs_for(through, budget), through, work)
+
+    async def submit(
+        self, rows: list[Row], rhos: list[float], deadline: float, auto: AutoBudget | None = None
+    ) -> JobResult:
+        """Queue one request (``rhos``: one per row; ignored for ``auto``, whose rho is chosen when its
+        batch is formed) and wait for its result. Raises ``Overloaded`` (429) when it is shed."""
         if self.closing:
             raise ShuttingDown()
+        now = time.monotonic()
         if len(self.queue) >= self.settings.max_queue_requests:
-            raise QueueFull(headers={"Retry-After": str(self.settings.retry_after_s)})
-        job = Job(rows, rhos, asyncio.get_running_loop().create_future(), deadline)
+            raise QueueFull(max(self.settings.retry_after_s, math.ceil(self.drain_seconds(now))))
+        job = Job(rows, list(rhos), asyncio.get_running_loop().create_future(), deadline, auto)
+        job.tokens = self.shaped(rows)
+        self._admit(job, now)
         self.queue.append(job)
-        self.queued_tokens += job.tokens
-        self._depth.set(len(self.queue))
+        self._count(job, +1)
         self._wakeup.set()
         try:
             return await asyncio.wait_for(asyncio.shield(job.future), max(0.0, deadline - time.monotonic()))
@@ -144,11 +236,54 @@ class Batcher:
             self._forget(job)
             raise
 
+    def shed_early(self, now: float, due: float, by_target: bool) -> None:
+        """Before the request is even tokenized: refuse it (429) when the work already ahead of it ends
+        after its due time. Cheap, and it spares an overloaded process the tokenizing of requests it would
+        refuse anyway; ``_admit`` then checks the request's own run too."""
+        if not self.settings.admission_control or (not self.busy and not self.queue):
+            return
+        wait = self.drain_seconds(now)
+        if now + wait > due:
+            raise self._overloaded(admit(now, due, wait, 0.0, idle=False), wait, by_target)
+
+    def _overloaded(self, verdict: Verdict, wait: float, by_target: bool) -> Overloaded:
+        error = Overloaded(
+            "over_target" if by_target else "over_deadline",
+            max(self.settings.retry_after_s, verdict.retry_after_s),
+            "server overloaded: predicted completion misses the "
+            + ("latency target" if by_target else "request deadline")
+            + ", retry later",
+        )
+        error.headers[PREDICTED_WAIT_HEADER] = f"{wait:.6f}"
+        return error
+
+    def _admit(self, job: Job, now: float) -> None:
+        """Refuse ``job`` (429) when the work ahead at its lowest rho leaves no time for its own run."""
+        wait = self.drain_seconds(now)
+        own = self.completion_seconds(now, job.tokens, job.floor) - wait
+        job.predicted_wait = wait
+        self.metrics.predicted_wait.labels(model=self.model.name).observe(wait)
+        self._drain.set(wait + own)
+        if not self.settings.admission_control:
+            return
+        idle = not self.busy and not self.queue
+        verdict = admit(now, job.due, wait, own, idle)
+        if verdict.admit:
+            return
+        raise self._overloaded(verdict, wait, by_target=job.auto is not None and job.auto.due < job.deadline)
+
+    def _count(self, job: Job, sign: int) -> None:
+        """Keep the queue's running sums (tokens, floor work, depth gauge) in step with its contents."""
+        self.queued_tokens += sign * job.tokens
+        self.queued_floor_work += sign * job.tokens * self.fraction(job.floor)
+        if not self.queue:  # no float drift left behind by an emptied queue
+            self.queued_tokens, self.queued_floor_work = 0, 0.0
+        self._depth.set(len(self.queue))
+
     def _forget(self, job: Job) -> None:
         with contextlib.suppress(ValueError):
             self.queue.remove(job)
-            self.queued_tokens -= job.tokens
-            self._depth.set(len(self.queue))
+            self._count(job, -1)
 
     # ------------------------------------------------------------------ worker side
     async def _worker(self) -> None:
@@ -166,6 +301,7 @@ class Batcher:
             jobs = self._take()
             if not jobs:
                 continue
+            self._assign_rhos(jobs, time.monotonic())
             self.busy = True
             try:
                 await self._run(loop, jobs)
@@ -191,27 +327,48 @@ class Batcher:
             job = self.queue[0]
             if job.cancelled or job.future.done() or job.deadline <= now:
                 self.queue.popleft()
-                self.queued_tokens -= job.tokens
+                self._count(job, -1)
                 continue
             if jobs and tokens + job.tokens > self.settings.max_batch_tokens:
                 break
             self.queue.popleft()
-            self.queued_tokens -= job.tokens
+            self._count(job, -1)
             jobs.append(job)
             tokens += job.tokens
-        self._depth.set(len(self.queue))
         return jobs
+
+    def _assign_rhos(self, jobs: list[Job], now: float) -> None:
+        """rho of the batch's auto jobs, from the work still queued behind it (``choose_batch_rho``);
+        then the batch's predicted end, which admission counts as work ahead."""
+        batch = [job.pending() for job in jobs]
+        if any(job.auto is not None for job in jobs):
+            queued = [job.pending() for job in self.queue if not job.cancelled]
+            choice = choose_batch_rho(now, batch, queued, self.cost, self.settings.max_batch_tokens)
+            for job, pending, rho in zip(jobs, batch, choice.rhos(batch), strict=True):
+                if job.auto is not None:
+                    job.rhos = [rho] * len(job.rows)
+                    job.reason = reason_for(pending, rho)
+        tokens = sum(job.tokens for job in jobs)
+        self.recent_batch_tokens = 0.7 * self.recent_batch_tokens + 0.3 * tokens
+        work = sum(self.fraction(rho) * job.tokens / len(job.rows) for job in jobs for rho in job.rhos)
+        predicted = self.cost.predict(runs_for(tokens, self.settings.max_batch_tokens), tokens, work)
+        self.busy_until = now + predicted
+        self._drain.set(self.drain_seconds(now))
 
     async def _run(self, loop: asyncio.AbstractEventLoop, jobs: list[Job]) -> None:
         rows = [row for job in jobs for row in job.rows]
         rhos = [rho for job in jobs for rho in job.rhos]
-        runs = plan_runs([len(row) for row in rows], self.settings.max_batch_tokens)
+        multiple, longest = self.settings.pad_multiple, self.model.manifest.max_length
+        lengths = [shape_length(len(row), multiple, longest) for row in rows]
+        runs = plan_runs(lengths, self.settings.max_batch_tokens)
         start = time.monotonic()
         name = self.model.name
         for job in jobs:
             self.metrics.queue_duration.labels(model=name).observe(start - job.enqueued)
         try:
-            results, stats = await loop.run_in_executor(self.executor, self._execute, rows, rhos, runs)
+            results, stats = await loop.run_in_executor(
+                self.executor, self._execute, rows, rhos, lengths, runs
+            )
         except Exception as exc:
             self._fail(jobs, exc)
             return
@@ -220,8 +377,8 @@ class Batcher:
             self.metrics.batch_size.labels(model=name).observe(run.rows)
             self.metrics.batch_tokens.labels(model=name).observe(run.padded_tokens)
             self.metrics.inference_duration.labels(model=name).observe(run.seconds)
-            alpha = 0.3 if self.batch_latency else 1.0
-            self.batch_latency = (1 - alpha) * self.batch_latency + alpha * run.seconds
+            self.cost.observe(run.padded_tokens, run.kept_work, run.seconds)
+        self._publish_cost_model()
         offset = 0
         for job in jobs:
             count = len(job.rows)
@@ -229,19 +386,36 @@ class Batcher:
             counts = np.stack([results[i][1] for i in range(offset, offset + count)])  # (R, L)
             offset += count
             if not job.future.done():
-                job.future.set_result(JobResult(outputs, counts, start - job.enqueued, end - start))
+                job.future.set_result(
+                    JobResult(
+                        outputs,
+                        counts,
+                        start - job.enqueued,
+                        end - start,
+                        rhos=job.rhos,
+                        rho_reason=job.reason,
+                        predicted_wait=job.predicted_wait,
+                    )
+                )
+
+    def _publish_cost_model(self) -> None:
+        per_token = {rho: self.cost.per_token(rho) for rho in EXPORTED_RHOS}
+        self.metrics.record_cost_model(self.model.name, self.cost.per_run, per_token)
 
     def _execute(
-        self, rows: list[Row], rhos: list[float], runs: list[list[int]]
+        self, rows: list[Row], rhos: list[float], lengths: list[int], runs: list[list[int]]
     ) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[RunStats]]:
-        """Worker thread: every planned run through onnxruntime; results back in the original row order."""
+        """Worker thread: every planned run through onnxruntime, each padded to its longest shape length;
+        results back in the original row order."""
         results: list[tuple[np.ndarray, np.ndarray]] = [None] * len(rows)  # type: ignore[list-item]
         stats = []
         for run in runs:
+            length = max(lengths[i] for i in run)
             begin = time.perf_counter()
-            outputs, counts = self.model.run([rows[i] for i in run], [rhos[i] for i in run])
+            outputs, counts = self.model.run([rows[i] for i in run], [rhos[i] for i in run], length)
             seconds = time.perf_counter() - begin
             for slot, index in enumerate(run):
                 results[index] = (outputs[slot], counts[slot])
-            stats.append(RunStats(len(run), len(run) * max(len(rows[i]) for i in run), seconds))
+            kept = length * sum(self.fraction(rhos[i]) for i in run)
+            stats.append(RunStats(len(run), len(run) * length, seconds, kept))
         return results, stats

@@ -1,7 +1,8 @@
 """The inference engine behind a small protocol, independent of HTTP (TGI style).
 
 ``RetentionEngine`` owns the model repository (every model directory under ``settings.models_dir``),
-one ``Batcher`` per model, hot reload and the rho=auto controller. HTTP handlers only talk to the
+one ``Batcher`` per model (admission and the rho=auto controller, ``service.admission``), hot reload and
+the ``max_concurrent_requests`` cap. HTTP handlers only talk to the
 ``Engine`` protocol; they never see onnxruntime.
 
 Repository layout::
@@ -18,14 +19,15 @@ import asyncio
 import contextlib
 import logging
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from retention_core.codecs.base import Row
 from retention_core.contract import MANIFEST_FILE
-from service.batcher import Batcher, JobResult
-from service.errors import ModelNotFound, NotReady, ShuttingDown, TaskMismatch
+from service.batcher import AutoBudget, Batcher, JobResult
+from service.errors import ModelNotFound, NotReady, Overloaded, ShuttingDown, TaskMismatch
 from service.metrics import Metrics
 from service.runtime import LoadedModel, ModelLoadError, fingerprint, load_model
 from service.settings import Settings
@@ -39,12 +41,6 @@ class ReloadReport:
     unchanged: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)  # directory (relative to the root) -> message
-
-
-@dataclass(frozen=True)
-class AutoRho:
-    rho: float
-    degraded: bool
 
 
 class Engine(Protocol):
@@ -69,11 +65,16 @@ class Engine(Protocol):
 
     def resolve(self, name: str | None, task: str) -> LoadedModel: ...
 
-    def auto_rho(self, model: LoadedModel, tokens: int, min_rho: float) -> AutoRho: ...
-
     async def infer(
-        self, model: LoadedModel, rows: list[Row], rhos: list[float], deadline: float
+        self,
+        model: LoadedModel,
+        rows: list[Row],
+        rhos: list[float],
+        deadline: float,
+        auto: AutoBudget | None = None,
     ) -> JobResult: ...
+
+    def shed_early(self, model: LoadedModel, due: float, by_target: bool) -> None: ...
 
     async def reload(self) -> ReloadReport: ...
 
@@ -100,6 +101,7 @@ class RetentionEngine:
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()
         self._watcher: asyncio.Task[None] | None = None  # the periodic rescan (reload_interval_s)
+        self._in_flight = 0  # inference requests inside infer (max_concurrent_requests)
         self.started = False  # first load finished
         self.stopping = False
 
@@ -163,22 +165,28 @@ class RetentionEngine:
         return self.batcher(self.get(name))
 
     # ------------------------------------------------------------------ inference
-    def auto_rho(self, model: LoadedModel, tokens: int, min_rho: float) -> AutoRho:
-        """Pick rho to hold ``auto_latency_target_s``: full ``auto_max_rho`` while the estimated latency
-        (runs queued ahead x recent run latency) fits the target, else scaled down by target/estimate,
-        never below the client's ``min_rho``."""
-        ceiling = max(self.settings.auto_max_rho, min_rho)
-        estimate = self.batcher(model).estimated_latency(tokens)
-        target = self.settings.auto_latency_target_s
-        if estimate <= target:
-            return AutoRho(ceiling, False)
-        rho = max(min_rho, min(ceiling, ceiling * target / estimate))
-        return AutoRho(rho, rho < ceiling)
-
     async def infer(
-        self, model: LoadedModel, rows: list[Row], rhos: list[float], deadline: float
+        self,
+        model: LoadedModel,
+        rows: list[Row],
+        rhos: list[float],
+        deadline: float,
+        auto: AutoBudget | None = None,
     ) -> JobResult:
-        return await self.batcher(model).submit(rows, rhos, deadline)
+        """Run ``rows`` at ``rhos`` (or, with ``auto``, at the rho its batch gets). 429 (``Overloaded``)
+        when ``max_concurrent_requests`` requests are already in, or admission sheds it."""
+        cap = self.settings.max_concurrent_requests
+        if cap and self._in_flight >= cap:
+            raise Overloaded("concurrency", self.settings.retry_after_s)
+        self._in_flight += 1
+        try:
+            return await self.batcher(model).submit(rows, rhos, deadline, auto)
+        finally:
+            self._in_flight -= 1
+
+    def shed_early(self, model: LoadedModel, due: float, by_target: bool) -> None:
+        """429 before tokenizing when the work already queued for ``model`` ends after ``due``."""
+        self.batcher(model).shed_early(time.monotonic(), due, by_target)
 
     # ------------------------------------------------------------------ repository
     def _scan(self) -> list[tuple[Path, str | None, str | None]]:

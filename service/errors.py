@@ -21,9 +21,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("service")
 
+# reason label of retention_shed_requests_total (every 429), bounded
+SHED_REASONS = (
+    "queue_full",  # the model's queue holds max_queue_requests
+    "over_target",  # rho=auto: predicted completion (work ahead at its floor) misses its latency target
+    "over_deadline",  # predicted completion misses the request deadline
+    "concurrency",  # max_concurrent_requests requests already in the server
+)
 # reason label of retention_rejections_total, bounded
 REJECTION_REASONS = (
-    "queue_full",
+    *SHED_REASONS,
     "deadline",
     "payload_too_large",
     "input_too_long",
@@ -73,8 +80,19 @@ class InputTooLong(ServiceError):
     status, code, reason = 413, "input_too_long", "input_too_long"
 
 
-class QueueFull(ServiceError):
-    status, code, reason, message = 429, "overloaded", "queue_full", "server overloaded, retry later"
+class Overloaded(ServiceError):
+    """429 with ``Retry-After``: the request was shed at admission (``reason``: one of SHED_REASONS)."""
+
+    status, code, message = 429, "overloaded", "server overloaded, retry later"
+
+    def __init__(self, reason: str, retry_after_s: int, message: str | None = None) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+        self.reason = reason
+
+
+class QueueFull(Overloaded):
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__("queue_full", retry_after_s)
 
 
 class DeadlineExceeded(ServiceError):
@@ -152,10 +170,12 @@ def install_error_handlers(app: FastAPI) -> None:
     def metrics_of(request: Request) -> Any:
         return getattr(request.app.state, "metrics", None)
 
-    def count_rejection(request: Request, reason: str | None) -> None:
+    def count_rejection(request: Request, reason: str | None, shed: bool = False) -> None:
         metrics = metrics_of(request)
         if metrics is not None and reason is not None:
             metrics.rejections.labels(reason=reason).inc()
+            if shed:
+                metrics.shed.labels(reason=reason).inc()
 
     def respond(
         request: Request,
@@ -171,7 +191,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        count_rejection(request, exc.reason)
+        count_rejection(request, exc.reason, shed=exc.status == 429)
         if exc.status >= 500 and exc.status not in (503, 504):
             log.error("request failed: %s", exc.code, exc_info=exc.__cause__ or exc)
         return respond(request, exc.status, exc.code, exc.message, param=exc.param, headers=exc.headers)

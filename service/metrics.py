@@ -1,7 +1,8 @@
 """All Prometheus metrics of the service, one ``CollectorRegistry`` per app (tests build several apps).
 
 Names are a contract with the Grafana dashboards and alert rules: do not rename. Labels are bounded
-(endpoint = route name, model = loaded model name, reason from a fixed list); rho is never a label.
+(endpoint = route name, model = loaded model name, reason from a fixed list); a request's rho is never
+a label (the cost model's estimates carry ``rho_bucket``, one of the five fixed ``EXPORTED_RHOS``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from collections.abc import Iterable
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from service.errors import REJECTION_REASONS
+from service.admission import EXPORTED_RHOS, RHO_REASONS
+from service.errors import REJECTION_REASONS, SHED_REASONS
 
 # inference endpoints (input tokens, rho, degraded): route templates without the leading slash
 ENDPOINTS = ("classify", "qa", "summarize", "embed", "v1/embeddings")
@@ -22,6 +24,10 @@ RHO_BUCKETS = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)
 TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MEMORY_BUCKETS = tuple(float(2**k) for k in range(12, 34, 2))  # 4 KiB .. 8 GiB
+
+
+def rho_label(rho: float) -> str:
+    return f"{rho:.1f}"
 
 
 def status_class(status: int) -> str:
@@ -106,6 +112,41 @@ class Metrics:
             buckets=MEMORY_BUCKETS,
             registry=r,
         )
+        self.shed = Counter(
+            "retention_shed_requests_total", "requests refused with 429 (shed)", ["reason"], registry=r
+        )
+        self.served_rho = Histogram(
+            "retention_served_rho",
+            "rho each request was served at, by why (usage.rho_reason)",
+            ["model", "reason"],
+            buckets=RHO_BUCKETS,
+            registry=r,
+        )
+        self.predicted_wait = Histogram(
+            "retention_predicted_wait_seconds",
+            "admission: predicted wait for the work queued ahead (at its lowest rho)",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.predicted_drain = Gauge(
+            "retention_predicted_drain_seconds",
+            "predicted time to run the queued work at its lowest rho (last admission or batch)",
+            ["model"],
+            registry=r,
+        )
+        self.cost_per_token = Gauge(
+            "retention_cost_model_token_seconds",
+            "cost model: marginal seconds per padded token at rho_bucket",
+            ["model", "rho_bucket"],
+            registry=r,
+        )
+        self.cost_per_run = Gauge(
+            "retention_cost_model_run_seconds",
+            "cost model: fixed seconds per ONNX run",
+            ["model"],
+            registry=r,
+        )
         self.model_info = Gauge(
             "retention_model_info", "loaded models", ["model", "task", "backbone", "precision"], registry=r
         )
@@ -123,6 +164,8 @@ class Metrics:
             self.degraded.labels(endpoint=endpoint)
         for reason in REJECTION_REASONS:
             self.rejections.labels(reason=reason)
+        for reason in SHED_REASONS:
+            self.shed.labels(reason=reason)
 
     def init_model(self, model: str, task: str, backbone: str, precision: str) -> None:
         for family in (
@@ -134,8 +177,13 @@ class Metrics:
             self.token_layers_computed,
             self.token_layers_saved,
             self.activation_memory,
+            self.predicted_wait,
+            self.predicted_drain,
+            self.cost_per_run,
         ):
             family.labels(model=model)
+        for reason in RHO_REASONS:
+            self.served_rho.labels(model=model, reason=reason)
         self.model_info.labels(model=model, task=task, backbone=backbone, precision=precision).set(1)
 
     def forget_model(self, model: str, task: str, backbone: str, precision: str) -> None:
@@ -143,6 +191,15 @@ class Metrics:
         with contextlib.suppress(KeyError):
             self.model_info.remove(model, task, backbone, precision)
         self.queue_depth.labels(model=model).set(0)
+        self.predicted_drain.labels(model=model).set(0)
+        for rho in EXPORTED_RHOS:
+            with contextlib.suppress(KeyError):
+                self.cost_per_token.remove(model, rho_label(rho))
+
+    def record_cost_model(self, model: str, per_run: float, per_token: dict[float, float]) -> None:
+        self.cost_per_run.labels(model=model).set(per_run)
+        for rho, seconds in per_token.items():
+            self.cost_per_token.labels(model=model, rho_bucket=rho_label(rho)).set(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

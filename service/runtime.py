@@ -88,9 +88,12 @@ class LoadedModel:
     def num_layers(self) -> int:
         return self.manifest.schedule.num_points
 
-    def run(self, rows: list[Row], rhos: list[float]) -> tuple[list[np.ndarray], np.ndarray]:
-        """One padded ONNX run. Returns the first output of every row, unpadded, and kept counts (B, L)."""
-        feeds = pad_rows(rows, self.pad_id)
+    def run(
+        self, rows: list[Row], rhos: list[float], length: int | None = None
+    ) -> tuple[list[np.ndarray], np.ndarray]:
+        """One padded ONNX run (to the longest row, or ``length`` when longer). Returns the first output
+        of every row, unpadded, and kept counts (B, L)."""
+        feeds = pad_rows(rows, self.pad_id, length)
         feeds["rho"] = np.asarray(rhos, dtype=np.float32)  # (B,)
         main, counts = self.session.run(self.output_names, feeds)
         if main.ndim == 3:  # token outputs (B, T, k): drop padding per row
@@ -148,7 +151,11 @@ def load_model(directory: Path, settings: Settings, name: str | None = None) -> 
 
     try:
         session = open_session(
-            model_path, settings.intra_op_threads, settings.inter_op_threads, use_cuda=settings.use_cuda
+            model_path,
+            settings.intra_op_threads,
+            settings.inter_op_threads,
+            use_cuda=settings.use_cuda,
+            cpu_mem_arena=settings.cpu_mem_arena,
         )
     except Exception as exc:
         log.error("onnxruntime could not load %s: %s", model_path, exc)

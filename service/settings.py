@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     )
     inter_op_threads: int = Field(default=1, ge=1)
     use_cuda: bool = Field(default=True, description="use CUDAExecutionProvider when onnxruntime offers it")
+    cpu_mem_arena: bool = Field(
+        default=True,
+        description="onnxruntime's CPU memory arena (fast reuse; keeps its peak); false: plain allocations",
+    )
     warmup: bool = True
     reload_interval_s: float = Field(
         default=0.0,
@@ -50,10 +54,31 @@ class Settings(BaseSettings):
         description="QA / summarization windows per input; more is truncated (or 413)",
     )
     max_items: int = Field(default=64, ge=1, description="texts / questions per request (413 beyond)")
+    admission_control: bool = Field(
+        default=True,
+        description="refuse (429) a request whose predicted completion misses its deadline or rho=auto "
+        "target, instead of queueing it",
+    )
+    max_concurrent_requests: int = Field(
+        default=0, ge=0, description="inference requests in the server at once before 429 (0 = no cap)"
+    )
+    pad_multiple: int = Field(
+        default=16,
+        ge=1,
+        description="padded row length is rounded up to a multiple of this: ORT sees few shapes, so its "
+        "memory arena stays flat under varied traffic",
+    )
     drain_timeout_s: float = Field(default=30.0, ge=0.0, description="graceful shutdown: wait for in-flight")
 
     # ------------------------------------------------------------------ rho=auto
-    auto_latency_target_s: float = Field(default=0.25, gt=0.0, description="rho=auto holds this latency")
+    auto_latency_target_s: float = Field(
+        default=0.25, gt=0.0, description="rho=auto holds this latency unless the request sets its own"
+    )
+    max_latency_target_s: float = Field(
+        default=30.0,
+        gt=0.0,
+        description="cap of a request's own target (max_latency_ms)",
+    )
     auto_min_rho: float = Field(default=0.1, gt=0.0, le=1.0, description="floor when the client sends none")
     auto_max_rho: float = Field(default=1.0, gt=0.0, le=1.0, description="rho=auto without load")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -41,6 +42,46 @@ def test_keep_counts_round_and_respect_bounds() -> None:
     assert counts[3].tolist() == [7, 7, 7, 7]  # ρ = 1 keeps everything
     assert torch.all(counts <= num_real.unsqueeze(-1))
     assert torch.all(counts[:, 1:] <= counts[:, :-1])
+
+
+def test_keep_counts_floor_runs_short_rows_dense_and_holds_long_rows_at_the_floor() -> None:
+    """At ρ = 0.3 without a floor "great film" ([CLS] great film [SEP]) keeps 1 token of 4."""
+    rho = torch.tensor([0.3, 0.3, 0.3, 0.2, 0.9])
+    num_real = torch.tensor([4, 16, 40, 200, 40])
+    protected = torch.ones(5, dtype=torch.long)
+    bare = R.keep_counts(rho, num_real, protected, num_points=6, power=0.5)  # (B, P)
+    assert bare[0, -1].item() == 1  # the defect: one token of four reaches the last layer
+    floored = R.keep_counts(rho, num_real, protected, num_points=6, power=0.5, min_kept=16)  # (B, P)
+    assert floored[0].tolist() == [4] * 6 and floored[1].tolist() == [16] * 6  # at or under: dense
+    assert floored[2].min().item() == 16 and floored[2, -1].item() == 16  # round(0.3·40) = 12 → 16
+    torch.testing.assert_close(floored[3], bare[3])  # 40 of 200 at ρ = 0.2: the floor never binds
+    torch.testing.assert_close(floored[4], bare[4])  # 36 of 40 at ρ = 0.9: nor here
+    assert torch.all(floored >= torch.minimum(num_real, torch.tensor(16)).unsqueeze(-1))
+    assert torch.all(floored[:, 1:] <= floored[:, :-1])  # still non-increasing
+    assert torch.all(floored <= num_real.unsqueeze(-1))
+
+
+def test_keep_counts_floor_zero_is_the_schedule_without_a_floor() -> None:
+    generator = torch.Generator().manual_seed(0)
+    rho = torch.rand(64, generator=generator).clamp(min=0.05)  # (B,)
+    num_real = torch.randint(1, 300, (64,), generator=generator)  # (B,)
+    protected = torch.randint(1, 20, (64,), generator=generator).clamp(max=num_real)  # (B,)
+    floor_zero = R.keep_counts(rho, num_real, protected, 6, 0.5, min_kept=0)
+    assert torch.equal(floor_zero, R.keep_counts(rho, num_real, protected, 6, 0.5))
+    floored = R.keep_counts(rho, num_real, protected, 6, 0.5, min_kept=16)
+    assert torch.equal(floored, torch.maximum(floor_zero, R.floor_tokens(num_real, 16).unsqueeze(-1)))
+
+
+def test_floored_fractions_are_the_counts_targets_and_bit_identical_at_floor_zero() -> None:
+    rho = torch.tensor([0.3, 0.3, 0.5])
+    num_real = torch.tensor([4, 40, 400])
+    fractions = R.keep_fractions(rho, 6, 0.5)  # (B, P)
+    assert R.floored_fractions(fractions, num_real, 0) is fractions  # the reference objective untouched
+    floored = R.floored_fractions(fractions, num_real, 16)
+    torch.testing.assert_close(floored[0], torch.ones(6))  # 4 tokens under a floor of 16: all kept
+    torch.testing.assert_close(floored[1, -1], torch.tensor(0.4))  # 16 / 40 beats ρ = 0.3
+    torch.testing.assert_close(floored[2], fractions[2])  # 200 of 400 ≫ 16
+    assert torch.all(floored[:, 1:] <= floored[:, :-1])
 
 
 def test_conditional_rates_multiply_back_to_fractions() -> None:
@@ -225,6 +266,17 @@ def test_encoder_token_work_is_the_serving_definition_per_row(last_layer_queries
     for row in range(16):
         served = token_work(manifest, [int(num_real[row])], counts[row : row + 1].numpy())
         assert per_row[row].item() == pytest.approx(served.fraction, rel=1e-6)
+
+
+def test_token_work_reports_the_floor_and_the_rows_that_ran_at_it() -> None:
+    manifest = _manifest(3, None)
+    floored = manifest.model_copy(update={"schedule": Schedule(num_points=3, min_kept_tokens=16)})
+    lengths = [4, 40, 40, 200]
+    counts = np.array([[4, 4, 4], [30, 20, 16], [38, 36, 34], [100, 60, 40]])  # (R, L)
+    work = token_work(floored, lengths, counts)
+    assert (work.min_kept_tokens, work.rows_at_floor) == (16, 2)  # the 4-token row and 40 → 16
+    assert token_work(manifest, lengths, counts).rows_at_floor == 0  # no floor, nothing at it
+    assert work.fraction == token_work(manifest, lengths, counts).fraction  # the floor only shows in counts
 
 
 @pytest.mark.parametrize("rate", [0.3, 0.5, 0.82])

@@ -89,12 +89,28 @@ def manifest_quality(model_path: Path, recipe: Recipe, tokenizer: Any, runtime: 
     )
 
 
-def export_run(run_dir: Path, out_dir: Path, int8: bool, quality: bool) -> None:
+def with_min_kept_tokens(model: Any, recipe: Recipe, floor: int | None) -> Recipe:
+    """``--min-kept-tokens``: re-export or re-evaluate a trained run with another kept-token floor. The
+    floor is a schedule setting, not a weight: ``model`` (a RetentionModel) gets it in its config and the
+    returned recipe (what the manifest records) says it. None keeps the run's own floor."""
+    if floor is None:
+        return recipe
+    from dataclasses import replace
+
+    model.config = replace(model.config, min_kept_tokens=floor)
+    retention = recipe.retention.model_copy(update={"min_kept_tokens": floor})
+    return recipe.model_copy(update={"retention": retention})
+
+
+def export_run(
+    run_dir: Path, out_dir: Path, int8: bool, quality: bool, min_kept_tokens: int | None = None
+) -> None:
     from retention_core.contract import INT8_MODEL_FILE, Manifest
     from training.export import export_model
     from training.fit import load_run
 
     model, recipe, tokenizer = load_run(run_dir)
+    recipe = with_min_kept_tokens(model, recipe, min_kept_tokens)
     manifest = export_model(model, recipe, tokenizer, out_dir, int8=int8)
     if quality:
         manifest.quality = manifest_quality(out_dir / MODEL_FILE, recipe, tokenizer, "onnxruntime fp32")
@@ -112,7 +128,7 @@ def cmd_export(args: argparse.Namespace) -> None:
     if out_dir is None:
         recipe = Recipe.model_validate_json((args.run_dir / "recipe.json").read_text(encoding="utf-8"))
         out_dir = args.models_dir / recipe.name
-    export_run(args.run_dir, out_dir, args.int8, not args.no_quality)
+    export_run(args.run_dir, out_dir, args.int8, not args.no_quality, args.min_kept_tokens)
 
 
 def machine_description(device: str = "cpu") -> dict[str, object]:
@@ -135,6 +151,7 @@ def evaluation_meta(
         "num_examples": num_examples,
         "subset": f"first {num_examples} after a seeded shuffle (seed {EVAL_SEED})",
         "max_length": recipe.max_length,
+        "min_kept_tokens": recipe.retention.min_kept_tokens,
         "command": " ".join(["python -m training", *argv]),
         "machine": machine_description(device),
     }
@@ -147,6 +164,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from training.tasks import training_task
 
     model, recipe, tokenizer = load_run(args.run_dir, args.device)
+    recipe = with_min_kept_tokens(model, recipe, args.min_kept_tokens)
     evaluation = training_task(recipe.task).evaluation
     methods = args.methods or list(evaluation.default_methods)
     try:
@@ -177,8 +195,9 @@ def earlier_results(out_dir: Path, meta: dict[str, object]) -> Path | None:
     if not previous.is_file():
         return None
     earlier = json.loads(previous.read_text(encoding="utf-8"))["meta"]
-    for key in ("split", "num_examples"):
-        if earlier.get(key) != meta[key]:
+    legacy = {"min_kept_tokens": 0}  # results written before the floor existed ran without one
+    for key in ("split", "num_examples", "min_kept_tokens"):
+        if earlier.get(key, legacy.get(key)) != meta[key]:
             raise SystemExit(f"--merge: {previous} has {key}={earlier.get(key)!r}, this run {meta[key]!r}")
     meta["command"] = f"{earlier['command']} && {meta['command']}"
     return previous
@@ -210,6 +229,23 @@ def add_training_run_options(command: argparse.ArgumentParser) -> None:
     )
     command.add_argument("--run-dir", type=Path, default=None, help="default: <runs-dir>/<name>-<profile>")
     command.add_argument("--device", default="cpu", help="torch device to train on, e.g. cuda")
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def add_min_kept_tokens_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--min-kept-tokens",
+        type=non_negative_int,
+        default=None,
+        help="kept-token floor instead of the run's recipe.retention.min_kept_tokens (0 = none): every "
+        "layer keeps at least min(this, real tokens)",
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -245,6 +281,7 @@ def parser() -> argparse.ArgumentParser:
     exp_p.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR)
     exp_p.add_argument("--int8", action="store_true", help="also write a dynamic-int8 variant")
     exp_p.add_argument("--no-quality", action="store_true", help="skip the validation quality curve")
+    add_min_kept_tokens_option(exp_p)
     exp_p.set_defaults(func=cmd_export)
 
     ev_p = sub.add_parser("evaluate", help="quality vs rho for learned retention and baselines")
@@ -257,6 +294,7 @@ def parser() -> argparse.ArgumentParser:
     )
     ev_p.add_argument("--out", type=Path, default=None)
     ev_p.add_argument("--device", default="cpu", help="torch device to evaluate on, e.g. cuda")
+    add_min_kept_tokens_option(ev_p)
     ev_p.add_argument(
         "--merge", action="store_true", help="keep the results already in --out (same split and examples)"
     )

@@ -21,7 +21,7 @@ All methods run on the same trained weights; truncation runs the model at ρ=1 o
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -100,9 +100,7 @@ def truncated_lengths(
 ) -> torch.Tensor:
     """Kept length per example for truncation baselines. (B,) → (B,) int64."""
     rhos = torch.full(num_real.shape, rho)
-    counts = R.keep_counts(
-        rhos, num_real, torch.ones_like(num_real), model.num_points, model.config.schedule_power
-    )
+    counts = model.keep_counts(rhos, num_real, torch.ones_like(num_real))  # (B, P), the model's floor too
     if not equal_work:
         return counts[:, -1]
     # Learned work = Σ_{p<P-1} counts_p + last layer; truncation at k costs (P-1)·k + the same last layer.
@@ -126,18 +124,28 @@ def _selector(method: str) -> Selector | None:
     return None if method == "threshold" else E.make_selector(method, RANDOM_SEED)
 
 
+@dataclass(frozen=True)
+class BatchPredictions:
+    """One evaluation batch: which examples (indices into the sequences), their predicted labels and
+    the fraction of dense encoder token-work each row did, (B,)."""
+
+    indices: list[int]
+    predictions: list[int]
+    token_work: torch.Tensor
+
+
 @torch.inference_mode()
-def evaluate_method(
+def method_predictions(
     model: RetentionModel,
     sequences: list[list[int]],
-    labels: list[int],
     method: str,
     rho: float,
     batch_size: int,
     pad_id: int,
-) -> MethodResult:
+) -> Iterator[BatchPredictions]:
+    """Every example's prediction under ``method`` at ``rho``, in length-sorted batches (per-example
+    outcomes for paired comparisons; ``evaluate_method`` aggregates them)."""
     device = next(model.parameters()).device
-    correct, work, started = 0, 0.0, time.perf_counter()
     selector = _selector(method) if method in SELECTION_METHODS else None
     for chunk in E.length_sorted_chunks([len(seq) for seq in sequences], batch_size):
         batch = [sequences[i] for i in chunk]
@@ -154,9 +162,23 @@ def evaluate_method(
             feeds["input_ids"].to(device), feeds["attention_mask"].to(device), batch_rho.to(device)
         )
         out = model.forward_evaluation(inputs, selector=selector, open_gates=method == "threshold")
-        predictions = out.logits.argmax(-1).tolist()
-        correct += sum(int(p == labels[i]) for p, i in zip(predictions, chunk, strict=True))
-        work += R.encoder_token_work(out.kept_counts.cpu(), num_real, model.last_layer_queries).sum().item()
+        work = R.encoder_token_work(out.kept_counts.cpu(), num_real, model.last_layer_queries)  # (B,)
+        yield BatchPredictions(list(chunk), out.logits.argmax(-1).tolist(), work)
+
+
+def evaluate_method(
+    model: RetentionModel,
+    sequences: list[list[int]],
+    labels: list[int],
+    method: str,
+    rho: float,
+    batch_size: int,
+    pad_id: int,
+) -> MethodResult:
+    correct, work, started = 0, 0.0, time.perf_counter()
+    for batch in method_predictions(model, sequences, method, rho, batch_size, pad_id):
+        correct += sum(int(p == labels[i]) for p, i in zip(batch.predictions, batch.indices, strict=True))
+        work += batch.token_work.sum().item()
     count = len(sequences)
     return MethodResult(method, rho, correct / count, work / count, count, time.perf_counter() - started)
 

@@ -218,8 +218,9 @@ def onnx_predict_rows(
 # ---------------------------------------------------------------------- the codec loop
 # (example, its encoding, the first graph output of each of its rows) → metrics in 0-1
 Scorer = Callable[[Example, Encoded, list[np.ndarray]], dict[str, float]]
-# (encoding, ρ) → the encoding cut for the truncation baseline and the kept fraction of each row
-Truncator = Callable[[Encoded, float], tuple[Encoded, list[float]]]
+# (encoding, ρ, kept-token floor) → the encoding cut for the truncation baseline and the kept fraction
+# of each row
+Truncator = Callable[[Encoded, float, int], tuple[Encoded, list[float]]]
 
 
 @dataclass(frozen=True)
@@ -232,14 +233,17 @@ class CodecLoop:
     pad_id: int
 
 
-def truncation_keep(row: Row, keep_content: np.ndarray, rho: float) -> list[int]:
+def truncation_keep(row: Row, keep_content: np.ndarray, rho: float, min_kept: int = 0) -> list[int]:
     """Positions of a row kept by the truncation baseline.
 
     ``keep_content`` (T,) marks the content tokens that may be cut (QA: context; summarization: all
-    but special tokens); every other token is kept, plus the first round(ρ · n) content tokens.
+    but special tokens); every other token is kept, plus the first round(ρ · n) content tokens, and
+    more if needed to keep min(min_kept, T) in all: the kept-token floor the pruned methods run with.
     """
     content = np.flatnonzero(keep_content)
-    budget = int(np.floor(rho * len(content) + 0.5))
+    fixed = len(row) - len(content)  # tokens the baseline never cuts
+    floor = min(min_kept, len(row)) - fixed
+    budget = min(max(int(np.floor(rho * len(content) + 0.5)), floor), len(content))
     cut = set(content[budget:].tolist())
     return [i for i in range(len(row)) if i not in cut]
 
@@ -255,12 +259,12 @@ def sub_row(row: Row, positions: Sequence[int]) -> Row:
     )
 
 
-def truncated_text(encoded: Encoded, rho: float) -> tuple[Encoded, list[float]]:
+def truncated_text(encoded: Encoded, rho: float, min_kept: int = 0) -> tuple[Encoded, list[float]]:
     """The truncation baseline of a one-row text encoding ([CLS] … [SEP]): keep [CLS], [SEP] and the
-    first round(ρ · n) word pieces."""
+    first round(ρ · n) word pieces (at least min(min_kept, T) tokens in all)."""
     row = encoded.rows[0]
     content = np.array([0 < i < len(row) - 1 for i in range(len(row))])
-    positions = truncation_keep(row, content, rho)
+    positions = truncation_keep(row, content, rho, min_kept)
     return Encoded([sub_row(row, positions)], encoded.input_tokens, encoded.truncated), [
         len(positions) / len(row)
     ]
@@ -286,7 +290,7 @@ def _method_predictions(
     if method != TRUNCATION:
         flat = [row for encoded in encodings for row in encoded.rows]
         return encodings, predict_rows(model, flat, rho, loop.pad_id, make_selector(method), batch_size)
-    cut = [loop.truncate(encoded, rho) for encoded in encodings]
+    cut = [loop.truncate(encoded, rho, model.config.min_kept_tokens) for encoded in encodings]
     inputs = [encoded for encoded, _ in cut]
     flat = [row for encoded in inputs for row in encoded.rows]
     predictions = predict_rows(model, flat, 1.0, loop.pad_id, None, batch_size)  # dense on the cut rows

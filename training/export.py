@@ -281,6 +281,7 @@ def build_manifest(
         schedule=C.Schedule(
             power=model.config.schedule_power,
             num_points=model.num_points,
+            min_kept_tokens=model.config.min_kept_tokens,
             last_layer_queries=model.last_layer_queries,
         ),
         variants=variants,

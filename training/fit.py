@@ -55,6 +55,7 @@ def retention_config(recipe: Recipe) -> RetentionConfig:
         scorer_size=spec.scorer_size,
         ema_decay=spec.ema_decay,
         schedule_power=spec.schedule_power,
+        min_kept_tokens=spec.min_kept_tokens,
         hard_concrete=R.HardConcrete(spec.gate_temperature, spec.gate_left, spec.gate_right),
     )
 
@@ -360,7 +361,7 @@ def fit(
             with log_path.open("a", encoding="utf-8") as handle:
                 handle.write(json.dumps(asdict(entry)) + "\n")
             bar.set_postfix(
-                loss=f"{entry.task_loss:.3f}",
+                loss=f"{entry.loss:.3f}",
                 kept=f"{entry.kept_fraction:.2f}",
                 rho=f"{entry.target_fraction:.2f}",
                 lam=f"{max(entry.lam):.3f}",

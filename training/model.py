@@ -40,6 +40,9 @@ class RetentionConfig:
     scorer_size: int = 32
     ema_decay: float = 0.9
     schedule_power: float = 1.0
+    # Kept-token floor: every pruning point keeps at least min(min_kept_tokens, n_real) tokens
+    # (retention.floor_tokens). 0 = none, what every model trained before the floor existed assumed.
+    min_kept_tokens: int = 0
     hard_concrete: R.HardConcrete = field(default_factory=R.HardConcrete)
 
 
@@ -205,6 +208,26 @@ class RetentionModel(nn.Module):
         """A head that reads only [CLS] lets the last layer compute one query."""
         return self.spec.last_layer_queries
 
+    def keep_fractions(self, rho: torch.Tensor, num_real: torch.Tensor) -> torch.Tensor:
+        """The schedule's share of real tokens alive entering each layer, floor included: (B,), (B,) →
+        (B, P)."""
+        fractions = R.keep_fractions(rho, self.num_points, self.config.schedule_power)  # (B, P)
+        return R.floored_fractions(fractions, num_real, self.config.min_kept_tokens)
+
+    def keep_counts(
+        self, rho: torch.Tensor, num_real: torch.Tensor, num_protected: torch.Tensor
+    ) -> torch.Tensor:
+        """Tokens kept entering each layer under this model's schedule and floor: (B,) × 3 → (B, P).
+        The one place the pruned pass and the equal-work baselines get their budgets from."""
+        return R.keep_counts(
+            rho,
+            num_real,
+            num_protected,
+            self.num_points,
+            self.config.schedule_power,
+            self.config.min_kept_tokens,
+        )
+
     def default_protected(self, attention_mask: torch.Tensor) -> torch.Tensor:
         """[CLS] (position 0) of every row. (B, T) bool"""
         positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
@@ -229,7 +252,7 @@ class RetentionModel(nn.Module):
         protected = self.default_protected(attention_mask) if protected is None else protected & valid
         num_real = valid.sum(1)  # (B,)
         distribution = self.config.hard_concrete
-        fractions = R.keep_fractions(rho, self.num_points, self.config.schedule_power)  # (B, P)
+        fractions = self.keep_fractions(rho, num_real)  # (B, P); the floor's targets, as top-M keeps
         rates = gates.keep_rates(fractions, num_real, protected)  # (B, P)
         prior = distribution.log_alpha_for_rate(rates)  # (B, P)
         hidden = self.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
@@ -299,7 +322,7 @@ class RetentionModel(nn.Module):
         distribution = self.config.hard_concrete
         prior = None
         if open_gates:
-            fractions = R.keep_fractions(inputs.rho, self.num_points, self.config.schedule_power)  # (B, P)
+            fractions = self.keep_fractions(inputs.rho, inputs.attention_mask.sum(1))  # (B, P)
             prior = distribution.log_alpha_for_rate(R.conditional_keep_rates(fractions))  # (B, P)
         length = inputs.input_ids.shape[1] if record_survivors else None
         probe = EvaluationProbe(distribution, prior, length)
@@ -315,9 +338,7 @@ class RetentionModel(nn.Module):
         given = inputs.protected
         protected = self.default_protected(inputs.attention_mask) if given is None else given & valid
         num_real = valid.sum(1)  # (B,)
-        counts = R.keep_counts(
-            inputs.rho, num_real, protected.sum(1), self.num_points, self.config.schedule_power
-        )  # (B, P)
+        counts = self.keep_counts(inputs.rho, num_real, protected.sum(1))  # (B, P)
         hidden = self.backbone.embed(inputs.input_ids, inputs.token_type_ids)  # (B, T, d)
         restore = self.spec.restores_tokens
         restored = hidden  # (B, T, d): every token's latest state, scattered back at the end

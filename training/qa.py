@@ -126,12 +126,13 @@ def answer_span_mask(batch: Batch) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------- evaluation
-def truncated_qa(encoded: Encoded, rho: float) -> tuple[Encoded, list[float]]:
-    """The QA encoding with each window's context cut to its first round(ρ · n) tokens."""
+def truncated_qa(encoded: Encoded, rho: float, min_kept: int = 0) -> tuple[Encoded, list[float]]:
+    """The QA encoding with each window's context cut to its first round(ρ · n) tokens (at least
+    min(min_kept, T) tokens per window, the kept-token floor)."""
     state: QAContext = encoded.context
     rows, windows, kept = [], [], []
     for row, window in zip(encoded.rows, state.windows, strict=True):
-        positions = E.truncation_keep(row, np.asarray(window.context_mask), rho)
+        positions = E.truncation_keep(row, np.asarray(window.context_mask), rho, min_kept)
         rows.append(E.sub_row(row, positions))
         windows.append(
             QAWindow(

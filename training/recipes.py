@@ -31,12 +31,24 @@ class DatasetSpec(Strict):
 
 
 ScoreShift = Literal["none", "quantile", "calibrated"]
+# The kept-token floor a recipe written in YAML gets unless it says otherwise. The field's own default
+# stays 0 so that a run dir's recipe.json saved before the floor existed (no such key) loads as it was
+# trained and evaluated: its committed numbers reproduce.
+YAML_MIN_KEPT_TOKENS = 16
 
 
 class RetentionSpec(Strict):
     scorer_size: int = 32
     ema_decay: float = Field(default=0.9, ge=0.0, lt=1.0)
     schedule_power: float = Field(default=1.0, gt=0.0)
+    min_kept_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="kept-token floor: every pruning point keeps at least min(this, real tokens), so "
+        "inputs at or under it run dense at any rho (retention.floor_tokens). Absent means 0, as in run "
+        f"dirs saved before the floor existed; recipes read from YAML get {YAML_MIN_KEPT_TOKENS} "
+        "(load_recipe)",
+    )
     gate_temperature: float = 0.66
     gate_left: float = -0.1
     gate_right: float = 1.1
@@ -244,7 +256,16 @@ def load_recipe(path: Path | str, profile: Literal["quick", "full"] | str = "ful
         raise ValueError(f"recipe {path} has no profile {profile!r}; has {sorted(profiles)}")
     merged = _merge(raw, profiles.get(profile, {}))
     merged["profile"] = profile
-    return Recipe.model_validate(merged)
+    return Recipe.model_validate(with_yaml_defaults(merged))
+
+
+def with_yaml_defaults(raw: dict[str, Any]) -> dict[str, Any]:
+    """Defaults a YAML recipe gets that a saved recipe.json without the key must not (see
+    ``YAML_MIN_KEPT_TOKENS``)."""
+    retention = raw.get("retention") or {}
+    if "min_kept_tokens" in retention:
+        return raw
+    return {**raw, "retention": {**retention, "min_kept_tokens": YAML_MIN_KEPT_TOKENS}}
 
 
 def recipe_profiles(path: Path | str) -> list[str]:

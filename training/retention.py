@@ -123,22 +123,52 @@ def keep_fractions(rho: torch.Tensor, num_points: int, power: float = 1.0) -> to
     return rho.unsqueeze(-1) ** exponents  # (B, 1) ** (P,) → (B, P)
 
 
+def floor_tokens(num_real: torch.Tensor, min_kept: int) -> torch.Tensor:
+    """The kept-token floor of each row: min(min_kept, n_real). (B,) → (B,) int64.
+
+    Short inputs cost little and lose most when pruned (four tokens at ρ = 0.3 keep one), so every
+    pruning point keeps at least this many: a row at or under the floor runs dense at any ρ, a longer
+    one never drops below it. ``min_kept`` is a constant of the model (the manifest's
+    ``schedule.min_kept_tokens``); the clamp keeps the result a tensor of n_real, so it traces.
+    """
+    return torch.clamp(num_real, max=max(int(min_kept), 0))
+
+
+def floored_fractions(fractions: torch.Tensor, num_real: torch.Tensor, min_kept: int) -> torch.Tensor:
+    """``keep_fractions`` raised to the kept-token floor: (B, P), (B,) → (B, P).
+
+    max(frac_p, min(min_kept, n_real) / n_real): still non-increasing in p, and bit-identical to
+    ``fractions`` when ``min_kept`` is 0 (max with 0 of a non-negative number). The soft pass's budget
+    targets use it so that training aims at the counts ``keep_counts`` keeps.
+    """
+    if min_kept <= 0:
+        return fractions
+    real = num_real.unsqueeze(-1).to(fractions.dtype)  # (B, 1)
+    share = floor_tokens(num_real, min_kept).unsqueeze(-1).to(fractions.dtype) / real.clamp(min=1.0)  # (B, 1)
+    return torch.maximum(fractions, share)
+
+
 def keep_counts(
     rho: torch.Tensor,
     num_real: torch.Tensor,
     num_protected: torch.Tensor,
     num_points: int,
     power: float = 1.0,
+    min_kept: int = 0,
 ) -> torch.Tensor:
     """Tokens kept entering each layer: (B,) ρ, real and protected counts → (B, P) int64.
 
-    count = round(frac·n_real), at least the protected tokens (and at least 1), at most n_real.
-    ρ = 1 keeps every real token at every point, which reproduces the dense model.
+    count = round(frac·n_real), at least the protected tokens, at least min(min_kept, n_real) (the
+    kept-token floor, ``floor_tokens``) and at least 1, at most n_real. ρ = 1 keeps every real token at
+    every point, which reproduces the dense model; so does any ρ for a row of at most ``min_kept``
+    tokens.
     """
     fractions = keep_fractions(rho, num_points, power)  # (B, P)
     counts = torch.floor(fractions * num_real.unsqueeze(-1).to(rho.dtype) + 0.5).to(torch.long)
-    lower = torch.clamp(num_protected, min=1).unsqueeze(-1)  # (B, 1)
-    counts = torch.maximum(counts, lower)
+    lower = torch.clamp(num_protected, min=1)  # (B,)
+    if min_kept > 0:
+        lower = torch.maximum(lower, floor_tokens(num_real, min_kept))
+    counts = torch.maximum(counts, lower.unsqueeze(-1))
     return torch.minimum(counts, num_real.unsqueeze(-1))  # (B, P)
 
 
@@ -302,9 +332,12 @@ def gather_tokens(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def attention_bias(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Additive key mask (B, T) bool → (B, 1, 1, T): 0 where attended, very negative elsewhere."""
-    bias = (1.0 - valid.to(dtype)) * MASKED_ATTENTION_BIAS
-    return bias[:, None, None, :]
+    """Additive key mask (B, T) bool → (B, 1, 1, T): 0 where attended, very negative elsewhere.
+
+    Unsqueezed before the cast and the arithmetic, in the order BERT builds its mask: onnxruntime's
+    attention fusion matches only that pattern (the same values either way)."""
+    extended = valid.unsqueeze(1).unsqueeze(2)  # (B, 1, 1, T)
+    return (1.0 - extended.to(dtype)) * MASKED_ATTENTION_BIAS
 
 
 def soft_attention_bias(gate_product: torch.Tensor) -> torch.Tensor:
@@ -346,6 +379,8 @@ __all__ = [
     "conditional_keep_rates",
     "dual_ascent",
     "encoder_token_work",
+    "floor_tokens",
+    "floored_fractions",
     "gather_tokens",
     "keep_counts",
     "keep_fractions",

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from training.encoders import resolve_backbone_path
-from training.recipes import DatasetSpec, EvalSpec, Recipe, RetrofitSpec
+from training.recipes import YAML_MIN_KEPT_TOKENS, DatasetSpec, EvalSpec, Recipe, RetentionSpec, RetrofitSpec
 from training.tasks import training_task
 
 MODULES_FILE = "modules.json"
@@ -106,6 +106,7 @@ def retrofit_recipe(
         batch_size=sizes["batch_size"],
         steps=sizes["steps"] if steps is None else steps,
         retrofit=sentence_transformers_pooling(model_dir),
+        retention=RetentionSpec(min_kept_tokens=YAML_MIN_KEPT_TOKENS),  # as models/recipes/minilm-embed.yaml
         evaluation=EvalSpec(validation_size=VALIDATION_SIZE, rhos=sizes["rhos"]),
         profile=profile,
     )

@@ -169,13 +169,14 @@ def selected_text(sentences: list[str], indices: Sequence[int]) -> str:
     return "\n".join(sentences[i] for i in sorted(indices))
 
 
-def truncated_summary(encoded: Encoded, rho: float) -> tuple[Encoded, list[float]]:
-    """Each window keeps its special tokens and its first round(ρ · n) document tokens."""
+def truncated_summary(encoded: Encoded, rho: float, min_kept: int = 0) -> tuple[Encoded, list[float]]:
+    """Each window keeps its special tokens and its first round(ρ · n) document tokens (at least
+    min(min_kept, T) tokens in all, the kept-token floor)."""
     state: SummaryContext = encoded.context
     rows, mappings, kept = [], [], []
     for row, mapping in zip(encoded.rows, state.token_sentences, strict=True):
         content = np.asarray([index >= 0 for index in mapping])
-        positions = E.truncation_keep(row, content, rho)
+        positions = E.truncation_keep(row, content, rho, min_kept)
         rows.append(E.sub_row(row, positions))
         mappings.append(tuple(mapping[i] for i in positions))
         kept.append(len(positions) / len(row))

@@ -55,9 +55,10 @@ def head_row(tokenizer: Tokenizer, text: str, max_length: int) -> Encoded:
     return Encoded(rows=[Row(tuple(ids))], input_tokens=input_tokens, truncated=truncated)
 
 
-def pad_rows(rows: list[Row], pad_id: int) -> dict[str, np.ndarray]:
-    """Right-pad rows to the longest one. Returns int64 feeds keyed by ONNX input name (no rho)."""
-    length = max(len(row) for row in rows)
+def pad_rows(rows: list[Row], pad_id: int, length: int | None = None) -> dict[str, np.ndarray]:
+    """Right-pad rows to the longest one (or to ``length``, when longer: the service pads to a few
+    shapes so ORT's arena sees few sizes). Returns int64 feeds keyed by ONNX input name (no rho)."""
+    length = max([len(row) for row in rows] + [length or 0])
     batch = len(rows)
     input_ids = np.full((batch, length), pad_id, dtype=np.int64)  # (B, T)
     attention_mask = np.zeros((batch, length), dtype=np.int64)  # (B, T)

@@ -226,7 +226,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type", "x-request-timeout"],
-            expose_headers=["x-rho-effective", "x-queue-time", "x-inference-time", "x-model", "Retry-After"],
+            expose_headers=[
+                "x-rho-effective",
+                "x-rho-reason",
+                "x-predicted-wait",
+                "x-queue-time",
+                "x-inference-time",
+                "x-model",
+                "Retry-After",
+            ],
         )
     app.add_middleware(RequestMiddleware, settings=settings, metrics=metrics)
     return app

@@ -16,13 +16,14 @@ from pydantic import SecretStr
 from service.engine import Engine
 from service.errors import InvalidRequest, PayloadTooLarge, Unauthorized
 from service.metrics import Metrics
-from service.rho import parse_rho
+from service.rho import DECIMAL, parse_rho
 from service.runtime import LoadedModel
 from service.settings import Settings
 
 # What the OpenAPI schema promises for rho parameters (parsed by ``service.rho.parse_rho``, which reads
 # the decimal text of a query parameter and explains anything else in its 422).
 RHO_SCHEMA = {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
+POSITIVE_SCHEMA = {"type": "number", "exclusiveMinimum": 0}
 
 # Two schemes under their own names, so the OpenAPI document tells the inference key from the admin key.
 # ``create_app`` mounts each only when its key is set: the document then declares security exactly where
@@ -81,6 +82,7 @@ class QueryOptions:
     rho: float | str | None
     min_rho: float | None
     truncate: bool | None
+    max_latency_ms: float | None = None  # rho=auto's latency target (a body value wins)
 
 
 def query_options(
@@ -100,12 +102,33 @@ def query_options(
     truncate: Annotated[
         bool | None, Query(description="false: 413 instead of truncating long inputs")
     ] = None,
+    max_latency_ms: Annotated[
+        str | None,
+        Query(
+            description="rho=auto: latency target in ms (capped by the server); a body value wins",
+            json_schema_extra={"anyOf": [POSITIVE_SCHEMA]},
+        ),
+    ] = None,
 ) -> QueryOptions:
     parsed_min = parsed_rho(min_rho, "min_rho", allow_auto=False)
     assert parsed_min is None or isinstance(parsed_min, float)
     return QueryOptions(
-        model=model, rho=parsed_rho(rho, "rho", allow_auto=True), min_rho=parsed_min, truncate=truncate
+        model=model,
+        rho=parsed_rho(rho, "rho", allow_auto=True),
+        min_rho=parsed_min,
+        truncate=truncate,
+        max_latency_ms=positive_number(max_latency_ms, "max_latency_ms"),
     )
+
+
+def positive_number(text: str | None, name: str) -> float | None:
+    """A positive decimal (query parameter or header), or a 422 naming it."""
+    if text is None:
+        return None
+    number = float(text) if DECIMAL.fullmatch(text) else math.nan
+    if not math.isfinite(number) or number <= 0:
+        raise InvalidRequest(f"{name} must be a positive number of milliseconds", param=name)
+    return number
 
 
 def parsed_rho(text: str | None, name: str, allow_auto: bool) -> float | str | None:
@@ -158,6 +181,7 @@ class InferenceContext:
     settings: Settings
     metrics: Metrics
     response: Response  # where the x-* headers go
+    arrival: float = 0.0  # time.monotonic() the request arrived: rho=auto targets count from it
 
     def model_for(self, task: str, named: str | None = None) -> LoadedModel:
         """The model ``named`` (a body field, which wins) or the query names, checked against ``task``;
@@ -172,6 +196,7 @@ class InferenceContext:
 
 
 def inference_context(
+    request: Request,
     query: QueryDep,
     deadline: DeadlineDep,
     engine: EngineDep,
@@ -179,7 +204,8 @@ def inference_context(
     metrics: MetricsDep,
     response: Response,
 ) -> InferenceContext:
-    return InferenceContext(query, deadline, engine, settings, metrics, response)
+    arrival = float(getattr(request.state, "start", None) or time.monotonic())
+    return InferenceContext(query, deadline, engine, settings, metrics, response, arrival)
 
 
 InferenceDep = Annotated[InferenceContext, Depends(inference_context)]

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from retention_core.codecs.base import Encoded, Row
+from retention_core.codecs.base import Encoded
 from retention_core.usage import Work, token_work
+from service.admission import REASON_DEFAULT, REASON_REQUESTED
 from service.api.deps import InferenceContext
 from service.api.schemas import InferenceOptions, Usage
-from service.batcher import JobResult
+from service.batcher import AutoBudget, JobResult
 from service.errors import InputTooLong, InvalidRequest
 from service.runtime import LoadedModel
 
@@ -29,6 +30,7 @@ class Options:
     requested: float | str | None  # a number, "auto", or None (the model's default_rho)
     truncate: bool | None
     min_rho: float | None
+    max_latency_ms: float | None = None  # rho=auto's own target (body, else query)
 
     @classmethod
     def of(cls, body: InferenceOptions, ctx: InferenceContext) -> Options:
@@ -37,14 +39,17 @@ class Options:
             requested=body.rho if body.rho is not None else query.rho,
             truncate=body.truncate if body.truncate is not None else query.truncate,
             min_rho=body.min_rho if body.min_rho is not None else query.min_rho,
+            max_latency_ms=body.max_latency_ms if body.max_latency_ms is not None else query.max_latency_ms,
         )
 
 
 @dataclass(frozen=True)
 class RhoChoice:
-    rho: float  # what the graph gets
-    floor: float | None  # rho=auto only: the min_rho it honoured
-    degraded: bool  # rho=auto served below its ceiling
+    """What the request asks of the batcher: a fixed rho, or (rho=auto) a budget decided at batch time."""
+
+    rho: float  # fixed: what the graph gets; auto: the ceiling
+    auto: AutoBudget | None = None
+    target_s: float | None = None  # rho=auto: its latency target
 
 
 def check_truncation(model: LoadedModel, encoded: list[Encoded], options: Options) -> None:
@@ -56,13 +61,28 @@ def check_truncation(model: LoadedModel, encoded: list[Encoded], options: Option
         )
 
 
-def choose_rho(ctx: InferenceContext, model: LoadedModel, rows: list[Row], options: Options) -> RhoChoice:
+def choose_rho(ctx: InferenceContext, model: LoadedModel, options: Options) -> RhoChoice:
+    """A fixed rho (the client's, else the model's default), or rho=auto's floor, ceiling and due time:
+    its own target (capped by ``max_latency_target_s``) or the server's, counted from arrival."""
     if options.requested == "auto":
-        floor = options.min_rho if options.min_rho is not None else ctx.settings.auto_min_rho
-        choice = ctx.engine.auto_rho(model, sum(len(row) for row in rows), floor)
-        return RhoChoice(choice.rho, floor, choice.degraded)
+        settings = ctx.settings
+        floor = options.min_rho if options.min_rho is not None else settings.auto_min_rho
+        ceiling = max(settings.auto_max_rho, floor)
+        target = settings.auto_latency_target_s
+        if options.max_latency_ms is not None:
+            target = min(options.max_latency_ms / 1000.0, settings.max_latency_target_s)
+        return RhoChoice(ceiling, AutoBudget(floor, ceiling, ctx.arrival + target), target)
     rho = float(options.requested) if options.requested is not None else model.manifest.default_rho
-    return RhoChoice(rho, None, False)
+    return RhoChoice(rho)
+
+
+def shed_early(ctx: InferenceContext, model: LoadedModel, body: InferenceOptions) -> None:
+    """Before tokenizing: 429 when the work already queued for ``model`` ends after this request's due
+    time (its rho=auto target, else its deadline). Routers call it first thing."""
+    choice = choose_rho(ctx, model, Options.of(body, ctx))
+    auto = choice.auto
+    by_target = auto is not None and auto.due < ctx.deadline
+    ctx.engine.shed_early(model, min(ctx.deadline, auto.due) if auto is not None else ctx.deadline, by_target)
 
 
 def per_item(encoded: list[Encoded], outputs: list[np.ndarray]) -> list[list[np.ndarray]]:
@@ -79,6 +99,9 @@ def usage_of(
     encoded: list[Encoded], options: Options, choice: RhoChoice, result: JobResult, work: Work
 ) -> Usage:
     requested = options.requested
+    rho = result.rhos[0] if result.rhos else choice.rho
+    auto = choice.auto
+    reason = result.rho_reason or (REASON_DEFAULT if requested is None else REASON_REQUESTED)
     return Usage(
         input_tokens=sum(item.input_tokens for item in encoded),
         processed_tokens=work.processed_tokens,
@@ -87,9 +110,13 @@ def usage_of(
         kept_tokens_per_layer=work.kept_tokens_per_layer,
         token_work_fraction=round(work.fraction, 6),
         rho_requested="auto" if requested == "auto" else (None if requested is None else float(requested)),
-        rho_effective=choice.rho,
-        min_rho=choice.floor,
-        degraded=choice.degraded,
+        rho_effective=rho,
+        min_rho=auto.floor if auto is not None else None,
+        min_kept_tokens=work.min_kept_tokens,
+        rows_at_floor=work.rows_at_floor,
+        degraded=auto is not None and rho < auto.ceiling,
+        rho_reason=reason,
+        latency_target_s=choice.target_s,
         truncated=any(item.truncated for item in encoded),
         queue_time_s=result.queue_time,
         inference_time_s=result.inference_time,
@@ -105,6 +132,7 @@ def record(
     if options.requested != "auto":
         metrics.requested_rho.labels(endpoint=endpoint).observe(rho)
     metrics.effective_rho.labels(endpoint=endpoint).observe(rho)
+    metrics.served_rho.labels(model=name, reason=usage.rho_reason).observe(rho)
     if usage.degraded:
         metrics.degraded.labels(endpoint=endpoint).inc()
     metrics.token_layers_computed.labels(model=name).inc(work.computed)
@@ -116,6 +144,7 @@ def record(
     headers["x-rho-effective"] = f"{rho:.6g}"
     headers["x-queue-time"] = f"{usage.queue_time_s:.6f}"
     headers["x-inference-time"] = f"{usage.inference_time_s:.6f}"
+    headers["x-rho-reason"] = usage.rho_reason
 
 
 async def infer(
@@ -127,8 +156,8 @@ async def infer(
     rows = [row for item in encoded for row in item.rows]
     if not rows:
         raise InvalidRequest("the input produced no tokens")
-    choice = choose_rho(ctx, model, rows, options)
-    result = await ctx.engine.infer(model, rows, [choice.rho] * len(rows), ctx.deadline)
+    choice = choose_rho(ctx, model, options)
+    result = await ctx.engine.infer(model, rows, [choice.rho] * len(rows), ctx.deadline, choice.auto)
     work = token_work(model.manifest, [len(row) for row in rows], result.kept_counts)
     usage = usage_of(encoded, options, choice, result, work)
     record(ctx, endpoint, model, usage, options, work)

@@ -15,6 +15,7 @@ from pydantic import (
 )
 from pydantic_core import CoreSchema
 
+from service.admission import RhoReason
 from service.rho import parse_rho
 
 Rho = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
@@ -62,6 +63,11 @@ class InferenceOptions(BaseModel):
         examples=[0.3, "auto"],
     )
     min_rho: Rho | None = Field(default=None, description="rho=auto never goes below this")
+    max_latency_ms: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = Field(
+        default=None,
+        description="rho=auto: this request's latency target in milliseconds (capped by the server's "
+        "max_latency_target_s); wins over the query parameter",
+    )
     truncate: bool | None = Field(
         default=None, description="false: inputs longer than the model max are rejected with 413"
     )
@@ -210,7 +216,25 @@ class Usage(BaseModel):
     rho_requested: float | Literal["auto"] | None
     rho_effective: float
     min_rho: float | None = None
+    min_kept_tokens: int = Field(
+        default=0,
+        description="the model's kept-token floor: every layer keeps at least min(this, a row's real "
+        "tokens), so inputs at or under it run dense at any rho (0: no floor)",
+    )
+    rows_at_floor: int = Field(
+        default=0,
+        description="rows whose last layer kept exactly the floor, min(min_kept_tokens, real tokens): "
+        "the floor, not rho, set how many of their tokens survived",
+    )
     degraded: bool = Field(description="rho=auto served below its ceiling to hold the latency target")
+    rho_reason: RhoReason = Field(
+        default="requested",
+        description="why rho_effective: the client's number, the model's default, or rho=auto at its "
+        "ceiling (idle), lowered for the queued work (backlog) or at min_rho (floor)",
+    )
+    latency_target_s: float | None = Field(
+        default=None, description="rho=auto: the latency target it was served under"
+    )
     truncated: bool
     queue_time_s: float
     inference_time_s: float

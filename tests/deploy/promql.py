@@ -21,12 +21,16 @@ COUNTERS = {
     "retention_token_layers_computed_total",
     "retention_token_layers_saved_total",
     "retention_degraded_requests_total",
+    "retention_shed_requests_total",
 }
 GAUGES = {
     "retention_queue_depth",
     "retention_in_flight_requests",
     "retention_process_resident_memory_bytes",
     "retention_model_info",
+    "retention_predicted_drain_seconds",
+    "retention_cost_model_token_seconds",
+    "retention_cost_model_run_seconds",
 }
 HISTOGRAMS = {
     "retention_request_duration_seconds",
@@ -38,6 +42,8 @@ HISTOGRAMS = {
     "retention_requested_rho",
     "retention_effective_rho",
     "retention_activation_memory_estimate_bytes",
+    "retention_served_rho",
+    "retention_predicted_wait_seconds",
 }
 KNOWN_SERIES = COUNTERS | GAUGES | {f"{h}{s}" for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
 

@@ -252,6 +252,10 @@ def test_cors_is_off_by_default_and_configurable(client: TestClient, models_root
     with running(settings_for(models_root, cors_origins=["https://example.com"])) as (_, cors):
         response = cors.get("/livez", headers=origin)
         assert response.headers["access-control-allow-origin"] == "https://example.com"
+        # A browser client (the explorer page, a dashboard) reads the budget and admission headers.
+        exposed = response.headers["access-control-expose-headers"].lower().split(",")
+        for header in ("x-rho-effective", "x-rho-reason", "x-predicted-wait", "retry-after"):
+            assert header in [name.strip() for name in exposed]
 
 
 def test_error_bodies_never_leak_internals(app_client: tuple[FastAPI, TestClient], models_root: Path) -> None:

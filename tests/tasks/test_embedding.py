@@ -195,8 +195,9 @@ def test_tiny_retrofit_trains_only_the_scorers_and_serves_the_original_at_rho_1(
     assert any(trained[f"scorers.{i}.v.bias"].item() != 0.0 for i in range(2))  # initialised at 0
 
     # Export through the CLI: parity-validated graph, the embedding manifest field, the quality curve.
+    # No kept-token floor: TEXTS are all under the default 16 tokens, which would run them dense at any ρ.
     out = tmp_path / "models" / "tiny-embed"
-    training_main(["export", str(run_dir), "--out", str(out)])
+    training_main(["export", str(run_dir), "--out", str(out), "--min-kept-tokens", "0"])
     manifest = Manifest.read(out)
     assert manifest.task == "embedding" and manifest.labels == []
     assert manifest.embedding is not None and manifest.embedding.normalize

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import InferenceDep
-from service.api.inference import infer
+from service.api.inference import infer, shed_early
 from service.api.routers.common import ERROR_RESPONSES
 from service.api.schemas import ClassificationResult, ClassifyRequest, ClassifyResponse
 
@@ -19,6 +19,7 @@ async def classify(body: ClassifyRequest, ctx: InferenceDep) -> ClassifyResponse
     texts = body.items()
     ctx.check_items(len(texts))
     model = ctx.model_for("classification")
+    shed_early(ctx, model, body)
     codec = model.codec
     encoded = await run_in_threadpool(lambda: [codec.encode(text) for text in texts])
     outcome = await infer(ctx, "classify", model, encoded, body)

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import InferenceContext, InferenceDep
-from service.api.inference import infer
+from service.api.inference import infer, shed_early
 from service.api.routers.common import ERROR_RESPONSES
 from service.api.schemas import EmbedRequest, EmbedResponse, InferenceOptions, Usage
 from service.runtime import LoadedModel
@@ -26,6 +26,7 @@ async def embed_texts(
 ) -> tuple[list[list[float]], Usage]:
     """One vector per text, in order (``normalize`` None: the model's default), and the request's usage.
     Shared by /embed and the OpenAI-compatible /v1/embeddings."""
+    shed_early(ctx, model, options)
     codec = model.codec
     encoded = await run_in_threadpool(lambda: [codec.encode(text) for text in texts])
     outcome = await infer(ctx, endpoint, model, encoded, options)

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import InferenceDep
-from service.api.inference import infer
+from service.api.inference import infer, shed_early
 from service.api.routers.common import ERROR_RESPONSES
 from service.api.schemas import QARequest, QAResponse, QAResult
 
@@ -20,6 +20,7 @@ async def qa(body: QARequest, ctx: InferenceDep) -> QAResponse:
     pairs = body.pairs()
     ctx.check_items(len(pairs))
     model = ctx.model_for("qa")
+    shed_early(ctx, model, body)
     codec = model.codec
     encoded = await run_in_threadpool(lambda: [codec.encode(item.question, item.context) for item in pairs])
     outcome = await infer(ctx, "qa", model, encoded, body)

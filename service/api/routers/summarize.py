@@ -7,7 +7,7 @@ from starlette.concurrency import run_in_threadpool
 
 from retention_core.text import split_sentences
 from service.api.deps import InferenceDep
-from service.api.inference import infer
+from service.api.inference import infer, shed_early
 from service.api.routers.common import ERROR_RESPONSES
 from service.api.schemas import SelectedSentence, SummarizeRequest, SummarizeResponse
 from service.errors import InvalidRequest, PayloadTooLarge
@@ -18,10 +18,14 @@ MAX_SENTENCES = 2048
 
 
 def document_sentences(body: SummarizeRequest) -> list[str]:
-    """The client's sentences, or the server's rule-based split of ``text`` (``retention_core.text``)."""
+    """The client's sentences, or the server's rule-based split of ``text`` (``retention_core.text``).
+    A text the splitter finds no sentence in (only whitespace, e.g. a no-break space) is one sentence:
+    the schema accepts any non-empty text, so the server answers it (an empty summary) rather than
+    refuse it."""
     if body.sentences is not None:
         return list(body.sentences)
-    return split_sentences(body.text or "")
+    text = body.text or ""
+    return split_sentences(text) or [text]
 
 
 @router.post("/summarize", response_model=SummarizeResponse, responses=ERROR_RESPONSES)
@@ -29,6 +33,7 @@ async def summarize(body: SummarizeRequest, ctx: InferenceDep) -> SummarizeRespo
     """Extractive summary: the selected sentences in document order, with their scores. Choose the length
     with ``max_sentences`` or ``ratio`` (fraction of the document's sentences); default 3 sentences."""
     model = ctx.model_for("summarization")
+    shed_early(ctx, model, body)
     sentences = await run_in_threadpool(document_sentences, body)
     if not sentences:
         raise InvalidRequest("the document has no sentences")

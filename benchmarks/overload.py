@@ -1,0 +1,465 @@
+"""Overload benchmark: open-loop arrivals (locust) at multiples of the capacity of fixed rho=1, for four
+policies side by side, each against its own ``python -m service`` process on loopback.
+
+    python -m benchmarks.overload --models-dir models --model <classification model> \
+        --out results/bench/overload.json --plot docs/plots/overload.png    # + overload.md
+    python -m benchmarks.overload --models-dir <tiny models> --out /tmp/overload.json --quick   # seconds
+
+Policies (``policies``): ``auto`` (rho=auto, admission by predicted time in system), ``rho1`` (fixed
+rho=1), ``rho_min`` (fixed rho=auto_min_rho), ``tei_cap`` (fixed rho=1, no admission control, a
+TEI-style ``max_concurrent_requests`` cap that answers 429 beyond it). Capacity = 200s/s of a closed-loop
+probe at rho=1 (``--probe-concurrency`` clients). Then, per policy, one server: each rate multiple
+(ascending) for ``--seconds`` of arrivals, its answers awaited, idle latency measured after it (does
+the server recover?), the server's RSS sampled throughout. Per (policy, rate): goodput (200s/s), p50/p99
+of the accepted, shed ratio (429s), 5xx and connection errors, mean served rho, RSS. ``--soak-seconds``
+adds one long run per policy at ``--soak-multiple`` x capacity reporting RSS growth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from benchmarks.load import make_texts, percentile
+from benchmarks.machine import write_result
+from retention_core.machine import describe
+
+LOCUSTFILE = Path(__file__).with_name("overload_locust.py")
+MULTIPLES = (0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    rho: str  # the query value every request sends
+    env: dict[str, str] = field(default_factory=dict)  # the server's settings (RETENTION_*)
+
+
+def policies(min_rho: float, tei_max_concurrent: int) -> list[Policy]:
+    return [
+        Policy("auto", "auto"),
+        Policy("rho1", "1"),
+        Policy("rho_min", f"{min_rho:g}"),
+        Policy(
+            "tei_cap",
+            "1",
+            {
+                "RETENTION_ADMISSION_CONTROL": "false",
+                "RETENTION_MAX_CONCURRENT_REQUESTS": str(tei_max_concurrent),
+            },
+        ),
+    ]
+
+
+@dataclass
+class Cell:
+    policy: str
+    multiple: float  # of the measured capacity of fixed rho=1
+    offered_rps: float
+    seconds: float
+    sent: int = 0
+    ok: int = 0
+    shed: int = 0  # 429
+    server_errors: int = 0  # 5xx
+    other: int = 0  # other statuses and connection errors
+    goodput_rps: float = 0.0
+    shed_ratio: float = 0.0
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    mean_rho: float | None = None
+    reasons: dict[str, int] = field(default_factory=dict)
+    retry_after_max_s: int | None = None
+    rss_start_mib: float = 0.0
+    rss_peak_mib: float = 0.0
+    rss_end_mib: float = 0.0
+    idle_after_p50_ms: float | None = None  # sequential requests once the load stopped
+    send_lag_p99_ms: float | None = None  # how late the generator sent (scheduled -> sent)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def server(
+    models_dir: Path, policy: Policy, extra_env: dict[str, str], log: Path
+) -> Iterator[tuple[str, int]]:
+    """``python -m service`` for one policy on a free loopback port; yields (base URL, pid)."""
+    port = free_port()
+    env = {**os.environ, **extra_env, **policy.env, "RETENTION_LOG_LEVEL": "warning"}
+    command = [sys.executable, "-m", "service", "--models-dir", str(models_dir), "--port", str(port)]
+    with log.open("w") as sink:
+        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"the {policy.name} server exited; see {log}")
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        else:
+            raise RuntimeError(f"the {policy.name} server never became ready; see {log}")
+        yield url, process.pid
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+class RssSampler:
+    """The server process's resident set size, sampled every ``interval`` s in a thread."""
+
+    def __init__(self, pid: int, interval: float = 0.2) -> None:
+        self.process = psutil.Process(pid)
+        self.interval = interval
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def mib(self) -> float:
+        return self.process.memory_info().rss / 2**20
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(self.mib())
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(self.mib())
+
+
+@dataclass(frozen=True)
+class Load:
+    """One locust run: ``open`` arrivals at ``rate``/s, or a ``closed`` loop of ``concurrency`` clients."""
+
+    mode: str
+    seconds: float
+    rate: float = 0.0
+    concurrency: int = 0
+
+
+def drive(url: str, path: str, load: Load, bodies: Path, grace: float, workdir: Path) -> list[dict[str, Any]]:
+    """One locust run (headless, one user that drives everything); its per-request records."""
+    out = workdir / f"records-{time.monotonic_ns()}.jsonl"
+    env = {
+        **os.environ,
+        "OVERLOAD_MODE": load.mode,
+        "OVERLOAD_RATE": str(load.rate),
+        "OVERLOAD_SECONDS": str(load.seconds),
+        "OVERLOAD_CONCURRENCY": str(load.concurrency),
+        "OVERLOAD_PATH": path,
+        "OVERLOAD_OUT": str(out),
+        "OVERLOAD_BODIES": str(bodies),
+        "OVERLOAD_GRACE_S": str(grace),
+    }
+    locust = Path(sys.executable).with_name("locust")
+    command = [
+        str(locust) if locust.exists() else "locust",
+        "-f", str(LOCUSTFILE), "--headless", "--host", url, "-u", "1", "-r", "1",
+        "--run-time", f"{int(load.seconds + grace + 15)}s", "--only-summary", "--loglevel", "WARNING",
+    ]  # fmt: skip
+    limit = load.seconds + grace + 60
+    subprocess.run(command, env=env, check=False, stdout=subprocess.DEVNULL, timeout=limit)
+    if not out.exists():
+        raise RuntimeError("locust wrote no records")
+    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+
+
+def summarize(cell: Cell, records: list[dict[str, Any]]) -> Cell:
+    accepted = [r for r in records if r["status"] == 200]
+    cell.sent = len(records)
+    cell.ok = len(accepted)
+    cell.shed = sum(r["status"] == 429 for r in records)
+    cell.server_errors = sum(r["status"] >= 500 for r in records)
+    cell.other = cell.sent - cell.ok - cell.shed - cell.server_errors
+    cell.goodput_rps = cell.ok / cell.seconds
+    cell.shed_ratio = cell.shed / cell.sent if cell.sent else 0.0
+    if accepted:
+        latencies = [r["latency_s"] for r in accepted]
+        cell.p50_ms = 1000 * percentile(latencies, 0.50)
+        cell.p99_ms = 1000 * percentile(latencies, 0.99)
+        rhos = [r["rho"] for r in accepted if r.get("rho") is not None]
+        cell.mean_rho = statistics.fmean(rhos) if rhos else None
+    for record in accepted:
+        reason = str(record.get("rho_reason"))
+        cell.reasons[reason] = cell.reasons.get(reason, 0) + 1
+    lags = [r["send_lag_s"] for r in records if "send_lag_s" in r]
+    cell.send_lag_p99_ms = 1000 * percentile(lags, 0.99) if lags else None
+    retries = [int(r["retry_after"]) for r in records if r["status"] == 429 and r.get("retry_after")]
+    cell.retry_after_max_s = max(retries) if retries else None
+    return cell
+
+
+def idle_latency_ms(url: str, path: str, body: dict[str, Any], count: int = 5) -> float:
+    """p50 of ``count`` sequential requests (after the queue drained): back to idle latency?"""
+    latencies = []
+    with httpx.Client(timeout=60) as client:
+        for _ in range(count):
+            begin = time.perf_counter()
+            client.post(f"{url}{path}", json=body)
+            latencies.append(time.perf_counter() - begin)
+    return 1000 * statistics.median(latencies)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    texts = make_texts(args.texts, args.min_words, args.max_words, args.seed)
+    path_of = {"classification": "/classify", "embedding": "/embed"}
+    endpoint = path_of[args.task]
+    extra = {"RETENTION_DEFAULT_MODELS": json.dumps({args.task: args.model})} if args.model else {}
+    if not args.arena:
+        extra["RETENTION_CPU_MEM_ARENA"] = "false"
+    cells: list[Cell] = []
+    soaks: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="overload-") as tmp:
+        workdir = Path(tmp)
+        bodies = workdir / "bodies.json"
+        bodies.write_text(json.dumps([{"text": text} for text in texts]))
+        every = policies(args.min_rho, args.tei_max_concurrent)
+        chosen = [p for p in every if p.name in args.policies]
+        capacity = measure_capacity(args, every[1], extra, endpoint, bodies, workdir)
+        print(f"capacity of fixed rho=1: {capacity:.1f} requests/s", flush=True)
+        for policy in chosen:
+            path = f"{endpoint}?rho={policy.rho}"
+            with server(args.models_dir, policy, extra, workdir / f"{policy.name}.log") as (url, pid):
+                for multiple in args.multiples:
+                    cell = Cell(policy.name, multiple, multiple * capacity, args.seconds)
+                    with RssSampler(pid) as rss:
+                        cell.rss_start_mib = rss.mib()
+                        load = Load("open", args.seconds, rate=cell.offered_rps)
+                        records = drive(url, path, load, bodies, args.grace, workdir)
+                    summarize(cell, records)
+                    cell.rss_peak_mib = max(rss.samples)
+                    cell.rss_end_mib = rss.samples[-1]
+                    cell.idle_after_p50_ms = idle_latency_ms(url, path, {"text": texts[0]})
+                    cells.append(cell)
+                    print(summary_line(cell), flush=True)
+                if args.soak_seconds:
+                    soaks.append(soak(args, Target(policy, url, pid, path), bodies, capacity, workdir))
+    return {
+        "task": args.task,
+        "model": args.model,
+        "quick": args.quick,
+        "capacity_rho1_rps": capacity,
+        "probe": {"concurrency": args.probe_concurrency, "seconds": args.probe_seconds},
+        "seconds_per_cell": args.seconds,
+        "arena": args.arena,
+        "tei_max_concurrent": args.tei_max_concurrent,
+        "texts": {"count": args.texts, "min_words": args.min_words, "max_words": args.max_words},
+        "results": [asdict(cell) for cell in cells],
+        "soak": soaks,
+    }
+
+
+def measure_capacity(
+    args: argparse.Namespace, rho1: Policy, extra: dict[str, str], endpoint: str, bodies: Path, workdir: Path
+) -> float:
+    """200s/s of fixed rho=1 under a closed loop of ``probe_concurrency`` clients."""
+    with server(args.models_dir, rho1, extra, workdir / "probe.log") as (url, _pid):
+        load = Load("closed", args.probe_seconds, concurrency=args.probe_concurrency)
+        records = drive(url, f"{endpoint}?rho=1", load, bodies, args.grace, workdir)
+    ok = sum(r["status"] == 200 for r in records)
+    return max(ok / args.probe_seconds, 0.5)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A running server of one policy: where to send, and the process to watch."""
+
+    policy: Policy
+    url: str
+    pid: int
+    path: str  # endpoint and query
+
+
+def soak(
+    args: argparse.Namespace, target: Target, bodies: Path, capacity: float, workdir: Path
+) -> dict[str, Any]:
+    """One long open-loop run: RSS at its start, peak and end (growth in %)."""
+    policy, url, pid, path = target.policy, target.url, target.pid, target.path
+    cell = Cell(policy.name, args.soak_multiple, args.soak_multiple * capacity, args.soak_seconds)
+    with RssSampler(pid, interval=1.0) as rss:
+        cell.rss_start_mib = rss.mib()
+        load = Load("open", args.soak_seconds, rate=cell.offered_rps)
+        records = drive(url, path, load, bodies, args.grace, workdir)
+    summarize(cell, records)
+    cell.rss_peak_mib, cell.rss_end_mib = max(rss.samples), rss.samples[-1]
+    growth = 100 * (cell.rss_end_mib - cell.rss_start_mib) / cell.rss_start_mib
+    print(f"soak {policy.name}: RSS {cell.rss_start_mib:.0f} -> {cell.rss_end_mib:.0f} MiB ({growth:+.1f}%)")
+    return {**asdict(cell), "rss_growth_percent": growth}
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def summary_line(cell: Cell) -> str:
+    return " ".join(
+        [
+            f"{cell.policy:8s} x{cell.multiple:<4g} offered {cell.offered_rps:7.1f}/s",
+            f"goodput {cell.goodput_rps:7.1f}/s p50 {fmt(cell.p50_ms)} ms p99 {fmt(cell.p99_ms)} ms",
+            f"shed {cell.shed_ratio:.2f} 5xx {cell.server_errors} rho {fmt(cell.mean_rho, 2)}",
+            f"RSS {cell.rss_peak_mib:.0f} MiB idle-after {fmt(cell.idle_after_p50_ms)} ms",
+            f"client lag p99 {fmt(cell.send_lag_p99_ms)} ms",
+        ]
+    )
+
+
+def markdown(report: dict[str, Any]) -> str:
+    capacity = report["capacity_rho1_rps"]
+    lines = [
+        f"# Overload benchmark ({report['task']}, capacity of rho=1: {capacity:.1f} req/s)",
+        "",
+        "Open-loop arrivals (locust), loopback. Latency counts from the scheduled arrival; client lag = how",
+        "late the load generator sent (a large lag means the generator, not the server, was the limit).",
+        "",
+        "| policy | x capacity | offered /s | goodput /s | p50 ms | p99 ms | shed | 5xx | other | mean rho |"
+        " RSS peak MiB | idle after ms | client lag p99 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in report["results"]:
+        cells = [
+            c["policy"],
+            f"{c['multiple']:g}",
+            f"{c['offered_rps']:.1f}",
+            f"{c['goodput_rps']:.1f}",
+            fmt(c["p50_ms"]),
+            fmt(c["p99_ms"]),
+            f"{c['shed_ratio']:.2f}",
+            str(c["server_errors"]),
+            str(c["other"]),
+            fmt(c["mean_rho"], 2),
+            f"{c['rss_peak_mib']:.0f}",
+            fmt(c["idle_after_p50_ms"]),
+            fmt(c["send_lag_p99_ms"]),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    for s in report["soak"]:
+        lines += [
+            "",
+            f"Soak {s['policy']} at {s['multiple']:g}x for {s['seconds']:.0f} s: RSS "
+            f"{s['rss_start_mib']:.0f} → {s['rss_end_mib']:.0f} MiB ({s['rss_growth_percent']:+.1f}%), "
+            f"peak {s['rss_peak_mib']:.0f} MiB",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict[str, Any], out: Path) -> Path | None:
+    """p99 of the accepted and goodput vs offered load, one line per policy, saved at ``out`` (None without
+    matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    figure, (latency, goodput) = plt.subplots(1, 2, figsize=(11, 4))
+    for name in dict.fromkeys(c["policy"] for c in report["results"]):
+        cells = [c for c in report["results"] if c["policy"] == name]
+        xs = [c["multiple"] for c in cells]
+        latency.plot(xs, [c["p99_ms"] or float("nan") for c in cells], marker="o", label=name)
+        goodput.plot(xs, [c["goodput_rps"] for c in cells], marker="o", label=name)
+    multiples = sorted({c["multiple"] for c in report["results"]})
+    for axis, title in ((latency, "p99 of accepted (ms)"), (goodput, "goodput (200s / s)")):
+        axis.set_xscale("log")
+        axis.set_xticks(multiples, [f"{m:g}x" for m in multiples])
+        axis.minorticks_off()
+        axis.set_xlabel("offered load (x capacity of rho=1)")
+        axis.set_title(title)
+        axis.grid(True, alpha=0.3)
+    latency.set_yscale("log")
+    goodput.legend()
+    figure.tight_layout()
+    target = out
+    target.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(target, dpi=120)
+    plt.close(figure)
+    return target
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.overload", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--models-dir", type=Path, required=True)
+    parser.add_argument("--model", help="model to drive (default: the task's default model)")
+    parser.add_argument("--task", choices=["classification", "embedding"], default="classification")
+    parser.add_argument("--out", type=Path, required=True, help="JSON (+ .md table and .png plot beside it)")
+    parser.add_argument("--plot", type=Path, help="the plot's path (default: --out with .png)")
+    parser.add_argument("--policies", nargs="+", default=["auto", "rho1", "rho_min", "tei_cap"])
+    parser.add_argument("--multiples", nargs="+", type=float, default=list(MULTIPLES))
+    parser.add_argument("--seconds", type=float, default=20.0, help="arrivals per cell")
+    parser.add_argument("--grace", type=float, default=35.0, help="wait this long for the last answers")
+    parser.add_argument("--probe-seconds", type=float, default=15.0)
+    parser.add_argument("--probe-concurrency", type=int, default=32)
+    parser.add_argument("--min-rho", type=float, default=0.1, help="the fixed rho of the rho_min policy")
+    parser.add_argument("--tei-max-concurrent", type=int, default=64)
+    parser.add_argument("--soak-seconds", type=float, default=0.0, help="e.g. 600 for the 10-minute soak")
+    parser.add_argument("--soak-multiple", type=float, default=2.0)
+    parser.add_argument(
+        "--no-arena", dest="arena", action="store_false", help="RETENTION_CPU_MEM_ARENA=false"
+    )
+    parser.add_argument("--texts", type=int, default=64)
+    parser.add_argument("--min-words", type=int, default=20)
+    parser.add_argument("--max-words", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="seconds: tiny models, two rates, short cells")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.multiples, args.seconds, args.grace = [0.5, 2.0], 1.0, 10.0
+        args.probe_seconds, args.probe_concurrency = 1.0, 4
+        args.texts, args.min_words, args.max_words = 8, 3, 30
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    report = run(args)
+    report["machine"] = describe()
+    report["command"] = "python -m benchmarks.overload " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    write_result(args.out, report, markdown(report))
+    image = plot(report, args.plot or args.out.with_suffix(".png"))
+    print(
+        f"wrote {args.out}, {args.out.with_suffix('.md')}"
+        + (f", {image}" if image else " (no matplotlib: no plot)")
+    )
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""benchmarks/overload.py --quick: locust (open loop) against real ``python -m service`` processes over the
+tiny models, two policies. A smoke run of the benchmark's machinery; it asserts no speed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks import overload
+
+
+def test_quick_overload_benchmark(models_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "overload.json"
+    argv = ["--models-dir", str(models_root), "--out", str(out), "--quick", "--policies", "auto", "tei_cap"]
+    report = overload.main(argv)
+    saved = json.loads(out.read_text())
+    assert saved == json.loads(json.dumps(report))
+    assert saved["command"].startswith("python -m benchmarks.overload ") and saved["machine"]["cores"] >= 1
+    assert saved["capacity_rho1_rps"] > 0
+    cells = saved["results"]
+    assert {(c["policy"], c["multiple"]) for c in cells} == {
+        (p, m) for p in ("auto", "tei_cap") for m in (0.5, 2.0)
+    }
+    for cell in cells:
+        assert cell["sent"] > 0 and cell["ok"] > 0, cell
+        assert cell["server_errors"] == 0 and cell["other"] == 0, cell  # only 200s and 429s
+        assert cell["ok"] + cell["shed"] == cell["sent"]
+        assert cell["p50_ms"] <= cell["p99_ms"] and cell["rss_peak_mib"] >= cell["rss_start_mib"] > 0
+        assert cell["idle_after_p50_ms"] is not None
+    auto = [c for c in cells if c["policy"] == "auto"]
+    assert all(set(c["reasons"]) <= {"auto:idle", "auto:backlog", "auto:floor"} for c in auto)
+    assert all(c["mean_rho"] == 1.0 for c in cells if c["policy"] == "tei_cap")
+    table = out.with_suffix(".md").read_text()
+    assert "| auto | 2 |" in table and "| tei_cap | 0.5 |" in table
+    assert out.with_suffix(".png").stat().st_size > 0

@@ -1,0 +1,141 @@
+"""ONNX graphs as ONNX servers ship them: onnxruntime's transformer optimizer, with attention fused.
+
+Two graphs go through ``optimize_for_cpu`` (``onnxruntime.transformers.optimizer``, ``model_type="bert"``):
+
+- **The dense peer** (``export_sentence_embedding``): the Hugging Face encoder (eager attention) plus
+  sentence-transformers' mean pooling, exported the way optimum's feature-extraction export does it.
+  This is the graph a user would serve instead of ours, so every embedding speed-up is measured
+  against its fused form.
+- **Our pruned graphs** (``export_fused_pruned``). ORT fuses ``softmax(QKᵀ/√d + mask)`` into one
+  ``Attention`` operator only when the additive mask is built the way BERT builds it (the 2-D key mask
+  unsqueezed to (B, 1, 1, T) first, then cast, then ``(1 − mask) · c``), which is how
+  ``retention.attention_bias`` builds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from training.export import OPSET, ParityReport, export_onnx, validate_onnx
+from training.model import RetentionModel
+
+FUSED_ATTENTION_OPS = ("Attention", "MultiHeadAttention")
+PEER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # optimum's BERT feature-extraction inputs
+PEER_OUTPUT = "sentence_embedding"
+
+FusionCounts = dict[str, int]  # fused operator → how many the optimizer made (non-zero ones only)
+
+
+class AttentionFusionError(RuntimeError):
+    """The optimizer did not fuse attention in every layer."""
+
+
+def optimize_for_cpu(onnx_in: Path, onnx_out: Path, num_heads: int, hidden: int) -> FusionCounts:
+    """Run onnxruntime's BERT optimizer on ``onnx_in``, save to ``onnx_out``; return the fused counts."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    optimized = optimize_model(str(onnx_in), model_type="bert", num_heads=num_heads, hidden_size=hidden)
+    optimized.save_model_to_file(str(onnx_out))
+    statistics = optimized.get_fused_operator_statistics()
+    return {operator: int(count) for operator, count in statistics.items() if count}
+
+
+def fused_attention_count(counts: FusionCounts) -> int:
+    return sum(counts.get(operator, 0) for operator in FUSED_ATTENTION_OPS)
+
+
+def require_fused_attention(counts: FusionCounts, num_layers: int, graph: str) -> None:
+    """Raise unless every one of ``num_layers`` layers got a fused attention operator."""
+    fused = fused_attention_count(counts)
+    if fused != num_layers:
+        raise AttentionFusionError(f"{graph}: {fused} fused attention operators for {num_layers} layers")
+
+
+# ---------------------------------------------------------------------- the dense peer
+class SentenceEmbeddingGraph(nn.Module):
+    """A Hugging Face encoder + sentence-transformers' mean pooling: (ids, mask, types) → (B, d)."""
+
+    def __init__(self, encoder: Any) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        states = self.encoder(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        ).last_hidden_state  # (B, T, d)
+        weights = attention_mask.unsqueeze(-1).to(states.dtype)  # (B, T, 1)
+        return (states * weights).sum(1) / weights.sum(1).clamp(min=1e-9)  # (B, d)
+
+
+def load_eager_encoder(checkpoint: str | Path) -> Any:
+    """The checkpoint's encoder with eager attention: the exported form ORT's optimizer fuses (the SDPA
+    export is a different pattern that the optimizer leaves unfused)."""
+    from transformers import AutoModel
+
+    encoder = AutoModel.from_pretrained(str(checkpoint), attn_implementation="eager", local_files_only=True)
+    return encoder.float().eval()
+
+
+def export_sentence_embedding(encoder: Any, path: Path) -> None:
+    """The dense peer's graph, dynamic batch and sequence axes, optimum's input names."""
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(1000, 2000, (2, 16), generator=generator)  # (B, T)
+    example = (input_ids, torch.ones_like(input_ids), torch.zeros_like(input_ids))
+    axes = {"batch": 0, "sequence": 1}
+    dynamic = {name: {axes["batch"]: "batch", axes["sequence"]: "sequence"} for name in PEER_INPUTS}
+    with torch.no_grad():
+        torch.onnx.export(
+            SentenceEmbeddingGraph(encoder).eval(),
+            example,
+            str(path),
+            input_names=list(PEER_INPUTS),
+            output_names=[PEER_OUTPUT],
+            dynamic_axes={**dynamic, PEER_OUTPUT: {axes["batch"]: "batch"}},
+            opset_version=OPSET,
+            dynamo=False,
+        )
+
+
+@dataclass(frozen=True)
+class PeerGraphs:
+    unfused: Path  # the plain export
+    fused: Path  # after onnxruntime's optimizer
+    counts: FusionCounts
+
+
+def build_dense_peer(checkpoint: str | Path, workdir: Path) -> PeerGraphs:
+    """Export and optimise the dense peer of ``checkpoint``; raise unless attention fused in every layer."""
+    encoder = load_eager_encoder(checkpoint)
+    config = encoder.config
+    unfused, fused = workdir / "peer.onnx", workdir / "peer.fused.onnx"
+    export_sentence_embedding(encoder, unfused)
+    counts = optimize_for_cpu(unfused, fused, config.num_attention_heads, config.hidden_size)
+    require_fused_attention(counts, config.num_hidden_layers, "dense peer")
+    return PeerGraphs(unfused=unfused, fused=fused, counts=counts)
+
+
+# ---------------------------------------------------------------------- our pruned graphs
+@dataclass(frozen=True)
+class FusedExport:
+    path: Path
+    counts: FusionCounts
+    parity: ParityReport  # the optimised graph against torch, on export's validation grid
+
+
+def export_fused_pruned(model: RetentionModel, path: Path, workdir: Path) -> FusedExport:
+    """Export ``model``'s pruned graph, optimise it and validate the result
+    against torch (``validate_onnx`` raises on a mismatch)."""
+    model = model.eval()
+    info = model.backbone.info
+    traced = workdir / f"{path.stem}.traced.onnx"
+    export_onnx(model, traced, model.backbone.info_vocab_size)
+    counts = optimize_for_cpu(traced, path, info.num_heads, info.hidden_size)
+    parity = validate_onnx(model, path, model.backbone.info_vocab_size)
+    return FusedExport(path=path, counts=counts, parity=parity)

@@ -337,6 +337,27 @@ def reference_sections(results_dir: Path, plots: Path) -> list[str]:
     ]
 
 
+# Benchmarks that write their own markdown table beside their JSON: (file stem, section title, plot).
+MARKDOWN_BENCHMARKS = (
+    ("embed_speed", "Embedding throughput vs the fused dense peer and sentence-transformers", None),
+    ("embed_service", "Embeddings service vs Infinity", None),
+    ("overload", "rho=auto under overload (open-loop arrivals)", "overload.png"),
+)
+
+
+def markdown_section(md_path: Path, title: str, plot: str | None, plots: Path) -> list[str]:
+    """A benchmark's own markdown table (its title line dropped) with its source, machine and plot."""
+    body = md_path.read_text(encoding="utf-8").split("\n", 1)[1]
+    payload = _load(md_path.with_suffix(".json")) or {}
+    source = f"Source: `{md_path.with_suffix('.json')}`"
+    if payload.get("machine"):
+        source += f" — {_machine_line(payload)}"
+    lines = [f"## {title}", "", source + ".", body, ""]
+    if plot is not None and (plots / plot).is_file():
+        lines += [f"![{title}](plots/{plot})", ""]
+    return lines
+
+
 def system_sections(results_dir: Path, plots: Path) -> list[str]:
     """Encoder speed, peak memory and the service under load."""
     lines: list[str] = []
@@ -352,6 +373,9 @@ def system_sections(results_dir: Path, plots: Path) -> list[str]:
         lines += ["![peak memory vs ρ](plots/memory_vs_rho.png)", ""]
     for load_md in sorted((results_dir / "bench").glob("load*.md")):
         lines += load_section(load_md, plots)
+    for stem, title, plot in MARKDOWN_BENCHMARKS:
+        if (md_path := results_dir / "bench" / f"{stem}.md").is_file():
+            lines += markdown_section(md_path, title, plot, plots)
     return lines
 
 
@@ -391,9 +415,9 @@ def retrieval_sections(results_dir: Path) -> list[str]:
     return [
         "## Retrieval with learned retention (embeddings)",
         "",
-        "Question → paragraph search on SQuAD v1.1 dev paragraphs, which the embedding retrofit never",
-        "trained on: learned retention against random-k, attention-received top-k and first-k truncation",
-        "at equal encoder token-work, with the targets settled before measuring.",
+        "Search over text the embedding retrofit never trained on (SQuAD v1.1 dev question → paragraph;",
+        "SciTLDR-A test TLDR → abstract): learned retention against random-k, attention-received top-k",
+        "and first-k truncation at equal encoder token-work, with the targets settled before measuring.",
         "",
         *body,
     ]

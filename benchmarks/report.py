@@ -401,14 +401,16 @@ def ablation_sections(results_dir: Path, plots: Path) -> list[str]:
 
 def retrieval_sections(results_dir: Path) -> list[str]:
     """Every ``results/*/retrieval.json`` (``python -m benchmarks.retrieval``): its table and targets."""
-    from benchmarks.retrieval import markdown
+    from benchmarks import retrieval, retrieval_long
 
     body: list[str] = []
-    for path in sorted(results_dir.glob("*/retrieval.json")):
+    paths = sorted(results_dir.glob("*/retrieval.json")) + sorted(results_dir.glob("*/long_context.json"))
+    for path in paths:
         payload = _load(path)
         if payload is None:
             continue
-        title, rest = markdown(payload).split("\n", 1)
+        render = retrieval_long.markdown if path.name == "long_context.json" else retrieval.markdown
+        title, rest = render(payload).split("\n", 1)
         body += [f"##{title} ({path.parent.name})", "", f"Source: `{path}` — {_machine_line(payload)}.", rest]
     if not body:
         return []

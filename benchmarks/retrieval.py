@@ -1,10 +1,22 @@
 """Retrieval quality of learned retention on text the scorers never trained on (issue 20).
 
-``python -m benchmarks.retrieval <run_dir> --out results/<run>-retrieval/ [--limit-queries N]``
+``python -m benchmarks.retrieval <run_dir> --out results/<run>-retrieval/ [--dataset squad|scitldr]
+[--limit-queries N] [--long-context]``
 
-SQuAD v1.1 dev, question → paragraph: every question (10,570) searches the 2,067 distinct dev paragraphs
-(the embedding recipes train on the train-subset paragraphs, other articles); its relevant paragraph is
-its own row's context. Documents are encoded at each ρ by each method, queries dense (ρ = 1); the learned
+Datasets (``--dataset``), each query with one relevant document:
+
+- ``squad`` (default), SQuAD v1.1 dev, question → paragraph: every question (10,570) searches the 2,067
+  distinct dev paragraphs (the embedding recipes train on the train-subset paragraphs, other articles);
+  its relevant paragraph is its own row's context.
+- ``scitldr``, SciTLDR-A test, TLDR → abstract (a second domain: scientific writing): each of a paper's
+  reference TLDRs (``all_summaries``, 2–4 per paper, 1,967 in all) searches the 618 abstracts (the
+  ``document`` sentences joined with spaces); its relevant document is its own paper's abstract.
+
+``--long-context`` runs ``benchmarks.retrieval_long`` instead of the grid below: on documents longer
+than the model's configured max length, dense truncation against learned retention over more tokens
+at equal token-work.
+
+Documents are encoded at each ρ by each method, queries dense (ρ = 1); the learned
 method is also measured with the queries pruned at the same ρ. Scores: cosine on L2-normalised vectors,
 exact search (one matrix product); ties go to the lower paragraph index, so a ranking is deterministic.
 
@@ -19,6 +31,7 @@ method is the dense model (all tokens kept), so ρ = 1 is measured once, as ``de
 ``--cache-dir`` keeps every (method, ρ, side) embedding matrix under a fingerprint of the weights that
 made it (the backbone's for the baselines, the whole model's for learned), the texts and the settings:
 a retrofit freezes the backbone, so the baselines of two runs of one backbone are the same matrices.
+Each dataset keeps its own subdirectory of the cache (``<cache-dir>/<dataset>/``).
 """
 
 from __future__ import annotations
@@ -29,10 +42,10 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -46,8 +59,8 @@ LEARNED = "learned"
 TRUNCATION = "truncation"
 CUTOFF = 10
 BATCH_SIZE = 32
-DATA_FILE = Path("squad") / "validation.jsonl.gz"
 ENCODER = "torch forward_pruned (training.evaluation.predict_rows), fp32, CPU"
+METRICS = (f"ndcg@{CUTOFF}", f"mrr@{CUTOFF}", "recall@1", f"recall@{CUTOFF}")
 COSINE_QUANTILES = (5, 50, 95)
 DECIMALS = 4
 
@@ -55,6 +68,8 @@ DECIMALS = 4
 # queries dense) within these many points of dense at each ρ, and above every baseline at ρ ≤ 0.5.
 NDCG_GAP_TARGETS = {0.5: 1.0, 0.3: 3.0}
 BEATS_BASELINES_AT_OR_BELOW = 0.5
+
+Budget = float | tuple[float, ...]  # one ρ for every text, or one per text
 
 
 # ---------------------------------------------------------------------- metrics
@@ -103,25 +118,83 @@ def cosine_distribution(pruned: np.ndarray, dense: np.ndarray) -> dict[str, floa
 
 
 # ---------------------------------------------------------------------- data
+def squad_pairs(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """SQuAD rows → (question, its paragraph)."""
+    return [(str(row["question"]), str(row["context"])) for row in rows]
+
+
+def scitldr_abstract(row: dict[str, Any]) -> str:
+    """A SciTLDR abstract: its sentences (some end in spaces or a newline) joined with single spaces."""
+    return " ".join(sentence.strip() for sentence in row["document"] if sentence.strip())
+
+
+def scitldr_pairs(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """SciTLDR rows → (TLDR, its paper's abstract), one pair per reference TLDR of each paper."""
+    return [
+        (str(summary), scitldr_abstract(row))
+        for row in rows
+        for summary in row["all_summaries"]  # ``summary`` is the first of them
+    ]
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A query → document set in ../shared/data and the words its report uses."""
+
+    name: str
+    file: Path  # under the data root
+    title: str
+    query_noun: str  # plural
+    document_noun: str  # plural
+    document_one: str  # singular
+    pairs: Callable[[list[dict[str, Any]]], list[tuple[str, str]]]  # rows → (query, document)
+
+
+DATASETS = {
+    "squad": Dataset(
+        "squad",
+        Path("squad") / "validation.jsonl.gz",
+        "SQuAD v1.1 dev question → paragraph",
+        "questions",
+        "paragraphs",
+        "paragraph",
+        squad_pairs,
+    ),
+    "scitldr": Dataset(
+        "scitldr",
+        Path("summarization") / "scitldr_a" / "test.jsonl.gz",
+        "SciTLDR-A test TLDR → abstract",
+        "TLDRs",
+        "abstracts",
+        "abstract",
+        scitldr_pairs,
+    ),
+}
+DEFAULT_DATASET = "squad"
+
+
 @dataclass(frozen=True)
 class RetrievalSet:
-    questions: list[str]
-    paragraphs: list[str]  # distinct contexts, in file order
+    questions: list[str]  # the queries
+    paragraphs: list[str]  # the distinct documents, in file order
     gold: np.ndarray  # (Q,) index into paragraphs
 
 
-def read_retrieval_set(path: Path, limit_queries: int | None = None) -> RetrievalSet:
-    """Rows with ``question`` and ``context`` → every distinct context once; the first
-    ``limit_queries`` questions after a seeded shuffle (all paragraphs are always searched)."""
+def read_retrieval_set(
+    path: Path, limit_queries: int | None = None, dataset: Dataset = DATASETS[DEFAULT_DATASET]
+) -> RetrievalSet:
+    """The dataset's (query, document) pairs → every distinct document once; the first
+    ``limit_queries`` queries after a seeded shuffle (all documents are always searched)."""
     from training.data import EVAL_SEED, read_jsonl_gz, shuffled
 
-    rows = read_jsonl_gz(path)
-    index = {context: i for i, context in enumerate(dict.fromkeys(str(row["context"]) for row in rows))}
-    chosen = rows if limit_queries is None else shuffled(rows, EVAL_SEED, limit_queries)
+    pairs = dataset.pairs(read_jsonl_gz(path))
+    index = {document: i for i, document in enumerate(dict.fromkeys(document for _, document in pairs))}
+    # shuffled permutes any list by its length alone: the same queries as when it shuffled the rows
+    chosen = pairs if limit_queries is None else shuffled(cast(Any, pairs), EVAL_SEED, limit_queries)
     return RetrievalSet(
-        questions=[str(row["question"]) for row in chosen],
+        questions=[query for query, _ in chosen],
         paragraphs=list(index),
-        gold=np.array([index[str(row["context"])] for row in chosen], dtype=np.int64),
+        gold=np.array([index[document] for _, document in chosen], dtype=np.int64),
     )
 
 
@@ -164,22 +237,55 @@ class Encoder:
         )  # (N, P)
         return R.encoder_token_work(counts, num_real, self.model.last_layer_queries).numpy()
 
-    def encode(self, texts: Sequence[str], method: str, rho: float) -> tuple[np.ndarray, float]:
+    def input_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Each text's token count with [CLS] and [SEP], before any cut to ``max_length``."""
+        from training.evaluation import evaluation_codec
+
+        codec = evaluation_codec("embedding", self.tokenizer, self.max_length)
+        return [codec.encode(text).input_tokens for text in texts]
+
+    def encode(self, texts: Sequence[str], method: str, rho: Budget) -> tuple[np.ndarray, float]:
         """Vectors (N, d) and the mean encoder token-work fraction of the pass."""
-        from training.evaluation import make_selector, predict_rows
+        from training.evaluation import predict_rows
 
         rows = self.rows(texts)
         if method == TRUNCATION:
+            if isinstance(rho, tuple):
+                raise ValueError("truncation takes one ρ for every text")
             work = self.schedule_work([len(row) for row in rows], rho)
             cut = [truncated_to_work(row, fraction) for row, fraction in zip(rows, work, strict=True)]
             predictions = predict_rows(self.model, cut, 1.0, self.pad_id(), None, self.batch_size)
             token_work = float(np.mean([len(short) / len(row) for short, row in zip(cut, rows, strict=True)]))
         else:
-            selector = make_selector(LEARNED if method == DENSE else method)
-            rho = 1.0 if method == DENSE else rho
-            predictions = predict_rows(self.model, rows, rho, self.pad_id(), selector, self.batch_size)
+            predictions = self.pruned_predictions(rows, method, 1.0 if method == DENSE else rho)
             token_work = float(np.mean([prediction.token_work for prediction in predictions]))
         return np.stack([prediction.logits for prediction in predictions]).astype(np.float32), token_work
+
+    def pruned_predictions(self, rows: list[Any], method: str, rho: Budget) -> list[Any]:
+        """``forward_pruned`` over the rows at one ρ, or at each row's own ρ (rows sharing a ρ run
+        together: ``predict_rows`` takes one ρ per call). One ρ is one call over every row, in order."""
+        from training.evaluation import make_selector, predict_rows
+
+        per_row = [float(rho)] * len(rows) if not isinstance(rho, tuple) else list(rho)
+        if len(per_row) != len(rows):
+            raise ValueError(f"{len(per_row)} ρ values for {len(rows)} texts")
+        predictions: list[Any] = [None] * len(rows)
+        for value in sorted(set(per_row), reverse=True):
+            members = [i for i, row_rho in enumerate(per_row) if row_rho == value]
+            selector = make_selector(LEARNED if method == DENSE else method)
+            chunk = predict_rows(
+                self.model, [rows[i] for i in members], value, self.pad_id(), selector, self.batch_size
+            )
+            for member, prediction in zip(members, chunk, strict=True):
+                predictions[member] = prediction
+        return predictions
+
+
+def budget_label(rho: Budget) -> str:
+    """One ρ as ``0.5``; per-row ρ as a digest of the values (cache keys, cache metadata)."""
+    if isinstance(rho, tuple):
+        return "per-row " + hashlib.sha1(",".join(f"{value:g}" for value in rho).encode()).hexdigest()[:12]
+    return f"{rho:g}"
 
 
 def truncated_to_work(row: Any, work: float) -> Any:
@@ -231,11 +337,11 @@ class EmbeddingStore:
         self.cache_dir = cache_dir
         self._fingerprints: dict[str, str] = {}
 
-    def key(self, texts: Sequence[str], method: str, rho: float) -> str:
+    def key(self, texts: Sequence[str], method: str, rho: Budget) -> str:
         kind = LEARNED if method == LEARNED else "backbone"
         if kind not in self._fingerprints:
             self._fingerprints[kind] = weights_fingerprint(self.encoder.model, method)
-        parts = [self._fingerprints[kind], texts_fingerprint(texts), method, f"{rho:g}"]
+        parts = [self._fingerprints[kind], texts_fingerprint(texts), method, budget_label(rho)]
         parts += [str(self.encoder.max_length), str(self.encoder.batch_size), "EVAL_SEED=0"]
         if method != DENSE:  # the keep schedule fixes every pruned method's per-layer counts
             parts.append(
@@ -243,7 +349,7 @@ class EmbeddingStore:
             )
         return hashlib.sha1("|".join(parts).encode()).hexdigest()[:20]
 
-    def get(self, texts: Sequence[str], method: str, rho: float) -> Pass:
+    def get(self, texts: Sequence[str], method: str, rho: Budget) -> Pass:
         path = None if self.cache_dir is None else self.cache_dir / self.key(texts, method, rho)
         if path is not None and path.with_suffix(".json").is_file():
             meta = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
@@ -254,12 +360,62 @@ class EmbeddingStore:
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             np.save(path.with_suffix(".npy"), vectors)
-            meta = {"method": method, "rho": rho, "texts": len(texts), "token_work": work, "seconds": seconds}
+            meta = {
+                "method": method,
+                "rho": rho if not isinstance(rho, tuple) else budget_label(rho),
+                "texts": len(texts),
+                "token_work": work,
+                "seconds": seconds,
+            }
             path.with_suffix(".json").write_text(json.dumps(meta), encoding="utf-8")
         return Pass(vectors, work, seconds, False)
 
 
 # ---------------------------------------------------------------------- the benchmark
+def load_embedding_run(run_dir: Path) -> tuple[Any, Any, Any]:
+    """The run's model (eval mode, CPU), recipe and tokenizer; an embedding run or exit."""
+    from training.fit import load_run
+
+    model, recipe, tokenizer = load_run(run_dir)
+    if recipe.task != "embedding":
+        raise SystemExit(f"retrieval needs an embedding run; {run_dir} is task {recipe.task!r}")
+    return model, recipe, tokenizer
+
+
+def dataset_cache(cache_dir: Path | None, dataset: Dataset) -> Path | None:
+    """Each dataset's encodings in their own subdirectory of ``--cache-dir``."""
+    return None if cache_dir is None else cache_dir / dataset.name
+
+
+def run_fields(run_dir: Path, recipe: Any, dataset: Dataset, data_path: Path) -> dict[str, Any]:
+    """What every retrieval result says about the run and the data it searched."""
+    from training.fit import WEIGHTS_FILE
+
+    return {
+        "run": str(run_dir),
+        "run_weights_sha1": file_sha1(run_dir / WEIGHTS_FILE),
+        "model": recipe.name,
+        "profile": recipe.profile,
+        "dataset": dataset.name,
+        "data": str(data_path),
+    }
+
+
+def query_fields(data: RetrievalSet, limit_queries: int | None) -> dict[str, Any]:
+    return {
+        "queries": len(data.questions),
+        "query_subset": "all" if limit_queries is None else f"first {limit_queries} after a seeded shuffle",
+        "documents": len(data.paragraphs),
+    }
+
+
+def search_description(dataset: Dataset) -> str:
+    return (
+        "cosine on L2-normalised vectors, exact (numpy matmul); "
+        f"ties to the lower {dataset.document_one} index"
+    )
+
+
 def cell(
     ranks: np.ndarray, documents: Pass, queries: Pass, dense_documents: Pass, dense_queries: Pass
 ) -> dict[str, Any]:
@@ -364,32 +520,24 @@ def retrieval_benchmark(
     rhos: Sequence[float],
     cache_dir: Path | None,
     query_rhos: Sequence[float] | None = None,
+    dataset: Dataset = DATASETS[DEFAULT_DATASET],
 ) -> dict[str, Any]:
     import torch
 
     from training.data import EVAL_SEED
-    from training.fit import WEIGHTS_FILE, load_run
 
     start = time.perf_counter()
-    model, recipe, tokenizer = load_run(run_dir)
-    if recipe.task != "embedding":
-        raise SystemExit(f"retrieval needs an embedding run; {run_dir} is task {recipe.task!r}")
-    data = read_retrieval_set(data_path, limit_queries)
-    store = EmbeddingStore(Encoder(model, tokenizer, recipe.max_length), cache_dir)
+    model, recipe, tokenizer = load_embedding_run(run_dir)
+    data = read_retrieval_set(data_path, limit_queries, dataset)
+    store = EmbeddingStore(Encoder(model, tokenizer, recipe.max_length), dataset_cache(cache_dir, dataset))
     query_rhos = list(rhos) if query_rhos is None else list(query_rhos)
     results = retrieval_grid(store, data, methods, rhos, query_rhos)
     return {
-        "run": str(run_dir),
-        "run_weights_sha1": file_sha1(run_dir / WEIGHTS_FILE),
-        "model": recipe.name,
-        "profile": recipe.profile,
-        "data": str(data_path),
-        "queries": len(data.questions),
-        "query_subset": "all" if limit_queries is None else f"first {limit_queries} after a seeded shuffle",
-        "documents": len(data.paragraphs),
+        **run_fields(run_dir, recipe, dataset, data_path),
+        **query_fields(data, limit_queries),
         "max_length": recipe.max_length,
         "encoder": ENCODER,
-        "search": "cosine on L2-normalised vectors, exact (numpy matmul); ties to the lower paragraph index",
+        "search": search_description(dataset),
         "random_seed": EVAL_SEED,
         "methods": list(methods),
         "rhos": [float(rho) for rho in rhos],
@@ -410,15 +558,22 @@ def _ordered_cells(results: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[
     return rows
 
 
+def payload_dataset(payload: dict[str, Any]) -> Dataset:
+    """The dataset a result searched (results written before ``--dataset`` existed are SQuAD's)."""
+    return DATASETS[payload.get("dataset", DEFAULT_DATASET)]
+
+
 def markdown(payload: dict[str, Any]) -> str:
-    metrics = (f"ndcg@{CUTOFF}", f"mrr@{CUTOFF}", "recall@1", f"recall@{CUTOFF}")
+    dataset = payload_dataset(payload)
     lines = [
-        f"# Retrieval: {payload['model']} ({payload['profile']}) — SQuAD v1.1 dev question → paragraph",
+        f"# Retrieval: {payload['model']} ({payload['profile']}) — {dataset.title}",
         "",
-        f"{payload['queries']} questions ({payload['query_subset']}) search "
-        f"{payload['documents']} paragraphs. Encoder: {payload['encoder']}. Search: {payload['search']}.",
+        f"{payload['queries']} {dataset.query_noun} ({payload['query_subset']}) search "
+        f"{payload['documents']} {dataset.document_noun}. Encoder: {payload['encoder']}. "
+        f"Search: {payload['search']}.",
         "Documents pruned at ρ by each method, queries dense, unless the method says `+queries` "
-        "(both pruned). Truncation keeps each paragraph's first tokens at the pruned schedule's token-work.",
+        f"(both pruned). Truncation keeps each {dataset.document_one}'s first tokens at the pruned "
+        "schedule's token-work.",
         "",
         "| method | ρ | nDCG@10 | MRR@10 | R@1 | R@10 | doc token-work | doc cos to dense: mean / p5 / p50 / "
         "p95 / min | query cos mean | doc s |",
@@ -430,7 +585,7 @@ def markdown(payload: dict[str, Any]) -> str:
         seconds = f"{values['document_seconds']:.0f}" + (" (cached)" if values["document_cached"] else "")
         lines.append(
             f"| {method} | {rho} | "
-            + " | ".join(f"{values[m]:.2f}" for m in metrics)
+            + " | ".join(f"{values[m]:.2f}" for m in METRICS)
             + f" | {values['document_token_work']:.2f} | {distribution} | {queries['mean']:.3f} | {seconds} |"
         )
     lines += ["", "Targets (settled before measuring):", ""]
@@ -448,8 +603,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--out", type=Path, required=True, help="directory for retrieval.json / .md")
+    parser.add_argument("--dataset", choices=sorted(DATASETS), default=DEFAULT_DATASET)
     parser.add_argument(
-        "--data", type=Path, default=None, help="default: <data root>/squad/validation.jsonl.gz"
+        "--data",
+        type=Path,
+        default=None,
+        help="default: the dataset's file under the data root "
+        + ", ".join(f"({name}: {spec.file})" for name, spec in DATASETS.items()),
     )
     parser.add_argument("--limit-queries", type=int, default=None)
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
@@ -458,15 +618,38 @@ def main(argv: list[str] | None = None) -> None:
         "--query-rhos", type=float, nargs="*", default=None, help="ρ for learned+queries (default: --rhos)"
     )
     parser.add_argument("--cache-dir", type=Path, default=None, help="reuse embeddings across invocations")
+    long_context = parser.add_argument_group(
+        "long context",
+        "--long-context: benchmarks.retrieval_long instead of the ρ grid (--methods, "
+        "--rhos and --query-rhos do not apply); writes long_context.json / .md",
+    )
+    long_context.add_argument("--long-context", action="store_true")
+    long_context.add_argument(
+        "--short-length", type=int, default=None, help="default: the recipe's max_length"
+    )
+    long_context.add_argument("--long-length", type=int, default=512)
     args = parser.parse_args(argv)
+    dataset = DATASETS[args.dataset]
     data_path = args.data
     if data_path is None:
         root = default_data_root()
         if root is None:
             raise SystemExit("no data root (../shared/data); pass --data")
-        data_path = root / DATA_FILE
+        data_path = root / dataset.file
+    if args.long_context:
+        from benchmarks import retrieval_long
+
+        retrieval_long.run(args, dataset, data_path, f"python -m {MODULE} " + " ".join(argv))
+        return
     payload = retrieval_benchmark(
-        args.run_dir, data_path, args.limit_queries, args.methods, args.rhos, args.cache_dir, args.query_rhos
+        args.run_dir,
+        data_path,
+        args.limit_queries,
+        args.methods,
+        args.rhos,
+        args.cache_dir,
+        args.query_rhos,
+        dataset,
     )
     payload["command"] = f"python -m {MODULE} " + " ".join(argv)
     table = markdown(payload)

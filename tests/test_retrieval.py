@@ -141,3 +141,157 @@ def test_report_renders_retrieval_and_embedding_evaluations(tmp_path: Path) -> N
         "cosine_to_dense" in text
         and (tmp_path / "docs" / "plots" / "quality_tiny-embedding-full.png").is_file()
     )
+
+
+# ---------------------------------------------------------------------- SciTLDR and long documents
+SCITLDR_ROWS = [
+    {
+        "document": [
+            "We propose a way to prune the tokens of a transformer encoder while it runs.",
+            "A small scorer per layer decides which tokens the next layer still needs.  ",
+            "On retrieval the pruned embeddings stay close to the dense ones at half the compute.",
+            "We also study which tokens survive, and find that rare words are kept longest.\n",
+        ],
+        "all_summaries": [
+            "Token pruning keeps embeddings close at half the compute.",
+            "Prune tokens per layer.",
+        ],
+    },
+    {"document": ["Graph networks learn on molecules.\n"], "all_summaries": ["Molecule graph networks."]},
+    {
+        "document": [
+            "Sleep consolidates memory in mammals.",
+            "We model it with two networks, one fast and one slow, that replay recent examples.",
+        ],
+        "all_summaries": ["Two networks replay memories as in sleep.", "A dual memory model.", "Replay."],
+    },
+    {
+        "document": [
+            "Bandit algorithms trade exploration against exploitation.",
+            "Ours has a provably lower regret bound on every benchmark.",
+        ],
+        "all_summaries": ["A bandit algorithm with lower regret."],
+    },
+]
+
+
+def scitldr_file(tmp_path: Path) -> Path:
+    path = tmp_path / "summarization" / "scitldr_a" / "test.jsonl.gz"
+    write_rows(path, SCITLDR_ROWS)
+    return path
+
+
+def test_scitldr_reads_one_query_per_tldr_against_its_joined_abstract(tmp_path: Path) -> None:
+    data = retrieval.read_retrieval_set(scitldr_file(tmp_path), None, retrieval.DATASETS["scitldr"])
+    assert len(data.paragraphs) == 4 and len(data.questions) == 7  # 2 + 1 + 3 + 1 TLDRs
+    assert data.gold.tolist() == [0, 0, 1, 2, 2, 2, 3]
+    assert data.questions[3] == "Two networks replay memories as in sleep."
+    assert data.paragraphs[1] == "Graph networks learn on molecules."  # the trailing newline is gone
+    assert data.paragraphs[0].startswith("We propose a way") and "needs. On retrieval" in data.paragraphs[0]
+    limited = retrieval.read_retrieval_set(scitldr_file(tmp_path), 3, retrieval.DATASETS["scitldr"])
+    assert len(limited.questions) == 3 and len(limited.paragraphs) == 4  # every abstract is still searched
+
+
+def test_cli_on_scitldr_keeps_its_own_cache(tmp_path: Path) -> None:
+    model, tokenizer = tiny_model("embedding")
+    run_dir = tmp_path / "run"
+    save_run(model, tiny_recipe("embedding"), tokenizer, run_dir)
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    arguments = ["--dataset", "scitldr", "--data", str(scitldr_file(tmp_path)), "--rhos", "0.5"]
+    retrieval.main([str(run_dir), "--out", str(out), *arguments, "--cache-dir", str(cache)])
+
+    payload = json.loads((out / "retrieval.json").read_text())
+    assert (payload["dataset"], payload["queries"], payload["documents"]) == ("scitldr", 7, 4)
+    assert set(payload["results"]["learned"]) == {"0.5"}
+    assert payload["search"].endswith("ties to the lower abstract index")
+    text = (out / "retrieval.md").read_text()
+    assert "SciTLDR-A test TLDR → abstract" in text and "7 TLDRs (all) search 4 abstracts" in text
+    assert [path.name for path in cache.iterdir()] == ["scitldr"] and any((cache / "scitldr").glob("*.npy"))
+
+
+def test_one_rho_per_text_matches_one_call_per_rho() -> None:
+    """Texts grouped by their own ρ give the vectors each ρ gives for all texts at once."""
+    model, tokenizer = tiny_model("embedding")
+    encoder = retrieval.Encoder(model, tokenizer, 64, batch_size=2)
+    texts = [" ".join(row["document"]) for row in SCITLDR_ROWS]
+    at_half, _ = encoder.encode(texts, "learned", 0.5)
+    at_third, _ = encoder.encode(texts, "learned", 0.3)
+    mixed, work = encoder.encode(texts, "learned", (0.5, 0.3, 0.3, 0.5))
+    np.testing.assert_allclose(mixed, np.stack([at_half[0], at_third[1], at_third[2], at_half[3]]), atol=1e-5)
+    lengths = [len(row) for row in encoder.rows(texts)]
+    expected = np.mean(
+        [
+            *encoder.schedule_work(lengths[:1], 0.5),
+            *encoder.schedule_work(lengths[1:3], 0.3),
+            *encoder.schedule_work(lengths[3:], 0.5),
+        ]
+    )
+    assert work == pytest.approx(float(expected), abs=1e-6)
+    with pytest.raises(ValueError):
+        encoder.encode(texts, "learned", (0.5, 0.3))
+
+
+def test_equal_work_rho_is_the_largest_that_fits() -> None:
+    from benchmarks import retrieval_long
+
+    model, tokenizer = tiny_model("embedding")
+    encoder = retrieval.Encoder(model, tokenizer, 512)
+    lengths = np.array([20, 57, 300, 512])
+    targets = 256 / np.maximum(lengths, 256)  # a cut at 256: the short rows lose nothing
+    rhos, work = retrieval_long.equal_work_rhos(encoder, lengths, targets)
+    assert rhos[0] == rhos[1] == 1.0 and np.all(rhos[2:] < 1.0)
+    for length, rho, done, target in zip(lengths, rhos, work, targets, strict=True):
+        assert done == pytest.approx(encoder.schedule_work([int(length)], float(rho))[0])
+        assert done <= target + 1e-9
+        if rho < 1.0:
+            assert encoder.schedule_work([int(length)], float(rho) + retrieval_long.RHO_STEP)[0] > target
+
+
+def test_long_context_mode_on_a_tiny_model(tmp_path: Path) -> None:
+    from benchmarks import retrieval_long
+
+    model, tokenizer = tiny_model("embedding")
+    run_dir = tmp_path / "run"
+    save_run(model, tiny_recipe("embedding"), tokenizer, run_dir)
+    data, out, cache = scitldr_file(tmp_path), tmp_path / "out", tmp_path / "cache"
+    arguments = ["--dataset", "scitldr", "--data", str(data), "--long-context", "--cache-dir", str(cache)]
+    retrieval.main(
+        [str(run_dir), "--out", str(out), *arguments, "--short-length", "16", "--long-length", "48"]
+    )
+
+    payload = json.loads((out / retrieval_long.RESULT_FILE).read_text())
+    encoder = retrieval.Encoder(model, tokenizer, 48)
+    texts = retrieval.read_retrieval_set(data, None, retrieval.DATASETS["scitldr"]).paragraphs
+    tokens = encoder.input_tokens(texts)
+    assert (
+        tokens[1] <= 16 < min(tokens[0], tokens[2], tokens[3]) and tokens[0] > 48
+    )  # the data covers each case
+    assert (payload["long_documents"], payload["documents_over_long_length"]) == (3, 1)
+    assert (payload["long_queries"], payload["queries"], payload["trained_max_length"]) == (6, 7, 64)
+    results = payload["results"]
+    names = [
+        "dense@16",
+        "learned@48, equal work",
+        "attention@48, equal work",
+        "learned@48, ρ=0.5",
+        "dense@48",
+    ]
+    assert list(results) == names
+    truncated, learned, ceiling = results["dense@16"], results["learned@48, equal work"], results["dense@48"]
+    assert truncated["document_tokens_per_layer"] == 16.0 and ceiling["document_token_work"] == 1.0
+    assert ceiling["document_tokens_per_layer"] == pytest.approx(np.mean([48, tokens[2], tokens[3]]), abs=0.1)
+    # Equal work: never more than the cut, and within a few tokens of it.
+    assert (
+        truncated["document_token_work"] - 0.1
+        <= learned["document_token_work"]
+        <= truncated["document_token_work"]
+    )
+    assert results["attention@48, equal work"]["document_token_work"] == learned["document_token_work"]
+    assert ceiling["document_cosine_to_dense_48"]["min"] == pytest.approx(1.0, abs=1e-4)
+    assert truncated["document_cosine_to_dense_16"]["min"] == pytest.approx(1.0, abs=1e-4)
+    assert truncated["document_cosine_to_dense_48"]["min"] < 0.9999  # the cut changed the vectors
+    for cell in results.values():
+        assert 0.0 <= cell["ndcg@10"] <= 100.0 and cell["recall@10"] == 100.0  # 4 documents < 10
+    assert set(payload["answer"]["points_over_baseline"]) == set(names[1:])
+    assert "dense@48" in (out / "long_context.md").read_text()
+    assert sorted(path.name for path in cache.iterdir()) == ["scitldr"]

@@ -84,13 +84,27 @@ def gold_ranks(scores: np.ndarray, gold: np.ndarray) -> np.ndarray:
     return (above + tied_before + 1).astype(np.int64)
 
 
+def query_ndcg(ranks: np.ndarray, cutoff: int = CUTOFF) -> np.ndarray:
+    """Per-query nDCG@k (percent) of one-relevant-document queries: the ideal DCG is 1, so it is
+    1 / log2(rank + 1) inside the cut-off, else 0. (Q,) ranks → (Q,) float64."""
+    ranks = np.asarray(ranks, dtype=np.float64)
+    return 100.0 * np.where(ranks <= cutoff, 1.0 / np.log2(ranks + 1.0), 0.0)
+
+
+def paired_difference(first: np.ndarray, second: np.ndarray) -> dict[str, float]:
+    """Mean of first − second over the same queries and its standard error sd / √Q (percent points)."""
+    difference = query_ndcg(first) - query_ndcg(second)  # (Q,)
+    se = float(difference.std(ddof=1) / np.sqrt(len(difference))) if len(difference) > 1 else 0.0
+    return {"difference": round(float(difference.mean()), 2), "se": round(se, 2)}
+
+
 def ranking_metrics(ranks: np.ndarray, cutoff: int = CUTOFF) -> dict[str, float]:
     """nDCG@k, MRR@k, recall@1 and recall@k (percent) from the gold ranks of one-relevant-document
-    queries: the ideal DCG is 1, so nDCG@k is 1 / log2(rank + 1) inside the cut-off, else 0."""
+    queries (nDCG as in ``query_ndcg``)."""
     ranks = np.asarray(ranks, dtype=np.float64)
     inside = ranks <= cutoff
     return {
-        f"ndcg@{cutoff}": 100.0 * float(np.mean(np.where(inside, 1.0 / np.log2(ranks + 1.0), 0.0))),
+        f"ndcg@{cutoff}": float(np.mean(query_ndcg(ranks, cutoff))),
         f"mrr@{cutoff}": 100.0 * float(np.mean(np.where(inside, 1.0 / ranks, 0.0))),
         "recall@1": 100.0 * float(np.mean(ranks <= 1)),
         f"recall@{cutoff}": 100.0 * float(np.mean(inside)),
@@ -228,13 +242,8 @@ class Encoder:
         from training import retention as R
 
         num_real = torch.tensor(list(lengths), dtype=torch.long)  # (N,)
-        counts = R.keep_counts(
-            torch.full((len(lengths),), float(rho)),
-            num_real,
-            torch.ones_like(num_real),
-            self.model.num_points,
-            self.model.config.schedule_power,
-        )  # (N, P)
+        rhos = torch.full((len(lengths),), float(rho))  # (N,)
+        counts = self.model.keep_counts(rhos, num_real, torch.ones_like(num_real))  # (N, P), floor included
         return R.encoder_token_work(counts, num_real, self.model.last_layer_queries).numpy()
 
     def input_tokens(self, texts: Sequence[str]) -> list[int]:
@@ -344,9 +353,10 @@ class EmbeddingStore:
         parts = [self._fingerprints[kind], texts_fingerprint(texts), method, budget_label(rho)]
         parts += [str(self.encoder.max_length), str(self.encoder.batch_size), "EVAL_SEED=0"]
         if method != DENSE:  # the keep schedule fixes every pruned method's per-layer counts
-            parts.append(
-                f"schedule {self.encoder.model.num_points}^{self.encoder.model.config.schedule_power}"
-            )
+            config = self.encoder.model.config
+            parts.append(f"schedule {self.encoder.model.num_points}^{config.schedule_power}")
+            if config.min_kept_tokens:  # keys without a floor stay those of the runs made before it
+                parts.append(f"floor {config.min_kept_tokens}")
         return hashlib.sha1("|".join(parts).encode()).hexdigest()[:20]
 
     def get(self, texts: Sequence[str], method: str, rho: Budget) -> Pass:
@@ -372,14 +382,16 @@ class EmbeddingStore:
 
 
 # ---------------------------------------------------------------------- the benchmark
-def load_embedding_run(run_dir: Path) -> tuple[Any, Any, Any]:
-    """The run's model (eval mode, CPU), recipe and tokenizer; an embedding run or exit."""
+def load_embedding_run(run_dir: Path, min_kept_tokens: int | None = None) -> tuple[Any, Any, Any]:
+    """The run's model (eval mode, CPU), recipe and tokenizer; an embedding run or exit.
+    ``min_kept_tokens``: evaluate with this kept-token floor instead of the run's own."""
+    from training.__main__ import with_min_kept_tokens
     from training.fit import load_run
 
     model, recipe, tokenizer = load_run(run_dir)
     if recipe.task != "embedding":
         raise SystemExit(f"retrieval needs an embedding run; {run_dir} is task {recipe.task!r}")
-    return model, recipe, tokenizer
+    return model, with_min_kept_tokens(model, recipe, min_kept_tokens), tokenizer
 
 
 def dataset_cache(cache_dir: Path | None, dataset: Dataset) -> Path | None:
@@ -417,11 +429,19 @@ def search_description(dataset: Dataset) -> str:
 
 
 def cell(
-    ranks: np.ndarray, documents: Pass, queries: Pass, dense_documents: Pass, dense_queries: Pass
+    ranks: np.ndarray,
+    documents: Pass,
+    queries: Pass,
+    dense_documents: Pass,
+    dense_queries: Pass,
+    dense_ranks: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """One (method, ρ, query side) result."""
+    """One (method, ρ, query side) result; with ``dense_ranks``, its nDCG@10 minus dense's on the same
+    queries with the paired standard error."""
+    paired = {} if dense_ranks is None else {"ndcg_vs_dense": paired_difference(ranks, dense_ranks)}
     return {
         **{key: round(value, 2) for key, value in ranking_metrics(ranks).items()},
+        **paired,
         "document_token_work": round(documents.token_work, DECIMALS),
         "query_token_work": round(queries.token_work, DECIMALS),
         "document_cosine_to_dense": cosine_distribution(documents.vectors, dense_documents.vectors),
@@ -444,14 +464,16 @@ def retrieval_grid(
     last at ``query_rhos`` only (queries pruned with the learned scorers too)."""
     dense_docs = store.get(data.paragraphs, DENSE, 1.0)
     dense_queries = store.get(data.questions, DENSE, 1.0)
+    dense_ranks = search(dense_queries.vectors, dense_docs.vectors, data.gold)
     results: dict[str, dict[str, dict[str, Any]]] = {
         DENSE: {
             "1": cell(
-                search(dense_queries.vectors, dense_docs.vectors, data.gold),
+                dense_ranks,
                 dense_docs,
                 dense_queries,
                 dense_docs,
                 dense_queries,
+                dense_ranks,
             )
         }
     }
@@ -461,7 +483,7 @@ def retrieval_grid(
             docs = store.get(data.paragraphs, method, rho)
             ranks = search(dense_queries.vectors, docs.vectors, data.gold)
             results.setdefault(method, {})[f"{rho:g}"] = cell(
-                ranks, docs, dense_queries, dense_docs, dense_queries
+                ranks, docs, dense_queries, dense_docs, dense_queries, dense_ranks
             )
             print(
                 f"{method} ρ={rho:g}: nDCG@10 {results[method][f'{rho:g}'][f'ndcg@{CUTOFF}']:.2f}", flush=True
@@ -471,7 +493,7 @@ def retrieval_grid(
             docs, queries = store.get(data.paragraphs, LEARNED, rho), store.get(data.questions, LEARNED, rho)
             ranks = search(queries.vectors, docs.vectors, data.gold)
             results.setdefault(f"{LEARNED}+queries", {})[f"{rho:g}"] = cell(
-                ranks, docs, queries, dense_docs, dense_queries
+                ranks, docs, queries, dense_docs, dense_queries, dense_ranks
             )
     return results
 
@@ -512,6 +534,23 @@ def target_checks(results: dict[str, dict[str, dict[str, Any]]]) -> list[dict[st
     return checks
 
 
+def paired_with_run(
+    store: EmbeddingStore,
+    other: EmbeddingStore,
+    data: RetrievalSet,
+    rhos: Sequence[float],
+) -> dict[str, dict[str, float]]:
+    """Learned retention of this run minus another run's (e.g. an ablation against its reference), documents
+    pruned at each ρ, queries dense, per-query nDCG@10 on the same queries: mean and paired standard error."""
+    dense_queries = store.get(data.questions, DENSE, 1.0).vectors
+    out: dict[str, dict[str, float]] = {}
+    for rho in [rho for rho in rhos if rho < 1.0]:
+        ours = search(dense_queries, store.get(data.paragraphs, LEARNED, rho).vectors, data.gold)
+        theirs = search(dense_queries, other.get(data.paragraphs, LEARNED, rho).vectors, data.gold)
+        out[f"{rho:g}"] = paired_difference(ours, theirs)
+    return out
+
+
 def retrieval_benchmark(
     run_dir: Path,
     data_path: Path,
@@ -521,21 +560,36 @@ def retrieval_benchmark(
     cache_dir: Path | None,
     query_rhos: Sequence[float] | None = None,
     dataset: Dataset = DATASETS[DEFAULT_DATASET],
+    paired_run: Path | None = None,
+    min_kept_tokens: int | None = None,
 ) -> dict[str, Any]:
     import torch
 
     from training.data import EVAL_SEED
 
     start = time.perf_counter()
-    model, recipe, tokenizer = load_embedding_run(run_dir)
+    model, recipe, tokenizer = load_embedding_run(run_dir, min_kept_tokens)
     data = read_retrieval_set(data_path, limit_queries, dataset)
     store = EmbeddingStore(Encoder(model, tokenizer, recipe.max_length), dataset_cache(cache_dir, dataset))
     query_rhos = list(rhos) if query_rhos is None else list(query_rhos)
     results = retrieval_grid(store, data, methods, rhos, query_rhos)
+    paired: dict[str, Any] = {}
+    if paired_run is not None:
+        other_model, other_recipe, other_tokenizer = load_embedding_run(paired_run, min_kept_tokens)
+        other = EmbeddingStore(
+            Encoder(other_model, other_tokenizer, other_recipe.max_length), dataset_cache(cache_dir, dataset)
+        )
+        paired = {
+            "paired_with": {
+                "run": str(paired_run),
+                "learned_minus_other": paired_with_run(store, other, data, rhos),
+            }
+        }
     return {
         **run_fields(run_dir, recipe, dataset, data_path),
         **query_fields(data, limit_queries),
         "max_length": recipe.max_length,
+        "min_kept_tokens": recipe.retention.min_kept_tokens,
         "encoder": ENCODER,
         "search": search_description(dataset),
         "random_seed": EVAL_SEED,
@@ -544,6 +598,7 @@ def retrieval_benchmark(
         "pruned_query_rhos": [float(rho) for rho in query_rhos],
         "targets": target_checks(results),
         "results": results,
+        **paired,
         "machine": {**describe(), "torch_threads": torch.get_num_threads()},
         "wall_seconds": round(time.perf_counter() - start, 1),
     }
@@ -588,6 +643,21 @@ def markdown(payload: dict[str, Any]) -> str:
             + " | ".join(f"{values[m]:.2f}" for m in METRICS)
             + f" | {values['document_token_work']:.2f} | {distribution} | {queries['mean']:.3f} | {seconds} |"
         )
+    learned = payload["results"].get(LEARNED, {})
+    if any("ndcg_vs_dense" in values for values in learned.values()):
+        lines += ["", "Learned minus dense nDCG@10, same queries (± paired standard error):", ""]
+        for rho, values in learned.items():
+            paired = values["ndcg_vs_dense"]
+            lines.append(f"- ρ = {rho}: {paired['difference']:+.2f} ± {paired['se']:.2f}")
+    if "paired_with" in payload:
+        lines += [
+            "",
+            f"Learned nDCG@10 of this run minus `{payload['paired_with']['run']}`'s, same queries, documents "
+            "pruned, queries dense (± paired standard error):",
+            "",
+        ]
+        for rho, values in payload["paired_with"]["learned_minus_other"].items():
+            lines.append(f"- ρ = {rho}: {values['difference']:+.2f} ± {values['se']:.2f}")
     lines += ["", "Targets (settled before measuring):", ""]
     for check in payload["targets"]:
         verdict = {True: "met", False: "**MISSED**", None: "not measured"}[check["met"]]
@@ -618,6 +688,18 @@ def main(argv: list[str] | None = None) -> None:
         "--query-rhos", type=float, nargs="*", default=None, help="ρ for learned+queries (default: --rhos)"
     )
     parser.add_argument("--cache-dir", type=Path, default=None, help="reuse embeddings across invocations")
+    parser.add_argument(
+        "--min-kept-tokens",
+        type=int,
+        default=None,
+        help="evaluate with this kept-token floor (default: the run's)",
+    )
+    parser.add_argument(
+        "--paired-with",
+        type=Path,
+        default=None,
+        help="another embedding run: learned minus its learned, paired",
+    )
     long_context = parser.add_argument_group(
         "long context",
         "--long-context: benchmarks.retrieval_long instead of the ρ grid (--methods, "
@@ -650,6 +732,8 @@ def main(argv: list[str] | None = None) -> None:
         args.cache_dir,
         args.query_rhos,
         dataset,
+        args.paired_with,
+        args.min_kept_tokens,
     )
     payload["command"] = f"python -m {MODULE} " + " ".join(argv)
     table = markdown(payload)

@@ -37,6 +37,15 @@ def test_ranking_metrics_of_known_ranks() -> None:
     assert retrieval.ranking_metrics(np.array([1, 1]))["ndcg@10"] == pytest.approx(100.0)
 
 
+def test_paired_difference_is_the_mean_per_query_gap_with_its_standard_error() -> None:
+    first, second = np.array([1, 1, 2, 20]), np.array([2, 1, 2, 1])
+    gaps = retrieval.query_ndcg(first) - retrieval.query_ndcg(second)  # (4,)
+    paired = retrieval.paired_difference(first, second)
+    assert paired["difference"] == pytest.approx(gaps.mean(), abs=0.01)
+    assert paired["se"] == pytest.approx(gaps.std(ddof=1) / 2.0, abs=0.01)
+    assert retrieval.paired_difference(first, first) == {"difference": 0.0, "se": 0.0}
+
+
 def test_search_is_cosine_not_dot_product() -> None:
     documents = np.array([[10.0, 0.0], [0.6, 0.8]])  # the long vector would win a dot product
     queries = np.array([[0.5, 0.9]])
@@ -105,9 +114,18 @@ def test_cli_on_a_tiny_model(tmp_path: Path) -> None:
     assert [check["met"] is not None for check in payload["targets"]] == [True, True, True, True]
     assert "Targets" in (out / "retrieval.md").read_text()
 
-    # Again from the cache: the same numbers, marked cached.
-    retrieval.main([*arguments, "--out", str(tmp_path / "again"), "--cache-dir", str(cache)])
-    again = json.loads((tmp_path / "again" / "retrieval.json").read_text())["results"]
+    assert results["dense"]["1"]["ndcg_vs_dense"] == {"difference": 0.0, "se": 0.0}
+    assert "Learned minus dense nDCG@10" in (out / "retrieval.md").read_text()
+
+    # Again from the cache, paired with itself: the same numbers, marked cached, no difference.
+    again_arguments = [*arguments, "--out", str(tmp_path / "again"), "--cache-dir", str(cache)]
+    retrieval.main([*again_arguments, "--paired-with", str(run_dir)])
+    again_payload = json.loads((tmp_path / "again" / "retrieval.json").read_text())
+    assert again_payload["paired_with"]["learned_minus_other"] == {
+        "0.5": {"difference": 0.0, "se": 0.0},
+        "0.3": {"difference": 0.0, "se": 0.0},
+    }
+    again = again_payload["results"]
     assert again["learned"]["0.3"]["ndcg@10"] == results["learned"]["0.3"]["ndcg@10"]
     assert again["random"]["0.3"]["document_cached"] and not results["random"]["0.3"]["document_cached"]
 
@@ -295,3 +313,27 @@ def test_long_context_mode_on_a_tiny_model(tmp_path: Path) -> None:
     assert set(payload["answer"]["points_over_baseline"]) == set(names[1:])
     assert "dense@48" in (out / "long_context.md").read_text()
     assert sorted(path.name for path in cache.iterdir()) == ["scitldr"]
+
+
+def test_a_floor_above_every_text_makes_every_method_dense(tmp_path: Path) -> None:
+    """--min-kept-tokens: the floor reaches every method's counts (and the cache key): texts at or under
+    it run dense at any ρ, so each pruned cell equals dense."""
+    model, tokenizer = tiny_model("embedding")
+    run_dir = tmp_path / "run"
+    save_run(model, tiny_recipe("embedding"), tokenizer, run_dir)
+    data = tmp_path / "squad" / "validation.jsonl.gz"
+    write_rows(data, [{"question": q, "context": PARAGRAPHS[gold]} for q, gold in QUESTIONS])
+    cache = tmp_path / "cache"
+    base = [str(run_dir), "--data", str(data), "--rhos", "1", "0.3", "--cache-dir", str(cache)]
+    retrieval.main([*base, "--out", str(tmp_path / "plain")])
+    retrieval.main([*base, "--out", str(tmp_path / "floor"), "--min-kept-tokens", "512"])
+    plain = json.loads((tmp_path / "plain" / "retrieval.json").read_text())
+    floored = json.loads((tmp_path / "floor" / "retrieval.json").read_text())
+    assert floored["min_kept_tokens"] == 512 and plain["min_kept_tokens"] == 0
+    for method in ("learned", "random", "attention", "truncation", "learned+queries"):
+        cell = floored["results"][method]["0.3"]
+        # A floor is its own cache entry (learned+queries reuses this invocation's learned documents).
+        assert cell["document_cached"] == (method == "learned+queries")
+        assert cell["document_token_work"] == 1.0
+        assert cell["document_cosine_to_dense"]["min"] == pytest.approx(1.0, abs=1e-5)
+    assert plain["results"]["learned"]["0.3"]["document_token_work"] < 1.0

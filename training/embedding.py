@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from retention_core.codecs.base import Encoded
+from retention_core.contract import MODEL_FILE
 from retention_core.onnx import open_session
 from retention_core.text import pad_token_id
 from training import evaluation as E
@@ -118,12 +119,16 @@ def evaluate(
 
 
 def onnx_quality_curve(onnx_path: Path, tokenizer: Any, examples: list[Example], recipe: Recipe) -> E.Curve:
-    """``cosine_to_dense`` (0-1) of the exported graph at each evaluation ρ against its own ρ = 1
-    output, through the serving codec: the manifest curve."""
+    """``cosine_to_dense`` (0-1) of the exported graph at each evaluation ρ against the fp32 graph's
+    ρ = 1 output beside it (``model.onnx``; the graph itself when there is none), through the serving
+    codec: the manifest curve. An int8 variant's curve so includes its quantisation error (its value at
+    ρ = 1 is its cosine to the fp32 model)."""
     batch_size = recipe.evaluation.batch_size
     loop = codec_loop(tokenizer, recipe.max_length, {})
     rows = [loop.encode(example).rows[0] for example in examples]
-    outputs = E.onnx_predict_rows(open_session(onnx_path), rows, 1.0, loop.pad_id, batch_size)
+    fp32 = onnx_path.with_name(MODEL_FILE)
+    reference = fp32 if fp32.is_file() else onnx_path
+    outputs = E.onnx_predict_rows(open_session(reference), rows, 1.0, loop.pad_id, batch_size)
     loop = codec_loop(tokenizer, recipe.max_length, dense_vectors(examples, outputs))
     return E.codec_quality_curve(onnx_path, loop, examples, METRIC, recipe.evaluation)
 

@@ -80,10 +80,10 @@ def at_equal_work(curve: list[tuple[float, float]], work: float) -> float | None
 def measure(
     run_dir: Path, split: str, floors: list[int], rhos: list[float], methods: list[str], limit: int | None
 ) -> Payload:
-    from training.__main__ import machine_description, with_min_kept_tokens
+    from training.__main__ import machine_description
     from training.classification import TRUNCATION_METHODS, tokenize_rows
     from training.data import EVAL_SEED, load_split, shuffled
-    from training.fit import load_run
+    from training.fit import load_run, with_min_kept_tokens
 
     model, recipe, loaded_tokenizer = load_run(run_dir)
     tokenizer: Any = loaded_tokenizer  # a Hugging Face fast tokenizer

@@ -385,8 +385,7 @@ class EmbeddingStore:
 def load_embedding_run(run_dir: Path, min_kept_tokens: int | None = None) -> tuple[Any, Any, Any]:
     """The run's model (eval mode, CPU), recipe and tokenizer; an embedding run or exit.
     ``min_kept_tokens``: evaluate with this kept-token floor instead of the run's own."""
-    from training.__main__ import with_min_kept_tokens
-    from training.fit import load_run
+    from training.fit import load_run, with_min_kept_tokens
 
     model, recipe, tokenizer = load_run(run_dir)
     if recipe.task != "embedding":

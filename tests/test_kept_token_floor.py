@@ -18,11 +18,10 @@ from retention_core.onnx import open_session
 from tests.tiny import tiny_model, tiny_recipe, write_rows
 from training import retention as R
 from training.__main__ import main as training_main
-from training.__main__ import with_min_kept_tokens
 from training.classification import evaluate_classification
 from training.evaluation import CODEC_METHODS, EvaluationRun, truncation_keep
 from training.export import graph_for
-from training.fit import RECIPE_FILE, load_run, save_run
+from training.fit import RECIPE_FILE, load_run, save_run, with_min_kept_tokens
 from training.recipes import YAML_MIN_KEPT_TOKENS, Recipe, load_recipe
 from training.tasks import training_task
 

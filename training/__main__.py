@@ -89,25 +89,12 @@ def manifest_quality(model_path: Path, recipe: Recipe, tokenizer: Any, runtime: 
     )
 
 
-def with_min_kept_tokens(model: Any, recipe: Recipe, floor: int | None) -> Recipe:
-    """``--min-kept-tokens``: re-export or re-evaluate a trained run with another kept-token floor. The
-    floor is a schedule setting, not a weight: ``model`` (a RetentionModel) gets it in its config and the
-    returned recipe (what the manifest records) says it. None keeps the run's own floor."""
-    if floor is None:
-        return recipe
-    from dataclasses import replace
-
-    model.config = replace(model.config, min_kept_tokens=floor)
-    retention = recipe.retention.model_copy(update={"min_kept_tokens": floor})
-    return recipe.model_copy(update={"retention": retention})
-
-
 def export_run(
     run_dir: Path, out_dir: Path, int8: bool, quality: bool, min_kept_tokens: int | None = None
 ) -> None:
     from retention_core.contract import INT8_MODEL_FILE, Manifest
     from training.export import export_model
-    from training.fit import load_run
+    from training.fit import load_run, with_min_kept_tokens
 
     model, recipe, tokenizer = load_run(run_dir)
     recipe = with_min_kept_tokens(model, recipe, min_kept_tokens)
@@ -160,7 +147,7 @@ def evaluation_meta(
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from training.data import load_split, shuffled
     from training.evaluation import EvaluationRun, write_report
-    from training.fit import LOG_FILE, load_run
+    from training.fit import LOG_FILE, load_run, with_min_kept_tokens
     from training.tasks import training_task
 
     model, recipe, tokenizer = load_run(args.run_dir, args.device)

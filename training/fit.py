@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -396,3 +396,14 @@ def load_run(run_dir: Path, device: str = "cpu") -> tuple[RetentionModel, Recipe
     model.load_state_dict(load_file(str(run_dir / WEIGHTS_FILE)))
     tokenizer = AutoTokenizer.from_pretrained(str(run_dir / TOKENIZER_DIR), use_fast=True)
     return model.to(device).eval(), recipe, tokenizer
+
+
+def with_min_kept_tokens(model: RetentionModel, recipe: Recipe, floor: int | None) -> Recipe:
+    """``--min-kept-tokens``: re-export or re-evaluate a trained run with another kept-token floor. The
+    floor is a schedule setting, not a weight: ``model`` (a RetentionModel) gets it in its config and the
+    returned recipe (what the manifest records) says it. None keeps the run's own floor."""
+    if floor is None:
+        return recipe
+    model.config = replace(model.config, min_kept_tokens=floor)
+    retention = recipe.retention.model_copy(update={"min_kept_tokens": floor})
+    return recipe.model_copy(update={"retention": retention})

@@ -90,6 +90,12 @@ class Cell:
     rss_end_mib: float = 0.0
     idle_after_p50_ms: float | None = None  # sequential requests once the load stopped
     send_lag_p99_ms: float | None = None  # how late the generator sent (scheduled -> sent)
+    # Where the accepted requests' time went: in the batcher (queue + inference, the part admission
+    # predicts) and outside it (client, HTTP, tokenizing, decoding): latency minus the batcher's part.
+    batcher_p50_ms: float | None = None
+    batcher_p99_ms: float | None = None
+    outside_p50_ms: float | None = None
+    outside_p99_ms: float | None = None
 
 
 def free_port() -> int:
@@ -213,6 +219,12 @@ def summarize(cell: Cell, records: list[dict[str, Any]]) -> Cell:
         cell.p99_ms = 1000 * percentile(latencies, 0.99)
         rhos = [r["rho"] for r in accepted if r.get("rho") is not None]
         cell.mean_rho = statistics.fmean(rhos) if rhos else None
+        split = [r for r in accepted if "queue_s" in r]
+        if split:
+            batcher = [r["queue_s"] + r["inference_s"] for r in split]
+            outside = [r["latency_s"] - b for r, b in zip(split, batcher, strict=True)]
+            cell.batcher_p50_ms, cell.batcher_p99_ms = (1000 * percentile(batcher, q) for q in (0.5, 0.99))
+            cell.outside_p50_ms, cell.outside_p99_ms = (1000 * percentile(outside, q) for q in (0.5, 0.99))
     for record in accepted:
         reason = str(record.get("rho_reason"))
         cell.reasons[reason] = cell.reasons.get(reason, 0) + 1
@@ -333,6 +345,8 @@ def summary_line(cell: Cell) -> str:
             f"shed {cell.shed_ratio:.2f} 5xx {cell.server_errors} rho {fmt(cell.mean_rho, 2)}",
             f"RSS {cell.rss_peak_mib:.0f} MiB idle-after {fmt(cell.idle_after_p50_ms)} ms",
             f"client lag p99 {fmt(cell.send_lag_p99_ms)} ms",
+            f"batcher p50/p99 {fmt(cell.batcher_p50_ms)}/{fmt(cell.batcher_p99_ms)} ms",
+            f"outside p50/p99 {fmt(cell.outside_p50_ms)}/{fmt(cell.outside_p99_ms)} ms",
         ]
     )
 

@@ -8,6 +8,8 @@ the unit tests drive every rule on a fake clock.
   (``tokens · schedule_fraction(rho)``). Fitted online by exponentially weighted ridge least squares
   on the runs the batcher makes, so it follows the machine (other load, thermal state) within tens of
   runs; seeded by the warm-up so the first prediction is not zero.
+- ``TailFactor``: the fit predicts the mean; this scales every prediction by a high quantile of how
+  much longer recent batches actually ran, so admitted requests meet their targets at the tail.
 - ``admit``: admission by predicted time in system. The work queued ahead is costed at the lowest rho
   each job may still get (a fixed rho, or an auto request's floor): if even that cannot finish this
   request by its due time (its deadline, or for rho=auto its latency target) it is refused at once
@@ -20,6 +22,7 @@ the unit tests drive every rule on a fake clock.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -154,6 +157,32 @@ class CostModel:
         return float(self.coefficients[0])
 
 
+class TailFactor:
+    """How much longer batches run than the cost model predicted, at a high quantile of the recent ones.
+
+    The cost model fits the mean; on shared cores under overload a batch often takes several times that
+    (tokenizing, HTTP and the load generator take turns on the same cores). Admission and the controller
+    scale their predictions by this factor, so that the requests they admit against a latency target
+    meet it at the tail and not only on average. Never below 1: a model that over-predicts is corrected
+    by its own fit, not by a factor that would admit more than the fit says."""
+
+    def __init__(self, window: int = 64, quantile: float = 0.9, min_batches: int = 8, ceiling: float = 10.0):
+        self.ratios: deque[float] = deque(maxlen=window)
+        self.quantile = quantile
+        self.min_batches = min_batches
+        self.ceiling = ceiling
+        self.value = 1.0
+
+    def observe(self, predicted_s: float, actual_s: float) -> None:
+        """One batch predicted to take ``predicted_s`` took ``actual_s``."""
+        self.ratios.append(actual_s / max(predicted_s, 1e-6))
+        if len(self.ratios) < self.min_batches:
+            return
+        ordered = sorted(self.ratios)
+        index = min(len(ordered) - 1, math.ceil(self.quantile * len(ordered)) - 1)
+        self.value = min(self.ceiling, max(1.0, ordered[index]))
+
+
 @dataclass(frozen=True)
 class Verdict:
     admit: bool
@@ -193,6 +222,7 @@ def _ends(
     cost: CostModel,
     max_batch_tokens: int,
     rho_of: Callable[[Pending], float],
+    factor: float = 1.0,
 ) -> list[float]:
     """Predicted end of every job (batch, then queue in order) with rhos from ``rho_of``: the batch as one
     step, then the queue cut into batches as the batcher will cut it; a job ends with its batch."""
@@ -205,7 +235,8 @@ def _ends(
     for members in groups:
         tokens += sum(job.tokens for job in members)
         kept += sum(job.tokens * cost.fraction(rho_of(job)) for job in members)
-        ends.extend([now + cost.predict(runs_for(tokens, max_batch_tokens), tokens, kept)] * len(members))
+        seconds = factor * cost.predict(runs_for(tokens, max_batch_tokens), tokens, kept)
+        ends.extend([now + seconds] * len(members))
     return ends
 
 
@@ -217,20 +248,26 @@ def _meets(
     max_batch_tokens: int,
     candidate: float,
     lost: set[int],
+    factor: float = 1.0,
 ) -> bool:
     """Whether every job not already ``lost`` ends by its due time with autos at ``candidate``."""
     jobs = [*batch, *queued]
-    ends = _ends(now, batch, queued, cost, max_batch_tokens, lambda job: rho_for(job, candidate))
+    ends = _ends(now, batch, queued, cost, max_batch_tokens, lambda job: rho_for(job, candidate), factor)
     return all(end <= job.due for i, (job, end) in enumerate(zip(jobs, ends, strict=True)) if i not in lost)
 
 
 def _lost_at_floor(
-    now: float, batch: Sequence[Pending], queued: Sequence[Pending], cost: CostModel, max_batch_tokens: int
+    now: float,
+    batch: Sequence[Pending],
+    queued: Sequence[Pending],
+    cost: CostModel,
+    max_batch_tokens: int,
+    factor: float = 1.0,
 ) -> set[int]:
     """Jobs (indices over batch + queued) that miss their due time even with every auto at its floor:
     they must not pull everyone else down to the floor for nothing."""
     jobs = [*batch, *queued]
-    ends = _ends(now, batch, queued, cost, max_batch_tokens, lambda job: job.floor)
+    ends = _ends(now, batch, queued, cost, max_batch_tokens, lambda job: job.floor, factor)
     return {i for i, (job, end) in enumerate(zip(jobs, ends, strict=True)) if end > job.due}
 
 
@@ -254,11 +291,13 @@ def choose_batch_rho(
     queued: Sequence[Pending],
     cost: CostModel,
     max_batch_tokens: int,
+    factor: float = 1.0,
 ) -> BatchRho:
     """The highest rho (grid, floors and ceilings) at which the batch and the queue behind it meet the
-    due times of every job that can still meet its own at the floor. Auto jobs get it clamped to their
-    [floor, ceiling]; without any feasible candidate, the floor. Batch jobs already late even at their
-    floor are served at it (``lost``): the least late they can be."""
+    due times of every job that can still meet its own at the floor, every predicted duration scaled
+    by ``factor`` (``TailFactor``). Auto jobs get it clamped to their [floor, ceiling]; without any
+    feasible candidate, the floor. Batch jobs already late even at their floor are served at it
+    (``lost``): the least late they can be."""
     autos = [job for job in batch if job.auto]
     if not autos:
         return BatchRho(1.0, False)
@@ -266,14 +305,14 @@ def choose_batch_rho(
     bottom = min(job.floor for job in (*autos, *(j for j in queued if j.auto)))
     edges = {job.floor for job in autos} | {job.ceiling for job in autos}
     candidates = sorted({rho for rho in (*RHO_GRID, *edges) if bottom <= rho <= top}, reverse=True)
-    lost = _lost_at_floor(now, batch, queued, cost, max_batch_tokens)
+    lost = _lost_at_floor(now, batch, queued, cost, max_batch_tokens, factor)
     lost_here = frozenset(i for i in lost if i < len(batch))
     # Lower rho only ends jobs earlier, so feasibility is monotone: binary search the descending list
     # for the first feasible candidate.
     low, high = 0, len(candidates)
     while low < high:
         middle = (low + high) // 2
-        if _meets(now, batch, queued, cost, max_batch_tokens, candidates[middle], lost):
+        if _meets(now, batch, queued, cost, max_batch_tokens, candidates[middle], lost, factor):
             high = middle
         else:
             low = middle + 1

@@ -33,6 +33,7 @@ from service.admission import (
     CostModel,
     Pending,
     RhoReason,
+    TailFactor,
     Verdict,
     admit,
     choose_batch_rho,
@@ -139,7 +140,8 @@ class Batcher:
         self.queued_tokens = 0  # padded tokens of the queued jobs
         self.queued_floor_work = 0.0  # their kept token-work at the lowest rho each may get
         self.busy = False
-        self.busy_until = 0.0  # predicted end of the running batch (time.monotonic())
+        self.busy_until = 0.0  # predicted end of the running batch (time.monotonic()), tail-scaled
+        self.batch_predicted = 0.0  # the cost model's (mean) seconds for the running batch
         self.recent_batch_tokens = 0.0  # EWMA of the padded tokens of the batches formed
         self.closing = False
         self.fraction = functools.lru_cache(maxsize=256)(
@@ -148,6 +150,7 @@ class Batcher:
         self.cost = CostModel(
             self.fraction, model.warmup_seconds, WARMUP_TOKENS, seed_rho=model.manifest.default_rho
         )
+        self.tail = TailFactor()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ort-{model.name}")
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -197,7 +200,7 @@ class Batcher:
             return running
         budget = self.settings.max_batch_tokens
         runs = runs_for(self.queued_tokens, budget)
-        return running + self.cost.predict(runs, self.queued_tokens, self.queued_floor_work)
+        return running + self.tail.value * self.cost.predict(runs, self.queued_tokens, self.queued_floor_work)
 
     def completion_seconds(self, now: float, tokens: int, floor: float) -> float:
         """Predicted seconds until a job of ``tokens`` queued now is done at ``floor``: the work ahead, then
@@ -207,7 +210,7 @@ class Batcher:
         cumulative = self.queued_tokens + tokens
         through = tokens_through(cumulative, budget, self.recent_batch_tokens)
         work = (self.queued_floor_work + tokens * self.fraction(floor)) * through / cumulative
-        return running + self.cost.predict(runs_for(through, budget), through, work)
+        return running + self.tail.value * self.cost.predict(runs_for(through, budget), through, work)
 
     async def submit(
         self, rows: list[Row], rhos: list[float], deadline: float, auto: AutoBudget | None = None
@@ -343,7 +346,9 @@ class Batcher:
         batch = [job.pending() for job in jobs]
         if any(job.auto is not None for job in jobs):
             queued = [job.pending() for job in self.queue if not job.cancelled]
-            choice = choose_batch_rho(now, batch, queued, self.cost, self.settings.max_batch_tokens)
+            choice = choose_batch_rho(
+                now, batch, queued, self.cost, self.settings.max_batch_tokens, self.tail.value
+            )
             for job, pending, rho in zip(jobs, batch, choice.rhos(batch), strict=True):
                 if job.auto is not None:
                     job.rhos = [rho] * len(job.rows)
@@ -351,8 +356,10 @@ class Batcher:
         tokens = sum(job.tokens for job in jobs)
         self.recent_batch_tokens = 0.7 * self.recent_batch_tokens + 0.3 * tokens
         work = sum(self.fraction(rho) * job.tokens / len(job.rows) for job in jobs for rho in job.rhos)
-        predicted = self.cost.predict(runs_for(tokens, self.settings.max_batch_tokens), tokens, work)
-        self.busy_until = now + predicted
+        self.batch_predicted = self.cost.predict(
+            runs_for(tokens, self.settings.max_batch_tokens), tokens, work
+        )
+        self.busy_until = now + self.tail.value * self.batch_predicted
         self._drain.set(self.drain_seconds(now))
 
     async def _run(self, loop: asyncio.AbstractEventLoop, jobs: list[Job]) -> None:
@@ -373,6 +380,7 @@ class Batcher:
             self._fail(jobs, exc)
             return
         end = time.monotonic()
+        self.tail.observe(self.batch_predicted, end - start)
         for run in stats:
             self.metrics.batch_size.labels(model=name).observe(run.rows)
             self.metrics.batch_tokens.labels(model=name).observe(run.padded_tokens)
@@ -400,7 +408,7 @@ class Batcher:
 
     def _publish_cost_model(self) -> None:
         per_token = {rho: self.cost.per_token(rho) for rho in EXPORTED_RHOS}
-        self.metrics.record_cost_model(self.model.name, self.cost.per_run, per_token)
+        self.metrics.record_cost_model(self.model.name, self.cost.per_run, per_token, self.tail.value)
 
     def _execute(
         self, rows: list[Row], rhos: list[float], lengths: list[int], runs: list[list[int]]

@@ -147,6 +147,12 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.cost_tail_factor = Gauge(
+            "retention_cost_model_tail_factor",
+            "admission: predictions are scaled by this high quantile of (actual / predicted) batch time",
+            ["model"],
+            registry=r,
+        )
         self.model_info = Gauge(
             "retention_model_info", "loaded models", ["model", "task", "backbone", "precision"], registry=r
         )
@@ -196,8 +202,11 @@ class Metrics:
             with contextlib.suppress(KeyError):
                 self.cost_per_token.remove(model, rho_label(rho))
 
-    def record_cost_model(self, model: str, per_run: float, per_token: dict[float, float]) -> None:
+    def record_cost_model(
+        self, model: str, per_run: float, per_token: dict[float, float], tail_factor: float
+    ) -> None:
         self.cost_per_run.labels(model=model).set(per_run)
+        self.cost_tail_factor.labels(model=model).set(tail_factor)
         for rho, seconds in per_token.items():
             self.cost_per_token.labels(model=model, rho_bucket=rho_label(rho)).set(seconds)
 

@@ -31,6 +31,7 @@ GAUGES = {
     "retention_predicted_drain_seconds",
     "retention_cost_model_token_seconds",
     "retention_cost_model_run_seconds",
+    "retention_cost_model_tail_factor",
 }
 HISTOGRAMS = {
     "retention_request_duration_seconds",

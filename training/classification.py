@@ -3,6 +3,11 @@
 Training batch: the texts tokenized with dynamic padding to the longest of the batch, truncated at
 ``max_length``; loss: cross-entropy over the labels; distillation: KL over the labels.
 
+Retrofit (label-free, ``training.tasks.retrofit_task``): batches of unlabeled texts (``text_batch``);
+the targets are the original model's dense logits (the task's teacher) and the loss is
+KL(teacher softmax ‖ student softmax) at temperature 1 (``teacher_divergence``): the student learns to
+keep the original model's whole predictive distribution, not only its argmax.
+
 Evaluation: quality vs ρ for learned retention and the cheap baselines, at the same kept-token budget.
 Methods:
 - ``learned``: the trained scorers, top-M per layer (what the ONNX graph does).
@@ -32,13 +37,14 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from retention_core.codecs.base import Row
+from retention_core.contract import MODEL_FILE
 from retention_core.onnx import open_session
 from training import evaluation as E
 from training import retention as R
 from training.batch import Batch, softmax_divergence
 from training.data import EVAL_SEED, Example
 from training.model import PrunedInputs, RetentionModel, Selector
-from training.recipes import Recipe
+from training.recipes import TEXT_DATASET_PREFIX, Recipe
 
 SELECTION_METHODS = ("learned", "random", "attention", "threshold")
 TRUNCATION_METHODS = ("first_k", "first_k_work", "head_tail_work")
@@ -47,20 +53,33 @@ DEFAULT_METHODS = tuple(m for m in ALL_METHODS if m != "threshold")  # threshold
 HEAD_SHARE = 0.25  # head+tail truncation: a quarter from the start, the rest from the end
 RANDOM_SEED = EVAL_SEED
 QUALITY_METRIC = "accuracy"
+AGREEMENT_METRIC = "agreement_with_dense"  # the manifest's metric without labels: argmax = dense argmax
 
 
 # ---------------------------------------------------------------------- training
+def encode_texts(rows: list[Example], tokenizer: Any, max_length: int) -> Any:
+    """The rows' ``text`` tokenized with dynamic padding to the longest, truncated at ``max_length``."""
+    texts = [str(row["text"]) for row in rows]
+    return tokenizer(texts, truncation=True, max_length=max_length, padding=True, return_tensors="pt")
+
+
 def classification_batch(rows: list[Example], tokenizer: Any, max_length: int) -> Batch:
     """Dynamic padding to the longest row of the batch, truncation at ``max_length``."""
-    encoded = tokenizer(
-        [str(row["text"]) for row in rows],
-        truncation=True,
-        max_length=max_length,
-        padding=True,
-        return_tensors="pt",
-    )
+    encoded = encode_texts(rows, tokenizer, max_length)
     labels = torch.tensor([int(row["label"]) for row in rows], dtype=torch.long)  # type: ignore[call-overload]
     return Batch(encoded["input_ids"], encoded["attention_mask"], labels)
+
+
+def text_batch(rows: list[Example], tokenizer: Any, max_length: int) -> Batch:
+    """Unlabeled texts, encoded as ``classification_batch`` encodes them; ``targets`` is empty (B, 0)
+    until the teacher fills in its logits."""
+    encoded = encode_texts(rows, tokenizer, max_length)
+    return Batch(encoded["input_ids"], encoded["attention_mask"], torch.zeros(len(rows), 0))
+
+
+def teacher_divergence(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Student logits (B, C), targets = the teacher's logits (B, C) → KL(teacher ‖ student)."""
+    return softmax_divergence(logits, batch.targets)
 
 
 def classification_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
@@ -241,18 +260,27 @@ def evaluate(
 
 def onnx_accuracy_curve(onnx_path: Path, tokenizer: Any, rows: list[Example], recipe: Recipe) -> E.Curve:
     """Accuracy of the exported graph itself (onnxruntime) at each of the recipe's evaluation ρ: what
-    the manifest reports."""
+    the manifest reports. Unlabeled rows (a retrofit on texts, no labelled dataset): agreement with the
+    fp32 graph's own predictions at ρ = 1 (``model.onnx`` beside it, or the graph itself)."""
     session = open_session(onnx_path)
     sequences = as_rows(tokenize_rows(rows, tokenizer, recipe.max_length))
-    labels = np.array([int(row["label"]) for row in rows])  # type: ignore[call-overload]
-    curve = []
-    for rho in recipe.evaluation.rhos:
-        logits = E.onnx_predict_rows(
-            session, sequences, rho, tokenizer.pad_token_id, recipe.evaluation.batch_size
-        )
-        predictions = np.array([int(np.argmax(row_logits)) for row_logits in logits])  # logits (C,) per row
-        curve.append((rho, float((predictions == labels).mean())))
-    return curve
+    batch_size, pad_id = recipe.evaluation.batch_size, tokenizer.pad_token_id
+
+    def predictions_at(graph: Any, rho: float) -> np.ndarray:
+        logits = E.onnx_predict_rows(graph, sequences, rho, pad_id, batch_size)
+        return np.array([int(np.argmax(row_logits)) for row_logits in logits])  # logits (C,) per row
+
+    if all("label" in row for row in rows):
+        labels = np.array([int(row["label"]) for row in rows])  # type: ignore[call-overload]
+    else:
+        fp32 = onnx_path.with_name(MODEL_FILE)
+        labels = predictions_at(open_session(fp32) if fp32.is_file() else session, 1.0)
+    return [(rho, float((predictions_at(session, rho) == labels).mean())) for rho in recipe.evaluation.rhos]
+
+
+def quality_metric(dataset: str) -> str:
+    """Accuracy on a labelled dataset; agreement with the dense model on unlabeled texts."""
+    return AGREEMENT_METRIC if dataset.startswith(TEXT_DATASET_PREFIX) else QUALITY_METRIC
 
 
 EVALUATION = E.TaskEvaluation(
@@ -262,6 +290,6 @@ EVALUATION = E.TaskEvaluation(
     merge=merge_results,
     table=lambda report: markdown_table(results_of(report)),
     metrics=(QUALITY_METRIC,),
-    quality_metric=lambda dataset: QUALITY_METRIC,
+    quality_metric=quality_metric,
     quality_curve=onnx_accuracy_curve,
 )

@@ -61,7 +61,7 @@ def embedding_batch(examples: list[Example], tokenizer: Any, max_length: int) ->
 @torch.no_grad()
 def dense_targets(model: RetentionModel, batch: Batch) -> torch.Tensor:
     """The teacher's vectors (B, d): the model's dense pass (ρ = 1 keeps every token). Exactly the
-    original model when its backbone is frozen; with a tuned backbone, in-place self-distillation."""
+    original model when its backbone is frozen; a retrofit that tunes the backbone passes a frozen copy."""
     rho = torch.ones(batch.input_ids.shape[0], device=batch.input_ids.device)  # (B,)
     return model.forward_pruned(**batch.encoder_inputs(), rho=rho).logits.detach()
 

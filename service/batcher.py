@@ -72,6 +72,11 @@ class JobResult:
     rhos: list[float] = field(default_factory=list)  # the rho each row was served at
     rho_reason: RhoReason | None = None  # rho=auto: why that rho
     predicted_wait: float = 0.0  # admission's predicted wait for the work queued ahead
+    depths: list[np.ndarray] | None = None  # survival depth (T_i,) per row; None: the graph has none
+
+
+# One row's results: its first graph output, its kept counts (L,), its survival depth (T,) if any.
+RowResult = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 
 
 @dataclass
@@ -399,6 +404,7 @@ class Batcher:
             count = len(job.rows)
             outputs = [results[i][0] for i in range(offset, offset + count)]
             counts = np.stack([results[i][1] for i in range(offset, offset + count)])  # (R, L)
+            depths = [d for i in range(offset, offset + count) if (d := results[i][2]) is not None]
             offset += count
             if not job.future.done():
                 job.future.set_result(
@@ -410,6 +416,7 @@ class Batcher:
                         rhos=job.rhos,
                         rho_reason=job.reason,
                         predicted_wait=job.predicted_wait,
+                        depths=depths if len(depths) == count else None,
                     )
                 )
 
@@ -419,18 +426,18 @@ class Batcher:
 
     def _execute(
         self, rows: list[Row], rhos: list[float], lengths: list[int], runs: list[list[int]]
-    ) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[RunStats]]:
+    ) -> tuple[list[RowResult], list[RunStats]]:
         """Worker thread: every planned run through onnxruntime, each padded to its longest shape length;
         results back in the original row order."""
-        results: list[tuple[np.ndarray, np.ndarray]] = [None] * len(rows)  # type: ignore[list-item]
+        results: list[RowResult] = [None] * len(rows)  # type: ignore[list-item]
         stats = []
         for run in runs:
             length = max(lengths[i] for i in run)
             begin = time.perf_counter()
-            outputs, counts = self.model.run([rows[i] for i in run], [rhos[i] for i in run], length)
+            outputs, counts, depths = self.model.run([rows[i] for i in run], [rhos[i] for i in run], length)
             seconds = time.perf_counter() - begin
             for slot, index in enumerate(run):
-                results[index] = (outputs[slot], counts[slot])
+                results[index] = (outputs[slot], counts[slot], None if depths is None else depths[slot])
             kept = length * sum(self.fraction(rhos[i], len(rows[i])) for i in run)
             stats.append(RunStats(len(run), len(run) * length, seconds, kept))
         return results, stats

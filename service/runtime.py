@@ -88,19 +88,26 @@ class LoadedModel:
     def num_layers(self) -> int:
         return self.manifest.schedule.num_points
 
+    @property
+    def explains(self) -> bool:
+        """The graph reports per-token survival depth (``explain=true`` is served)."""
+        return self.manifest.has_survival_depth
+
     def run(
         self, rows: list[Row], rhos: list[float], length: int | None = None
-    ) -> tuple[list[np.ndarray], np.ndarray]:
+    ) -> tuple[list[np.ndarray], np.ndarray, list[np.ndarray] | None]:
         """One padded ONNX run (to the longest row, or ``length`` when longer). Returns the first output
-        of every row, unpadded, and kept counts (B, L)."""
+        of every row, unpadded, kept counts (B, L) and, when the graph has it, each row's survival depth
+        (T_i,) unpadded (None for a directory exported without it)."""
         feeds = pad_rows(rows, self.pad_id, length)
         feeds["rho"] = np.asarray(rhos, dtype=np.float32)  # (B,)
-        main, counts = self.session.run(self.output_names, feeds)
+        main, counts, *optional = self.session.run(self.output_names, feeds)
         if main.ndim == 3:  # token outputs (B, T, k): drop padding per row
             outputs = [main[i, : len(row)] for i, row in enumerate(rows)]
         else:  # (B, C)
             outputs = [main[i] for i in range(len(rows))]
-        return outputs, np.asarray(counts, dtype=np.int64)
+        depths = [optional[0][i, : len(row)] for i, row in enumerate(rows)] if optional else None
+        return outputs, np.asarray(counts, dtype=np.int64), depths
 
     def warm_up(self) -> None:
         ids = self.tokenizer.encode("warm up the session with a short input").ids[: self.manifest.max_length]
@@ -166,7 +173,9 @@ def load_model(directory: Path, settings: Settings, name: str | None = None) -> 
     except KeyError as exc:
         raise ModelLoadError(f"{label}: unknown task {manifest.task!r}") from exc
     check_specs(label, "inputs", session.get_inputs(), manifest.inputs, spec.inputs)
-    check_specs(label, "outputs", session.get_outputs(), manifest.outputs, spec.outputs)
+    # survival_depth is optional: directories exported before it stop at kept_counts (explain off)
+    contract = spec.output_contract(len(manifest.outputs))
+    check_specs(label, "outputs", session.get_outputs(), manifest.outputs, contract)
     dim = session.get_outputs()[0].shape[-1]
     if spec.num_outputs is None and isinstance(dim, int) and dim != len(manifest.labels):
         raise ModelLoadError(

@@ -186,7 +186,7 @@ def test_tiny_model_trains_deterministically_exports_and_round_trips(tmp_path: P
         "attention_mask": encoded["attention_mask"].astype(np.int64),
         "rho": np.array([0.5, 1.0], dtype=np.float32),
     }
-    logits, counts = session.run(None, feeds)
+    logits, counts, _ = session.run(None, feeds)
     with torch.no_grad():
         expected = model.forward_pruned(
             torch.from_numpy(feeds["input_ids"]),

@@ -83,10 +83,10 @@ def test_export_option_bakes_the_floor_into_the_graph(tmp_path: Path) -> None:
 
     model, recipe, _ = load_run(run_dir)
     feeds = _short_and_long(model.backbone.info_vocab_size)
-    _, bare_counts = open_session(tmp_path / "bare" / "model.onnx").run(None, feeds)
+    _, bare_counts, _ = open_session(tmp_path / "bare" / "model.onnx").run(None, feeds)
     assert bare_counts[0, -1] == 1  # the defect: one of the short row's four tokens reaches layer 2
 
-    logits, counts = open_session(tmp_path / "floor" / "model.onnx").run(None, feeds)
+    logits, counts, _ = open_session(tmp_path / "floor" / "model.onnx").run(None, feeds)
     assert counts[0].tolist() == [SHORT, SHORT]  # at or under the floor: dense at ρ = 0.2
     assert counts[1].tolist() == [18, 16]  # round(0.2^½·40) = 18, then round(0.2·40) = 8 → 16
     with_min_kept_tokens(model, recipe, 16)

@@ -174,7 +174,7 @@ def test_a_task_added_in_a_test_trains_exports_evaluates_and_is_served(
     training_main(["export", str(run_dir), "--out", str(models_dir / "toy")])
     manifest = Manifest.read(models_dir / "toy")
     assert manifest.task == TASK and manifest.labels == list(LABELS)
-    assert [spec.name for spec in manifest.outputs] == ["parity_logits", "kept_counts"]
+    assert [spec.name for spec in manifest.outputs] == ["parity_logits", "kept_counts", "survival_depth"]
     assert manifest.quality is not None and manifest.quality.metric == "accuracy"
     assert [point.rho for point in manifest.quality.points] == [0.5, 1.0]
 

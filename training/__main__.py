@@ -102,7 +102,7 @@ def export_run(
     run_dir: Path, out_dir: Path, int8: bool, quality: bool, min_kept_tokens: int | None = None
 ) -> None:
     from retention_core.contract import INT8_MODEL_FILE, Manifest
-    from training.export import export_model
+    from training.export import export_model, measure_speed
     from training.fit import load_run, with_min_kept_tokens
 
     model, recipe, tokenizer = load_run(run_dir)
@@ -110,6 +110,7 @@ def export_run(
     manifest = export_model(model, recipe, tokenizer, out_dir, int8=int8)
     if quality:
         manifest.quality = manifest_quality(out_dir / MODEL_FILE, recipe, tokenizer, "onnxruntime fp32")
+        manifest.speed = measure_speed(out_dir / MODEL_FILE, manifest, model.backbone.info_vocab_size)
         if int8:
             manifest.variants["int8"].quality = manifest_quality(
                 out_dir / INT8_MODEL_FILE, recipe, tokenizer, "onnxruntime int8"

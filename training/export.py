@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ import torch
 from torch import nn
 
 from retention_core import contract as C
+from retention_core.machine import describe
 from retention_core.onnx import open_session
 from retention_core.tasks import task_spec
 from training import retention as R
@@ -56,7 +58,8 @@ PRUNED_POSITIONAL = ("input_ids", "attention_mask", "rho")
 
 
 class RetentionGraph(nn.Module):
-    """The exported graph of any task: its inputs, in the task's order → (main output, kept_counts (B, P)).
+    """The exported graph of any task: its inputs, in the task's order → (main output, kept_counts (B, P),
+    survival_depth (B, T)).
 
     Token heads (QA, summarization) have Drop-and-Restore baked in: every token's last state is
     scattered back before the head.
@@ -72,7 +75,7 @@ class RetentionGraph(nn.Module):
         self.model = model
         self.input_names = tuple(input_names)
 
-    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         named = dict(zip(self.input_names, inputs, strict=True))
         keywords = {
             keyword: convert(named[name])
@@ -80,7 +83,7 @@ class RetentionGraph(nn.Module):
             if name in named
         }
         out = self.model.forward_pruned(*(named[name] for name in PRUNED_POSITIONAL), **keywords)
-        return out.logits, out.kept_counts
+        return out.logits, out.kept_counts, out.survival_depth
 
 
 class DenseClassificationGraph(nn.Module):
@@ -128,7 +131,7 @@ def graph_for(model: RetentionModel) -> nn.Module:
 
 
 def dynamic_axes(task: str) -> dict[str, dict[int, str]]:
-    specs = (*task_spec(task).inputs, *task_spec(task).outputs)
+    specs = (*task_spec(task).inputs, *task_spec(task).exported_outputs)
     return {spec.name: {i: axis for i, axis in enumerate(spec.axes) if not axis.isdigit()} for spec in specs}
 
 
@@ -136,7 +139,7 @@ def export_onnx(model: RetentionModel, path: Path, vocab_size: int) -> None:
     """Trace with the TorchScript exporter (keeps the data-dependent TopK k as a tensor)."""
     model = model.eval()
     inputs = task_spec(model.task).inputs
-    outputs = task_spec(model.task).outputs
+    outputs = task_spec(model.task).exported_outputs
     example = _example_inputs(batch=2, length=8, vocab_size=vocab_size, rhos=(0.5, 1.0), seed=0)
     with torch.no_grad():
         torch.onnx.export(
@@ -184,7 +187,7 @@ class ParityReport:
 
 
 def validate_onnx(model: RetentionModel, onnx_path: Path, vocab_size: int) -> ParityReport:
-    """Compare ORT with torch on the grid; raise on mismatch of logits or kept counts."""
+    """Compare ORT with torch on the grid; raise on mismatch of logits, kept counts or survival depth."""
     graph = graph_for(model)
     session = open_session(onnx_path)
     worst, cases = 0.0, 0
@@ -195,19 +198,68 @@ def validate_onnx(model: RetentionModel, onnx_path: Path, vocab_size: int) -> Pa
         with torch.no_grad():
             expected = graph(*(example[name] for name in names))
         feeds = {name: example[name].numpy() for name in names}
-        logits, counts = session.run(None, feeds)
+        logits, counts, depth = session.run(None, feeds)
+        where = f"batch={batch} length={length} rho={rhos}"
+        _check_exact("kept counts", counts, expected[1], where)
+        _check_exact("survival depth", depth, expected[2], where)
         diff = float(np.max(np.abs(logits - expected[0].numpy())))
-        if not np.array_equal(counts, expected[1].numpy()):
-            raise ExportValidationError(
-                f"kept counts differ at batch={batch} length={length} rho={rhos}: "
-                f"onnx={counts.tolist()} torch={expected[1].tolist()}"
-            )
         if diff > LOGIT_ATOL:
-            raise ExportValidationError(
-                f"logits differ by {diff:.2e} > {LOGIT_ATOL:.0e} at batch={batch} length={length} rho={rhos}"
-            )
+            raise ExportValidationError(f"logits differ by {diff:.2e} > {LOGIT_ATOL:.0e} at {where}")
         worst, cases = max(worst, diff), cases + 1
     return ParityReport(cases=cases, max_abs_diff=worst)
+
+
+def _check_exact(what: str, onnx_value: np.ndarray, torch_value: torch.Tensor, where: str) -> None:
+    """Integer outputs must match torch exactly."""
+    if not np.array_equal(onnx_value, torch_value.numpy()):
+        raise ExportValidationError(
+            f"{what} differ at {where}: onnx={onnx_value.tolist()} torch={torch_value.tolist()}"
+        )
+
+
+SPEED_RHOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+SPEED_BATCH = 8
+SPEED_MAX_LENGTH = 256  # rows of min(max_length, this) real tokens
+SPEED_REPEATS = 7
+SPEED_THREADS = 1  # one intra-op thread: the steadiest timing on a machine that also runs other work
+
+
+def speed_feeds(manifest: C.Manifest, vocab_size: int, rho: float) -> dict[str, np.ndarray]:
+    """One batch of full-length rows (no padding) at ``rho``, with the task's inputs (QA: a protected
+    question third)."""
+    length = min(manifest.max_length, SPEED_MAX_LENGTH)
+    example = _example_inputs(SPEED_BATCH, length, vocab_size, (rho,), seed=VALIDATION_SEED)
+    example["attention_mask"] = torch.ones_like(example["attention_mask"])
+    example["input_ids"] = torch.randint(
+        5, vocab_size, (SPEED_BATCH, length), generator=torch.Generator().manual_seed(VALIDATION_SEED)
+    )
+    example["token_type_ids"] = example["token_type_ids"][:1].expand(SPEED_BATCH, -1).contiguous()
+    example["protected_mask"] = example["protected_mask"][:1].expand(SPEED_BATCH, -1).contiguous()
+    return {spec.name: example[spec.name].numpy() for spec in manifest.inputs}
+
+
+def measure_speed(onnx_path: Path, manifest: C.Manifest, vocab_size: int) -> C.SpeedCurve:
+    """The manifest's speed-vs-ρ curve: the median of ``SPEED_REPEATS`` timed runs per ρ, ρ values
+    interleaved within each repeat so a slow spell of the machine hits them all alike."""
+    session = open_session(onnx_path, intra_op_threads=SPEED_THREADS, inter_op_threads=1)
+    feeds = {rho: speed_feeds(manifest, vocab_size, rho) for rho in SPEED_RHOS}
+    for rho in SPEED_RHOS:  # warm-up: every shape the timed runs will see
+        session.run(None, feeds[rho])
+    seconds: dict[float, list[float]] = {rho: [] for rho in SPEED_RHOS}
+    for _ in range(SPEED_REPEATS):
+        for rho in SPEED_RHOS:
+            begin = time.perf_counter()
+            session.run(None, feeds[rho])
+            seconds[rho].append(time.perf_counter() - begin)
+    median = {rho: float(np.median(times)) for rho, times in seconds.items()}
+    return C.SpeedCurve(
+        runtime=f"onnxruntime {manifest.variants['fp32'].precision}, {SPEED_THREADS} intra-op thread",
+        batch_size=SPEED_BATCH,
+        sequence_length=min(manifest.max_length, SPEED_MAX_LENGTH),
+        repeats=SPEED_REPEATS,
+        machine=describe(),
+        points=[C.QualityPoint(rho=rho, value=round(median[1.0] / median[rho], 4)) for rho in SPEED_RHOS],
+    )
 
 
 def quantize_int8(source: Path, target: Path) -> None:
@@ -286,7 +338,7 @@ def build_manifest(
         ),
         variants=variants,
         inputs=list(task_spec(recipe.task).inputs),
-        outputs=list(task_spec(recipe.task).outputs),
+        outputs=list(task_spec(recipe.task).exported_outputs),
         training={"recipe": json.loads(recipe.model_dump_json()), "dataset": recipe.dataset.name},
         quality=quality,
         embedding=embedding_info(model, recipe),

@@ -59,6 +59,8 @@ class SoftOutput:
 class PrunedOutput:
     logits: torch.Tensor  # (B, C) or (B, T, C)
     kept_counts: torch.Tensor  # (B, P) tokens entering each layer
+    # (B, T) int64: how many layers each input position entered (0 for pads, P for a token never dropped)
+    survival_depth: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -327,7 +329,7 @@ class RetentionModel(nn.Module):
         length = inputs.input_ids.shape[1] if record_survivors else None
         probe = EvaluationProbe(distribution, prior, length)
         out = self._pruned_pass(inputs, selector, probe)
-        return EvaluationOutput(out.logits, out.kept_counts, probe.survivors())
+        return EvaluationOutput(out.logits, out.kept_counts, out.survival_depth, probe.survivors())
 
     def _pruned_pass(
         self, inputs: PrunedInputs, selector: Selector | None, probe: EvaluationProbe | None
@@ -343,6 +345,7 @@ class RetentionModel(nn.Module):
         restore = self.spec.restores_tokens
         restored = hidden  # (B, T, d): every token's latest state, scattered back at the end
         positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0).expand_as(valid)  # (B,T)
+        depth = torch.zeros_like(positions)  # (B, T) int64: layers entered so far, per original position
         for point, layer in enumerate(self.backbone.views):
             raw = selector(point, layer, hidden, valid) if selector else self.scorers[point](hidden, valid)
             if probe is not None:
@@ -353,6 +356,7 @@ class RetentionModel(nn.Module):
             positions = R.gather_tokens(positions, index)  # (B, K)
             if probe is not None:
                 probe.after_selection(positions, valid)
+            depth = R.add_layer_survivors(depth, positions, valid)
             is_last = point == self.num_points - 1
             hidden = layer(
                 hidden, R.attention_bias(valid, hidden.dtype), self.last_layer_queries if is_last else None
@@ -360,7 +364,7 @@ class RetentionModel(nn.Module):
             if restore:
                 restored = _scatter_valid(restored, positions, hidden, valid)
         out = self._head(restored, inputs.attention_mask) if restore else self._head(hidden, valid)
-        return PrunedOutput(out, counts)
+        return PrunedOutput(out, counts, depth)
 
     def _head(self, hidden: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """``weights`` (B, T): the tokens a pooled head averages (ignored by the other heads)."""

@@ -331,6 +331,17 @@ def gather_tokens(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return torch.gather(values, 1, expanded)
 
 
+def add_layer_survivors(depth: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Survival depth so far (B, T) int64, plus one at the original position of every valid kept slot of
+    the layer about to run: positions (B, K), valid (B, K) bool → (B, T).
+
+    Added, not written: a padding slot may carry the same position as a kept one and adds 0. Protected
+    tokens and the kept-token floor need no case of their own: they are kept slots, so they count at
+    every layer they enter. Stays a tensor op end to end (ScatterElements with add), so it traces.
+    """
+    return depth.scatter_add(1, positions, valid.to(depth.dtype))
+
+
 def attention_bias(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Additive key mask (B, T) bool → (B, 1, 1, T): 0 where attended, very negative elsewhere.
 
@@ -372,6 +383,7 @@ def encoder_token_work(
 __all__ = [
     "HardConcrete",
     "RetentionScorer",
+    "add_layer_survivors",
     "attention_bias",
     "budget_gap",
     "calibrated_shift",

@@ -7,11 +7,12 @@ graph outputs of its own rows, unpadded; the codec turns those into the response
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,23 @@ class Row:
         return len(self.input_ids)
 
 
+SPECIAL_SEGMENT = ""  # the segment of a token with no text of its own ([CLS], [SEP])
+
+
+@dataclass(frozen=True)
+class TokenSpan:
+    """Where one row token comes from: the input text it is part of (``segment``: "text", "question",
+    "context", "document"; ``SPECIAL_SEGMENT`` for special tokens) and its character offsets
+    ``[start, end)`` into that text (Python ``str`` indices)."""
+
+    segment: str
+    start: int
+    end: int
+
+
+SpanSource = Callable[[], list[tuple[TokenSpan, ...]]]
+
+
 @dataclass
 class Encoded:
     rows: list[Row]
@@ -33,6 +51,21 @@ class Encoded:
     truncated: bool  # some of the input was cut off (policy: keep the head)
     context: Any = None  # codec-specific, read back by ``decode``
     extra: dict[str, Any] = field(default_factory=dict)
+    # Per row (T_i,): where each token comes from, for ``explain`` (retention_core.explain); None for a
+    # codec that does not map tokens back to text. Built only when asked: it costs about a quarter of
+    # the tokenization, which a request without explain should not pay.
+    spans: SpanSource | None = None
+
+
+def token_spans(encoding: Encoding, segments: tuple[str, ...]) -> tuple[TokenSpan, ...]:
+    """The spans of one tokenizer encoding: sequence i's tokens are in ``segments[i]``; special tokens
+    (no sequence) get ``SPECIAL_SEGMENT`` and (0, 0)."""
+    return tuple(
+        TokenSpan(SPECIAL_SEGMENT, 0, 0)
+        if sequence is None
+        else TokenSpan(segments[sequence], int(s), int(e))
+        for (s, e), sequence in zip(encoding.offsets, encoding.sequence_ids, strict=True)
+    )
 
 
 class TaskCodec(Protocol):
@@ -47,12 +80,24 @@ class TaskCodec(Protocol):
 def head_row(tokenizer: Tokenizer, text: str, max_length: int) -> Encoded:
     """One row: the tokenizer's template ([CLS] … [SEP]), cut to the first ``max_length`` tokens with
     the last special token re-appended (single-row tasks: classification, embedding)."""
-    ids = tokenizer.encode(text).ids
+    encoding = tokenizer.encode(text)
+    ids = encoding.ids
     input_tokens = len(ids)
     truncated = input_tokens > max_length
     if truncated:
         ids = [*ids[: max_length - 1], ids[-1]]
-    return Encoded(rows=[Row(tuple(ids))], input_tokens=input_tokens, truncated=truncated)
+    return Encoded(
+        rows=[Row(tuple(ids))],
+        input_tokens=input_tokens,
+        truncated=truncated,
+        spans=lambda: [head_spans(encoding, max_length)],
+    )
+
+
+def head_spans(encoding: Encoding, max_length: int) -> tuple[TokenSpan, ...]:
+    """The spans of ``head_row``'s row: the first ``max_length`` - 1 tokens and the last one."""
+    spans = token_spans(encoding, ("text",))
+    return spans if len(spans) <= max_length else (*spans[: max_length - 1], spans[-1])
 
 
 def pad_rows(rows: list[Row], pad_id: int, length: int | None = None) -> dict[str, np.ndarray]:

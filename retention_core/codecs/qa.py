@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from retention_core.codecs.base import Encoded, Row
+from retention_core.codecs.base import Encoded, Row, token_spans
 from retention_core.text import plain_copy, windowing_tokenizer
 
+QA_SEGMENTS = ("question", "context")  # the texts of a pair's sequences 0 and 1 (explain offsets)
 NO_ANSWER: dict[str, Any] = {"answer": "", "start": 0, "end": 0, "score": 0.0}
 _NEG = -1e30
 
@@ -119,6 +120,7 @@ class QACodec:
             input_tokens=input_tokens,
             truncated=truncated,
             context=QAContext(context, tuple(windows)),
+            spans=lambda: [token_spans(encoding, QA_SEGMENTS) for encoding in encodings],
         )
 
     def best_span(self, window: QAWindow, logits: np.ndarray) -> tuple[int, int, float, float] | None:

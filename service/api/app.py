@@ -17,7 +17,17 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.deps import require_admin_key, require_api_key
-from service.api.routers import admin, classify, embed, health, models, openai_compat, qa, summarize
+from service.api.routers import (
+    admin,
+    classify,
+    embed,
+    explorer,
+    health,
+    models,
+    openai_compat,
+    qa,
+    summarize,
+)
 from service.api.routers import metrics as metrics_router
 from service.engine import RetentionEngine
 from service.errors import error_payload, install_error_handlers
@@ -171,6 +181,7 @@ def mount_routers(app: FastAPI, settings: Settings) -> list[APIRouter]:
         ),
         (health.router, []),
         (metrics_router.router, []),
+        (explorer.router, []),  # a static page: it asks for the API key and sends it with its calls
     ]
     if settings.admin_api_key is not None:
         mounted.append((admin.router, [Depends(require_admin_key)]))

@@ -142,6 +142,19 @@ def parsed_rho(text: str | None, name: str, allow_auto: bool) -> float | str | N
 QueryDep = Annotated[QueryOptions, Depends(query_options)]
 
 
+def explain_query(
+    explain: Annotated[
+        bool | None,
+        Query(description="true: add every input token's survival depth; a body 'explain' wins over this"),
+    ] = None,
+) -> bool | None:
+    """The ``explain`` query parameter of the routes that can explain (not /v1/embeddings)."""
+    return explain
+
+
+ExplainQueryDep = Annotated[bool | None, Depends(explain_query)]
+
+
 def request_deadline(
     request: Request,
     settings: SettingsDep,

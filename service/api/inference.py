@@ -8,12 +8,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from retention_core.codecs.base import Encoded
+from retention_core.explain import token_depths
 from retention_core.usage import Work, token_work
 from service.admission import REASON_DEFAULT, REASON_REQUESTED
 from service.api.deps import InferenceContext
-from service.api.schemas import InferenceOptions, Usage
+from service.api.schemas import ExplainedToken, Explanation, InferenceOptions, Usage
 from service.batcher import AutoBudget, JobResult
-from service.errors import InputTooLong, InvalidRequest
+from service.errors import InferenceFailed, InputTooLong, InvalidRequest
 from service.runtime import LoadedModel
 
 
@@ -21,6 +22,39 @@ from service.runtime import LoadedModel
 class Outcome:
     outputs: list[list[np.ndarray]]  # per encoded item: the graph output of each of its rows
     usage: Usage
+    depths: list[list[np.ndarray]] | None = None  # per item, per row (T_i,); None: the graph has none
+
+
+class ExplainUnavailable(InvalidRequest):
+    code = "explain_unavailable"
+
+
+def explain_requested(model: LoadedModel, body_value: bool | None, query_value: bool | None) -> bool:
+    """Whether to explain (a body value wins over the query parameter); 422 when asked of a model whose
+    graph has no survival depth (exported before it existed). Checked before any inference."""
+    wanted = bool(body_value if body_value is not None else query_value)
+    if wanted and not model.explains:
+        raise ExplainUnavailable(
+            f"model {model.name!r} was exported without survival depth; re-export it to use explain",
+            param="explain",
+        )
+    return wanted
+
+
+def explanations(model: LoadedModel, encoded: list[Encoded], outcome: Outcome) -> list[Explanation]:
+    """Every input's token survival depths, mapped back to its text (``retention_core.explain``)."""
+    if outcome.depths is None:  # explain_requested let it through, so the graph must have answered
+        raise InferenceFailed()
+    return [
+        Explanation(
+            num_layers=model.num_layers,
+            document=item.extra.get("document"),
+            tokens=[
+                ExplainedToken.model_validate(t, from_attributes=True) for t in token_depths(item, depths)
+            ],
+        )
+        for item, depths in zip(encoded, outcome.depths, strict=True)
+    ]
 
 
 @dataclass(frozen=True)
@@ -161,4 +195,5 @@ async def infer(
     work = token_work(model.manifest, [len(row) for row in rows], result.kept_counts)
     usage = usage_of(encoded, options, choice, result, work)
     record(ctx, endpoint, model, usage, options, work)
-    return Outcome(per_item(encoded, result.outputs), usage)
+    depths = per_item(encoded, result.depths) if result.depths is not None else None
+    return Outcome(per_item(encoded, result.outputs), usage, depths)

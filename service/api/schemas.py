@@ -83,7 +83,18 @@ class InferenceOptions(BaseModel):
         return parse_rho(value, "min_rho", allow_auto=False, text_numbers=False)
 
 
-class TextsRequest(InferenceOptions):
+class ExplainOptions(InferenceOptions):
+    """Options of the routes that can explain (/classify, /embed, /qa, /summarize; not /v1/embeddings)."""
+
+    explain: bool | None = Field(
+        default=None,
+        description="true: add 'explanations', every input token's survival depth (layers it entered) "
+        "with its character offsets into the input; a body value wins over the query parameter. "
+        "Refused (422, explain_unavailable) for a model exported before the graph reported it",
+    )
+
+
+class TextsRequest(ExplainOptions):
     """One text (``text``) or several (``texts``): the body of /classify and /embed."""
 
     model_config = ConfigDict(
@@ -147,7 +158,7 @@ class QAItem(BaseModel):
     context: NonEmptyText
 
 
-class QARequest(InferenceOptions):
+class QARequest(ExplainOptions):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
@@ -181,7 +192,7 @@ class QARequest(InferenceOptions):
         return [QAItem(question=self.question or "", context=self.context or "")]
 
 
-class SummarizeRequest(InferenceOptions):
+class SummarizeRequest(ExplainOptions):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
@@ -240,6 +251,32 @@ class Usage(BaseModel):
     inference_time_s: float
 
 
+class ExplainedToken(BaseModel):
+    segment: Literal["text", "question", "context", "document"] = Field(
+        description="the input text the offsets index: 'text' (/classify, /embed), 'question' or "
+        "'context' (/qa), 'document' (/summarize: the sentences joined by one space, see 'document')"
+    )
+    start: int = Field(description="character offset of the token in its segment")
+    end: int = Field(description="character offset just past the token")
+    depth: int = Field(
+        description="layers the token entered: 0 = dropped before the first layer, num_layers = never "
+        "dropped; a token read by several windows reports its deepest"
+    )
+
+
+class Explanation(BaseModel):
+    """One input's survival depths (``explain=true``). Special tokens ([CLS], [SEP]) are left out."""
+
+    num_layers: int
+    document: str | None = Field(default=None, description="/summarize: the text 'document' offsets index")
+    tokens: list[ExplainedToken] = Field(description="the input's tokens in text order")
+
+
+EXPLANATIONS_FIELD = Field(
+    default=None, description="explain=true only: one per input, in input order (see Explanation)"
+)
+
+
 class ClassificationResult(BaseModel):
     label: str
     scores: dict[str, float]
@@ -251,6 +288,7 @@ class ClassifyResponse(BaseModel):
     scores: dict[str, float] | None = Field(default=None, description="single 'text' requests only")
     results: list[ClassificationResult]
     usage: Usage
+    explanations: list[Explanation] | None = EXPLANATIONS_FIELD
 
 
 class EmbedResponse(BaseModel):
@@ -258,6 +296,7 @@ class EmbedResponse(BaseModel):
     embedding: list[float] | None = Field(default=None, description="single 'text' requests only")
     embeddings: list[list[float]] = Field(description="one vector per input, in input order")
     usage: Usage
+    explanations: list[Explanation] | None = EXPLANATIONS_FIELD
 
 
 class OpenAIEmbedding(BaseModel):
@@ -296,6 +335,7 @@ class QAResponse(BaseModel):
     score: float | None = None
     results: list[QAResult]
     usage: Usage
+    explanations: list[Explanation] | None = EXPLANATIONS_FIELD
 
 
 class SelectedSentence(BaseModel):
@@ -310,6 +350,7 @@ class SummarizeResponse(BaseModel):
     summary: str
     sentences: list[SelectedSentence] = Field(description="selected sentences in document order")
     usage: Usage
+    explanations: list[Explanation] | None = EXPLANATIONS_FIELD
 
 
 class ModelSummary(BaseModel):
@@ -322,6 +363,9 @@ class ModelSummary(BaseModel):
     labels: list[str]
     providers: list[str]
     is_default: bool
+    explain: bool = Field(
+        default=False, description="its graph reports survival depth: explain=true is served"
+    )
 
 
 class ModelList(BaseModel):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import InferenceDep
-from service.api.inference import infer, shed_early
+from service.api.deps import ExplainQueryDep, InferenceDep
+from service.api.inference import explain_requested, explanations, infer, shed_early
 from service.api.routers.common import ERROR_RESPONSES
 from service.api.schemas import ClassificationResult, ClassifyRequest, ClassifyResponse
 
@@ -14,11 +14,12 @@ router = APIRouter(tags=["inference"])
 
 
 @router.post("/classify", response_model=ClassifyResponse, responses=ERROR_RESPONSES)
-async def classify(body: ClassifyRequest, ctx: InferenceDep) -> ClassifyResponse:
+async def classify(body: ClassifyRequest, ctx: InferenceDep, explain: ExplainQueryDep) -> ClassifyResponse:
     """Label and per-label scores of one text (``text``) or several (``texts``)."""
     texts = body.items()
     ctx.check_items(len(texts))
     model = ctx.model_for("classification")
+    explained = explain_requested(model, body.explain, explain)
     shed_early(ctx, model, body)
     codec = model.codec
     encoded = await run_in_threadpool(lambda: [codec.encode(text) for text in texts])
@@ -34,4 +35,5 @@ async def classify(body: ClassifyRequest, ctx: InferenceDep) -> ClassifyResponse
         scores=single.scores if single else None,
         results=results,
         usage=outcome.usage,
+        explanations=explanations(model, encoded, outcome) if explained else None,
     )

@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import InferenceContext, InferenceDep
-from service.api.inference import infer, shed_early
+from service.api.deps import ExplainQueryDep, InferenceContext, InferenceDep
+from service.api.inference import explain_requested, explanations, infer, shed_early
 from service.api.routers.common import ERROR_RESPONSES
-from service.api.schemas import EmbedRequest, EmbedResponse, InferenceOptions, Usage
+from service.api.schemas import EmbedRequest, EmbedResponse, Explanation, InferenceOptions, Usage
 from service.runtime import LoadedModel
 
 router = APIRouter(tags=["inference"])
@@ -23,9 +23,11 @@ async def embed_texts(
     texts: list[str],
     options: InferenceOptions,
     normalize: bool | None,
-) -> tuple[list[list[float]], Usage]:
-    """One vector per text, in order (``normalize`` None: the model's default), and the request's usage.
-    Shared by /embed and the OpenAI-compatible /v1/embeddings."""
+    explain: bool = False,
+) -> tuple[list[list[float]], Usage, list[Explanation] | None]:
+    """One vector per text, in order (``normalize`` None: the model's default), the request's usage and,
+    with ``explain``, the texts' survival depths. Shared by /embed and the OpenAI-compatible
+    /v1/embeddings (which never explains)."""
     shed_early(ctx, model, options)
     codec = model.codec
     encoded = await run_in_threadpool(lambda: [codec.encode(text) for text in texts])
@@ -34,19 +36,23 @@ async def embed_texts(
         list(codec.decode(item, outputs, normalize=normalize)["embedding"])
         for item, outputs in zip(encoded, outcome.outputs, strict=True)
     ]
-    return vectors, outcome.usage
+    return vectors, outcome.usage, explanations(model, encoded, outcome) if explain else None
 
 
 @router.post("/embed", response_model=EmbedResponse, responses=ERROR_RESPONSES)
-async def embed(body: EmbedRequest, ctx: InferenceDep) -> EmbedResponse:
+async def embed(body: EmbedRequest, ctx: InferenceDep, explain: ExplainQueryDep) -> EmbedResponse:
     """The vector of one text (``text``) or of several (``texts``); mean of the final token states."""
     texts = body.items()
     ctx.check_items(len(texts))
     model = ctx.model_for(EMBEDDING)
-    vectors, usage = await embed_texts(ctx, "embed", model, texts, body, body.normalize)
+    explained = explain_requested(model, body.explain, explain)
+    vectors, usage, explained_tokens = await embed_texts(
+        ctx, "embed", model, texts, body, body.normalize, explained
+    )
     return EmbedResponse(
         model=model.name,
         embedding=vectors[0] if body.text is not None else None,
         embeddings=vectors,
         usage=usage,
+        explanations=explained_tokens,
     )

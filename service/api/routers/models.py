@@ -30,6 +30,7 @@ def summarize_model(model: LoadedModel, engine: Engine) -> ModelSummary:
         labels=list(manifest.labels),
         providers=list(model.providers),
         is_default=is_default,
+        explain=model.explains,
     )
 
 

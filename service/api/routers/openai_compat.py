@@ -56,7 +56,7 @@ async def create_embeddings(body: OpenAIEmbeddingRequest, ctx: InferenceDep) -> 
     ctx.check_items(len(texts), param="input")
     model = ctx.model_for(EMBEDDING, body.model)
     check_dimensions(model, body.dimensions)
-    vectors, usage = await embed_texts(ctx, "v1/embeddings", model, texts, body, normalize=True)
+    vectors, usage, _ = await embed_texts(ctx, "v1/embeddings", model, texts, body, normalize=True)
     return OpenAIEmbeddingResponse(
         data=[
             OpenAIEmbedding(index=index, embedding=encoded_vector(vector, body.encoding_format))

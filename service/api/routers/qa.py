@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
-from service.api.deps import InferenceDep
-from service.api.inference import infer, shed_early
+from service.api.deps import ExplainQueryDep, InferenceDep
+from service.api.inference import explain_requested, explanations, infer, shed_early
 from service.api.routers.common import ERROR_RESPONSES
 from service.api.schemas import QARequest, QAResponse, QAResult
 
@@ -14,12 +14,13 @@ router = APIRouter(tags=["inference"])
 
 
 @router.post("/qa", response_model=QAResponse, responses=ERROR_RESPONSES)
-async def qa(body: QARequest, ctx: InferenceDep) -> QAResponse:
+async def qa(body: QARequest, ctx: InferenceDep, explain: ExplainQueryDep) -> QAResponse:
     """Extractive answer (text, character offsets ``[start, end)`` in the context, score) of one
     question (``question`` + ``context``) or several (``items``). Long contexts are read in windows."""
     pairs = body.pairs()
     ctx.check_items(len(pairs))
     model = ctx.model_for("qa")
+    explained = explain_requested(model, body.explain, explain)
     shed_early(ctx, model, body)
     codec = model.codec
     encoded = await run_in_threadpool(lambda: [codec.encode(item.question, item.context) for item in pairs])
@@ -37,4 +38,5 @@ async def qa(body: QARequest, ctx: InferenceDep) -> QAResponse:
         score=single.score if single else None,
         results=results,
         usage=outcome.usage,
+        explanations=explanations(model, encoded, outcome) if explained else None,
     )

@@ -6,8 +6,8 @@ from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
 from retention_core.text import split_sentences
-from service.api.deps import InferenceDep
-from service.api.inference import infer, shed_early
+from service.api.deps import ExplainQueryDep, InferenceDep
+from service.api.inference import explain_requested, explanations, infer, shed_early
 from service.api.routers.common import ERROR_RESPONSES
 from service.api.schemas import SelectedSentence, SummarizeRequest, SummarizeResponse
 from service.errors import InvalidRequest, PayloadTooLarge
@@ -29,10 +29,11 @@ def document_sentences(body: SummarizeRequest) -> list[str]:
 
 
 @router.post("/summarize", response_model=SummarizeResponse, responses=ERROR_RESPONSES)
-async def summarize(body: SummarizeRequest, ctx: InferenceDep) -> SummarizeResponse:
+async def summarize(body: SummarizeRequest, ctx: InferenceDep, explain: ExplainQueryDep) -> SummarizeResponse:
     """Extractive summary: the selected sentences in document order, with their scores. Choose the length
     with ``max_sentences`` or ``ratio`` (fraction of the document's sentences); default 3 sentences."""
     model = ctx.model_for("summarization")
+    explained = explain_requested(model, body.explain, explain)
     shed_early(ctx, model, body)
     sentences = await run_in_threadpool(document_sentences, body)
     if not sentences:
@@ -47,5 +48,9 @@ async def summarize(body: SummarizeRequest, ctx: InferenceDep) -> SummarizeRespo
         (SelectedSentence.model_validate(s) for s in decoded["sentences"]), key=lambda s: s.index
     )
     return SummarizeResponse(
-        model=model.name, summary=" ".join(s.text for s in selected), sentences=selected, usage=outcome.usage
+        model=model.name,
+        summary=" ".join(s.text for s in selected),
+        sentences=selected,
+        usage=outcome.usage,
+        explanations=explanations(model, [encoded], outcome) if explained else None,
     )

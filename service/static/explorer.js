@@ -1,0 +1,428 @@
+// Retention explorer: plain browser JavaScript, no libraries and no build step.
+// It talks to the same HTTP API as any client (GET /models, GET /models/{name}, POST /classify | /embed |
+// /qa | /summarize with explain=true) and draws everything itself (inline SVG).
+"use strict";
+
+const ENDPOINTS = { classification: "classify", embedding: "embed", qa: "qa", summarization: "summarize" };
+const RESULT_TITLES = { classification: "Label", embedding: "Embedding", qa: "Answer", summarization: "Summary" };
+const SAMPLE_TEXT =
+  "The film opens slowly, but the second half is a triumph: sharp writing, a score that never " +
+  "intrudes, and a lead performance that carries every scene. I left the cinema smiling.";
+
+const state = { models: [], model: null, manifest: null, running: false, again: false, last: null };
+const $ = (id) => document.getElementById(id);
+
+class ApiError extends Error {
+  constructor(status, message, retryAfter) {
+    super(message);
+    this.status = status;
+    this.retryAfter = retryAfter;
+  }
+}
+
+// ------------------------------------------------------------------ HTTP
+function authHeaders() {
+  const key = $("api-key").value.trim();
+  return key ? { Authorization: `Bearer ${key}` } : {};
+}
+
+async function api(path, body) {
+  const init = { headers: { ...authHeaders() } };
+  if (body !== undefined) {
+    init.method = "POST";
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch (err) {
+    throw new ApiError(0, "cannot reach the server", null);
+  }
+  let payload = null;
+  try {
+    payload = await response.json();
+  } catch (err) {
+    payload = null;
+  }
+  if (!response.ok) {
+    const message = payload && payload.error && payload.error.message ? payload.error.message : response.statusText;
+    throw new ApiError(response.status, message, response.headers.get("Retry-After"));
+  }
+  return payload;
+}
+
+function explainError(err) {
+  if (!(err instanceof ApiError)) return `Unexpected error: ${err.message}`;
+  if (err.status === 0) return "The server cannot be reached. Is it running?";
+  if (err.status === 401) return "401 Unauthorized: the server needs its API key. Enter the right key above and try again.";
+  if (err.status === 429) {
+    const wait = err.retryAfter ? ` Retry in ${err.retryAfter} s.` : "";
+    return `429 Too Many Requests: the server is overloaded (${err.message}).${wait}`;
+  }
+  if (err.status === 413) return `413: the input is too large (${err.message}).`;
+  if (err.status >= 400 && err.status < 500) return `${err.status}: ${err.message}`;
+  return `${err.status}: the server failed (${err.message}).`;
+}
+
+function showError(message) {
+  const box = $("error");
+  box.textContent = message;
+  box.hidden = !message;
+}
+
+// ------------------------------------------------------------------ models
+async function loadModels() {
+  showError("");
+  try {
+    const listing = await api("models");
+    state.models = listing.models;
+  } catch (err) {
+    showError(explainError(err));
+    return;
+  }
+  const select = $("model");
+  select.replaceChildren();
+  for (const model of state.models) {
+    const option = document.createElement("option");
+    option.value = model.name;
+    option.textContent = `${model.name} (${model.task})${model.explain ? "" : " - exported without survival depth"}`;
+    option.disabled = !model.explain || !(model.task in ENDPOINTS);
+    select.appendChild(option);
+  }
+  const usable = state.models.find((m) => m.explain && m.task in ENDPOINTS);
+  select.disabled = !usable;
+  if (!usable) {
+    showError("No loaded model can explain: re-export a model to get its survival depth.");
+    return;
+  }
+  select.value = usable.name;
+  await selectModel();
+}
+
+async function selectModel() {
+  const name = $("model").value;
+  state.model = state.models.find((m) => m.name === name) || null;
+  state.manifest = null;
+  $("run").disabled = true; // until this model's manifest is here
+  delete document.body.dataset.model;
+  if (!state.model) return;
+  let detail;
+  try {
+    detail = await api(`models/${encodeURIComponent(name)}`);
+  } catch (err) {
+    showError(explainError(err));
+    return;
+  }
+  if ($("model").value !== name) return; // another model was picked meanwhile: its call wins
+  state.manifest = detail.manifest;
+  const task = state.model.task;
+  $("task").textContent = `task: ${task}, ${state.manifest.schedule.num_points} layers, default ρ ${state.model.default_rho}`;
+  $("question-row").hidden = task !== "qa";
+  $("text-label").textContent = task === "qa" ? "Context" : "Text";
+  $("result-title").textContent = RESULT_TITLES[task];
+  $("run").disabled = false;
+  state.last = null;
+  drawCharts();
+  document.body.dataset.model = name; // ready for this model
+}
+
+// ------------------------------------------------------------------ a request
+function requestBody(task, rho) {
+  const text = $("text").value;
+  if (task === "qa") return { question: $("question").value, context: text, rho, explain: true };
+  return { text, rho, explain: true };
+}
+
+async function run() {
+  if (!state.model) return;
+  if (state.running) {
+    state.again = true; // one more run with the latest ρ once this one is back
+    return;
+  }
+  state.running = true;
+  document.body.dataset.state = "busy";
+  const task = state.model.task;
+  const rho = Number($("rho").value);
+  const path = `${ENDPOINTS[task]}?model=${encodeURIComponent(state.model.name)}`;
+  const begin = performance.now();
+  try {
+    const body = await api(path, requestBody(task, rho));
+    showError("");
+    state.last = { body, task, rho, roundTrip: performance.now() - begin };
+    render();
+  } catch (err) {
+    showError(explainError(err));
+  } finally {
+    state.running = false;
+    document.body.dataset.runs = String(Number(document.body.dataset.runs) + 1);
+    document.body.dataset.state = "idle";
+  }
+  if (state.again) {
+    state.again = false;
+    run();
+  }
+}
+
+// ------------------------------------------------------------------ rendering
+function depthColor(depth, layers) {
+  const share = layers > 0 ? depth / layers : 1;
+  const lightness = 96 - 58 * share; // kept to the end: dark blue; dropped at once: almost white
+  return { background: `hsl(214, 75%, ${lightness}%)`, color: lightness < 60 ? "white" : "#1d2330" };
+}
+
+function drawLegend(layers) {
+  const legend = $("legend");
+  legend.replaceChildren(document.createTextNode("layers entered:"));
+  for (let depth = 0; depth <= layers; depth++) {
+    const swatch = document.createElement("span");
+    const colors = depthColor(depth, layers);
+    swatch.className = "swatch";
+    swatch.style.background = colors.background;
+    swatch.style.color = colors.color;
+    swatch.textContent = String(depth);
+    legend.appendChild(swatch);
+  }
+}
+
+// The text with one span per token (data-depth), whatever lies between tokens as plain text.
+function shade(container, title, text, tokens, layers, answer) {
+  container.replaceChildren();
+  if (title) {
+    const heading = document.createElement("span");
+    heading.className = "segment-title";
+    heading.textContent = title;
+    container.appendChild(heading);
+  }
+  let cursor = 0;
+  for (const token of tokens) {
+    if (token.start < cursor) continue; // never overlap (offsets come sorted)
+    if (token.start > cursor) container.appendChild(document.createTextNode(text.slice(cursor, token.start)));
+    const span = document.createElement("span");
+    const colors = depthColor(token.depth, layers);
+    span.className = "tok";
+    span.dataset.depth = String(token.depth);
+    span.style.background = colors.background;
+    span.style.color = colors.color;
+    span.title = `stayed in ${token.depth} of ${layers} layers`;
+    if (answer && token.start >= answer.start && token.end <= answer.end && answer.end > answer.start) {
+      span.classList.add("answer");
+    }
+    span.textContent = text.slice(token.start, token.end);
+    container.appendChild(span);
+    cursor = token.end;
+  }
+  if (cursor < text.length) container.appendChild(document.createTextNode(text.slice(cursor)));
+}
+
+function renderTokens(body, task) {
+  const explanation = body.explanations[0];
+  const layers = explanation.num_layers;
+  drawLegend(layers);
+  const of = (segment) => explanation.tokens.filter((t) => t.segment === segment);
+  const questionBox = $("question-shaded");
+  questionBox.hidden = task !== "qa";
+  if (task === "qa") {
+    shade(questionBox, "Question", $("question").value, of("question"), layers, null);
+    const answer = body.results[0];
+    shade($("shaded"), "Context", $("text").value, of("context"), layers, answer);
+  } else if (task === "summarization") {
+    shade($("shaded"), null, explanation.document, of("document"), layers, null);
+  } else {
+    shade($("shaded"), null, $("text").value, of("text"), layers, null);
+  }
+}
+
+function element(tag, text, className) {
+  const node = document.createElement(tag);
+  if (text !== undefined) node.textContent = text;
+  if (className) node.className = className;
+  return node;
+}
+
+function renderResult(body, task) {
+  const box = $("result");
+  box.replaceChildren();
+  if (task === "classification") {
+    box.appendChild(element("div", body.label, "label"));
+    const table = element("table");
+    for (const [label, score] of Object.entries(body.scores)) {
+      const row = element("tr");
+      row.append(element("td", label), element("td", score.toFixed(4)));
+      table.appendChild(row);
+    }
+    box.appendChild(table);
+  } else if (task === "qa") {
+    box.appendChild(element("div", body.answer || "(no answer)", "label"));
+    box.appendChild(element("div", `score ${body.score.toFixed(4)}, characters ${body.start}-${body.end} of the context`));
+  } else if (task === "summarization") {
+    box.appendChild(element("div", body.summary || "(empty summary)"));
+    box.appendChild(element("div", `${body.sentences.length} sentence(s) selected`, "muted"));
+  } else {
+    const vector = body.embedding;
+    const norm = Math.sqrt(vector.reduce((sum, v) => sum + v * v, 0));
+    box.appendChild(element("div", `${vector.length} dimensions, norm ${norm.toFixed(4)}`, "label"));
+    box.appendChild(element("div", `[${vector.slice(0, 6).map((v) => v.toFixed(4)).join(", ")}, …]`, "muted"));
+  }
+}
+
+function renderUsage(usage, roundTrip) {
+  const list = $("usage");
+  list.replaceChildren();
+  const work = usage.token_work_fraction;
+  list.dataset.tokenWork = String(work);
+  const rows = [
+    ["ρ served", `${usage.rho_effective} (${usage.rho_reason})`],
+    ["token-work", `${(100 * work).toFixed(1)}% of dense`],
+    ["token-work saved", `${(100 * (1 - work)).toFixed(1)}%`],
+    ["tokens read", `${usage.processed_tokens} of ${usage.input_tokens}${usage.truncated ? " (truncated)" : ""}`],
+    ["kept per layer", usage.kept_tokens_per_layer.join(" → ")],
+    ["latency", `${(1000 * usage.inference_time_s).toFixed(1)} ms inference, ${(1000 * usage.queue_time_s).toFixed(1)} ms queued`],
+    ["round trip", `${roundTrip.toFixed(1)} ms (this browser)`],
+  ];
+  for (const [term, value] of rows) {
+    list.append(element("dt", term), element("dd", value));
+  }
+  $("usage").querySelector("dd:nth-of-type(2)").id = "token-work";
+}
+
+function render() {
+  const { body, task, roundTrip } = state.last;
+  renderTokens(body, task);
+  renderResult(body, task);
+  renderUsage(body.usage, roundTrip);
+  drawCharts();
+}
+
+// ------------------------------------------------------------------ charts (inline SVG)
+const SVG = "http://www.w3.org/2000/svg";
+const BOX = { left: 44, right: 12, top: 12, bottom: 34, width: 360, height: 220 };
+
+function svgNode(tag, attributes, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, String(value));
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+// points: [{x, y}] with x = ρ in (0, 1]; marker: the chosen ρ; measured: an extra {x, y} dot.
+function lineChart(svg, points, yLabel, marker, measured) {
+  svg.replaceChildren();
+  if (!points.length) {
+    svg.appendChild(svgNode("text", { x: 180, y: 110, "text-anchor": "middle", class: "empty" }, yLabel));
+    return;
+  }
+  const ys = points.map((p) => p.y).concat(measured ? [measured.y] : []);
+  let low = Math.min(...ys);
+  let high = Math.max(...ys);
+  const pad = (high - low) * 0.1 || Math.abs(high) * 0.1 || 0.1;
+  low -= pad;
+  high += pad;
+  const plotW = BOX.width - BOX.left - BOX.right;
+  const plotH = BOX.height - BOX.top - BOX.bottom;
+  const sx = (x) => BOX.left + x * plotW;
+  const sy = (y) => BOX.top + (1 - (y - low) / (high - low)) * plotH;
+  for (let i = 0; i <= 4; i++) {
+    const y = low + ((high - low) * i) / 4;
+    svg.appendChild(svgNode("line", { x1: BOX.left, x2: BOX.width - BOX.right, y1: sy(y), y2: sy(y), class: "grid" }));
+    svg.appendChild(svgNode("text", { x: BOX.left - 4, y: sy(y) + 3, "text-anchor": "end" }, y.toFixed(2)));
+  }
+  for (let i = 0; i <= 5; i++) {
+    const x = i / 5;
+    svg.appendChild(svgNode("text", { x: sx(x), y: BOX.height - BOX.bottom + 13, "text-anchor": "middle" }, x.toFixed(1)));
+  }
+  svg.appendChild(svgNode("line", { x1: BOX.left, x2: BOX.left, y1: BOX.top, y2: BOX.height - BOX.bottom, class: "axis" }));
+  svg.appendChild(svgNode("line", { x1: BOX.left, x2: BOX.width - BOX.right, y1: BOX.height - BOX.bottom, y2: BOX.height - BOX.bottom, class: "axis" }));
+  svg.appendChild(svgNode("text", { x: BOX.left + plotW / 2, y: BOX.height - 4, "text-anchor": "middle" }, "ρ"));
+  svg.appendChild(svgNode("text", { x: BOX.left + 4, y: BOX.top + 8 }, yLabel));
+  const sorted = [...points].sort((a, b) => a.x - b.x);
+  svg.appendChild(svgNode("polyline", { points: sorted.map((p) => `${sx(p.x)},${sy(p.y)}`).join(" "), class: "curve" }));
+  for (const p of sorted) svg.appendChild(svgNode("circle", { cx: sx(p.x), cy: sy(p.y), r: 2.5, class: "dot" }));
+  if (marker !== null) {
+    const line = svgNode("line", { x1: sx(marker), x2: sx(marker), y1: BOX.top, y2: BOX.height - BOX.bottom, class: "marker" });
+    line.dataset.rho = String(marker);
+    svg.appendChild(line);
+  }
+  if (measured) svg.appendChild(svgNode("circle", { cx: sx(measured.x), cy: sy(measured.y), r: 4.5, class: "measured" }));
+}
+
+function qualityCurve(manifest) {
+  const variant = manifest.variants && manifest.variants.fp32;
+  return manifest.quality || (variant && variant.quality) || null;
+}
+
+// Fraction of dense token-work of one row of n real tokens at ρ, as the graph's schedule keeps them
+// (retention_core.usage.token_work with [CLS] protected).
+function scheduleWork(schedule, n, rho) {
+  const points = schedule.num_points;
+  const lower = Math.max(1, Math.min(schedule.min_kept_tokens || 0, n));
+  let work = 0;
+  for (let p = 0; p < points; p++) {
+    const fraction = Math.pow(rho, Math.pow((p + 1) / points, schedule.power));
+    let count = Math.min(Math.max(Math.floor(fraction * n + 0.5), lower), n);
+    if (p === points - 1 && schedule.last_layer_queries) count = schedule.last_layer_queries;
+    work += count;
+  }
+  return work / (n * points);
+}
+
+function drawCharts() {
+  const manifest = state.manifest;
+  if (!manifest) return;
+  const rho = Number($("rho").value);
+  const grid = Array.from({ length: 20 }, (_, i) => (i + 1) / 20);
+
+  const quality = qualityCurve(manifest);
+  const qualityPoints = quality ? quality.points.map((p) => ({ x: p.rho, y: p.value })) : [];
+  lineChart($("quality-chart"), qualityPoints, quality ? quality.metric : "no quality curve in the manifest", rho, null);
+  $("quality-caption").textContent = quality
+    ? `${quality.metric} vs ρ: ${quality.split} split, ${quality.num_examples} examples, ${quality.runtime} (manifest)`
+    : "This model's manifest has no quality curve.";
+
+  const speed = manifest.speed;
+  const speedPoints = speed ? speed.points.map((p) => ({ x: p.rho, y: p.value })) : [];
+  lineChart($("speed-chart"), speedPoints, speed ? "speed-up over ρ = 1" : "no speed curve in the manifest", rho, null);
+  $("speed-caption").textContent = speed
+    ? `speed-up vs ρ: batch ${speed.batch_size} × ${speed.sequence_length} tokens, ${speed.runtime}, measured at export on ${speed.machine.cpu || "the exporting machine"} (manifest)`
+    : "This model's manifest has no speed curve (exported before it was measured).";
+
+  const last = state.last;
+  const tokens = last ? Math.max(2, Math.round(last.body.usage.processed_tokens / last.body.usage.rows)) : 128;
+  const workPoints = grid.map((x) => ({ x, y: scheduleWork(manifest.schedule, tokens, x) }));
+  const measured = last ? { x: last.body.usage.rho_effective, y: last.body.usage.token_work_fraction } : null;
+  lineChart($("work-chart"), workPoints, "token-work / dense", rho, measured);
+  $("work-caption").textContent =
+    `encoder token-work vs ρ for a row of ${tokens} tokens (the manifest's schedule)` +
+    (measured ? "; dot: this request, as the server reported it" : "");
+}
+
+// ------------------------------------------------------------------ wiring
+function onRho() {
+  $("rho-value").textContent = Number($("rho").value).toFixed(2);
+  drawCharts();
+}
+
+function init() {
+  $("text").value = SAMPLE_TEXT;
+  $("question").value = "How did the viewer feel?";
+  $("load-models").addEventListener("click", loadModels);
+  $("model").addEventListener("change", selectModel);
+  $("run").addEventListener("click", run);
+  $("rho").addEventListener("input", onRho);
+  $("rho").addEventListener("change", () => {
+    onRho();
+    if (state.model && state.last) run(); // after a first run, moving ρ re-runs the request
+  });
+  $("api-key").addEventListener("keydown", (event) => {
+    if (event.key === "Enter") loadModels();
+  });
+  onRho();
+  // Nothing is fetched before the user asks: a server with an API key would answer 401 to a call
+  // made before the key is typed.
+}
+
+// What the page shows, for scripts that record it (benchmarks/explorer_screenshot.py writes it beside
+// the screenshot).
+window.explorer = { state };
+
+init();

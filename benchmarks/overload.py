@@ -329,8 +329,10 @@ def soak(
     summarize(cell, records)
     cell.rss_peak_mib, cell.rss_end_mib = max(rss.samples), rss.samples[-1]
     growth = 100 * (cell.rss_end_mib - cell.rss_start_mib) / cell.rss_start_mib
+    # RSS at every tenth of the soak: still growing at the end, or a plateau reached early?
+    marks = [rss.samples[min(len(rss.samples) - 1, i * len(rss.samples) // 10)] for i in range(11)]
     print(f"soak {policy.name}: RSS {cell.rss_start_mib:.0f} -> {cell.rss_end_mib:.0f} MiB ({growth:+.1f}%)")
-    return {**asdict(cell), "rss_growth_percent": growth}
+    return {**asdict(cell), "rss_growth_percent": growth, "rss_tenths_mib": [round(m, 1) for m in marks]}
 
 
 def fmt(value: float | None, digits: int = 1) -> str:

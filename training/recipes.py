@@ -35,10 +35,9 @@ class DatasetSpec(Strict):
 
 
 ScoreShift = Literal["none", "quantile", "calibrated"]
-# The kept-token floor a recipe written in YAML gets unless it says otherwise. The field's own default
-# stays 0 so that a run dir's recipe.json saved before the floor existed (no such key) loads as it was
-# trained and evaluated: its committed numbers reproduce.
-YAML_MIN_KEPT_TOKENS = 16
+# What a pooled (embedding) head averages: "kept" = the final states of the tokens that reach the end,
+# "restored" = every real token, a dropped one at its last state (training.model.MeanPooling).
+Pooling = Literal["kept", "restored"]
 
 
 class RetentionSpec(Strict):
@@ -49,9 +48,10 @@ class RetentionSpec(Strict):
         default=0,
         ge=0,
         description="kept-token floor: every pruning point keeps at least min(this, real tokens), so "
-        "inputs at or under it run dense at any rho (retention.floor_tokens). Absent means 0, as in run "
-        f"dirs saved before the floor existed; recipes read from YAML get {YAML_MIN_KEPT_TOKENS} "
-        "(load_recipe)",
+        "inputs at or under it run dense at any rho (retention.floor_tokens). Opt-in (0 = none): on SST-2 "
+        "a floor of 16 bought less accuracy than the same token-work spent through rho "
+        "(docs/experiments/2026-11-25-kept-token-floor.md); a schedule setting, so export "
+        "--min-kept-tokens adds it to a trained run",
     )
     gate_temperature: float = 0.66
     gate_left: float = -0.1
@@ -64,6 +64,13 @@ class RetentionSpec(Strict):
         description="training: shift the scores per row before the budget prior so the budget sets the "
         "soft pass's counts. 'quantile' puts the budget quantile at P = rate (retention.quantile_shift); "
         "'calibrated' makes the expected kept count equal the budget (retention.calibrated_shift)",
+    )
+    pooling: Pooling = Field(
+        default="kept",
+        description="embedding (pooled head) only: 'kept' averages the final states of the tokens that "
+        "reach the end; 'restored' averages every real token, a dropped one at the state it had when "
+        "dropped (Drop-and-Restore, as token heads read). Absent = kept, as in run dirs saved before the "
+        "option (docs/experiments/2026-11-25-embedding-pooling.md)",
     )
 
     @model_validator(mode="before")
@@ -276,16 +283,7 @@ def load_recipe(path: Path | str, profile: Literal["quick", "full"] | str = "ful
         raise ValueError(f"recipe {path} has no profile {profile!r}; has {sorted(profiles)}")
     merged = _merge(raw, profiles.get(profile, {}))
     merged["profile"] = profile
-    return Recipe.model_validate(with_yaml_defaults(merged))
-
-
-def with_yaml_defaults(raw: dict[str, Any]) -> dict[str, Any]:
-    """Defaults a YAML recipe gets that a saved recipe.json without the key must not (see
-    ``YAML_MIN_KEPT_TOKENS``)."""
-    retention = raw.get("retention") or {}
-    if "min_kept_tokens" in retention:
-        return raw
-    return {**raw, "retention": {**retention, "min_kept_tokens": YAML_MIN_KEPT_TOKENS}}
+    return Recipe.model_validate(merged)
 
 
 def recipe_profiles(path: Path | str) -> list[str]:

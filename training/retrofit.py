@@ -32,7 +32,6 @@ from training.hf_checkpoint import load_sequence_head, read_classifier_checkpoin
 from training.model import RetentionModel
 from training.recipes import (
     TEXT_DATASET_PREFIX,
-    YAML_MIN_KEPT_TOKENS,
     DatasetSpec,
     EvalSpec,
     OptimizerSpec,
@@ -181,7 +180,7 @@ def embedding_recipe(model: str, profile: str) -> Recipe:
         batch_size=sizes["batch_size"],
         steps=sizes["steps"],
         retrofit=sentence_transformers_pooling(model_dir),
-        retention=RetentionSpec(min_kept_tokens=YAML_MIN_KEPT_TOKENS),  # as models/recipes/minilm-embed.yaml
+        retention=RetentionSpec(),  # as models/recipes/minilm-embed.yaml
         evaluation=EvalSpec(validation_size=VALIDATION_SIZE, rhos=sizes["rhos"]),
         profile=profile,
     )
@@ -202,9 +201,7 @@ def classification_recipe(model: str, profile: str) -> Recipe:
         batch_size=sizes["batch_size"],
         steps=sizes["steps"],
         retrofit=RetrofitSpec(pooling=None, normalize=False),
-        retention=RetentionSpec(
-            schedule_power=CLASSIFICATION_SCHEDULE_POWER, min_kept_tokens=YAML_MIN_KEPT_TOKENS
-        ),
+        retention=RetentionSpec(schedule_power=CLASSIFICATION_SCHEDULE_POWER),
         optimizer=OptimizerSpec(),  # imdb.yaml's: scorer lr 1e-3, warm-up 6%
         evaluation=EvalSpec(validation_size=sizes["validation_size"], rhos=sizes["rhos"]),
         profile=profile,

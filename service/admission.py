@@ -226,60 +226,51 @@ def rho_for(job: Pending, candidate: float) -> float:
     return job.ceiling if not job.auto else min(job.ceiling, max(job.floor, candidate))
 
 
-def _ends(
-    now: float,
-    batch: Sequence[Pending],
-    queued: Sequence[Pending],
-    cost: CostModel,
-    max_batch_tokens: int,
-    rho_of: Callable[[Pending], float],
-    factor: float = 1.0,
-) -> list[float]:
-    """Predicted end of every job (batch, then queue in order) with rhos from ``rho_of``: the batch as one
-    step, then the queue cut into batches as the batcher will cut it; a job ends with its batch."""
-    ends: list[float] = []
-    tokens = 0.0
-    kept = 0.0
-    groups = [batch] + [
-        queued[begin:end] for begin, end in run_groups([j.tokens for j in queued], max_batch_tokens)
-    ]
-    for members in groups:
-        tokens += sum(job.tokens for job in members)
-        kept += sum(job.tokens * cost.fraction(rho_of(job), job.length) for job in members)
-        seconds = factor * cost.predict(runs_for(tokens, max_batch_tokens), tokens, kept)
-        ends.extend([now + seconds] * len(members))
-    return ends
+@dataclass(frozen=True)
+class Backlog:
+    """What the controller predicts over: the batch being formed, the queue behind it (in order), the
+    cost model, the batcher's token budget and the tail factor every predicted duration is scaled by."""
 
+    batch: Sequence[Pending]
+    queued: Sequence[Pending]
+    cost: CostModel
+    max_batch_tokens: int
+    factor: float = 1.0
 
-def _meets(
-    now: float,
-    batch: Sequence[Pending],
-    queued: Sequence[Pending],
-    cost: CostModel,
-    max_batch_tokens: int,
-    candidate: float,
-    lost: set[int],
-    factor: float = 1.0,
-) -> bool:
-    """Whether every job not already ``lost`` ends by its due time with autos at ``candidate``."""
-    jobs = [*batch, *queued]
-    ends = _ends(now, batch, queued, cost, max_batch_tokens, lambda job: rho_for(job, candidate), factor)
-    return all(end <= job.due for i, (job, end) in enumerate(zip(jobs, ends, strict=True)) if i not in lost)
+    @property
+    def jobs(self) -> list[Pending]:
+        return [*self.batch, *self.queued]
 
+    def ends(self, now: float, rho_of: Callable[[Pending], float]) -> list[float]:
+        """Predicted end of every job (batch, then queue in order) with rhos from ``rho_of``: the batch
+        as one step, then the queue cut into batches as the batcher will cut it; a job ends with its
+        batch."""
+        cost, budget = self.cost, self.max_batch_tokens
+        ends: list[float] = []
+        tokens = 0.0
+        kept = 0.0
+        groups = [self.batch] + [
+            self.queued[begin:end] for begin, end in run_groups([j.tokens for j in self.queued], budget)
+        ]
+        for members in groups:
+            tokens += sum(job.tokens for job in members)
+            kept += sum(job.tokens * cost.fraction(rho_of(job), job.length) for job in members)
+            seconds = self.factor * cost.predict(runs_for(tokens, budget), tokens, kept)
+            ends.extend([now + seconds] * len(members))
+        return ends
 
-def _lost_at_floor(
-    now: float,
-    batch: Sequence[Pending],
-    queued: Sequence[Pending],
-    cost: CostModel,
-    max_batch_tokens: int,
-    factor: float = 1.0,
-) -> set[int]:
-    """Jobs (indices over batch + queued) that miss their due time even with every auto at its floor:
-    they must not pull everyone else down to the floor for nothing."""
-    jobs = [*batch, *queued]
-    ends = _ends(now, batch, queued, cost, max_batch_tokens, lambda job: job.floor, factor)
-    return {i for i, (job, end) in enumerate(zip(jobs, ends, strict=True)) if end > job.due}
+    def meets(self, now: float, candidate: float, lost: set[int]) -> bool:
+        """Whether every job not already ``lost`` ends by its due time with autos at ``candidate``."""
+        ends = self.ends(now, lambda job: rho_for(job, candidate))
+        return all(
+            end <= job.due for i, (job, end) in enumerate(zip(self.jobs, ends, strict=True)) if i not in lost
+        )
+
+    def lost_at_floor(self, now: float) -> set[int]:
+        """Jobs (indices over batch + queued) that miss their due time even with every auto at its
+        floor: they must not pull everyone else down to the floor for nothing."""
+        ends = self.ends(now, lambda job: job.floor)
+        return {i for i, (job, end) in enumerate(zip(self.jobs, ends, strict=True)) if end > job.due}
 
 
 @dataclass(frozen=True)
@@ -316,14 +307,15 @@ def choose_batch_rho(
     bottom = min(job.floor for job in (*autos, *(j for j in queued if j.auto)))
     edges = {job.floor for job in autos} | {job.ceiling for job in autos}
     candidates = sorted({rho for rho in (*RHO_GRID, *edges) if bottom <= rho <= top}, reverse=True)
-    lost = _lost_at_floor(now, batch, queued, cost, max_batch_tokens, factor)
+    backlog = Backlog(batch, queued, cost, max_batch_tokens, factor)
+    lost = backlog.lost_at_floor(now)
     lost_here = frozenset(i for i in lost if i < len(batch))
     # Lower rho only ends jobs earlier, so feasibility is monotone: binary search the descending list
     # for the first feasible candidate.
     low, high = 0, len(candidates)
     while low < high:
         middle = (low + high) // 2
-        if _meets(now, batch, queued, cost, max_batch_tokens, candidates[middle], lost, factor):
+        if backlog.meets(now, candidates[middle], lost):
             high = middle
         else:
             low = middle + 1

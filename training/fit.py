@@ -63,9 +63,9 @@ def retention_config(recipe: Recipe) -> RetentionConfig:
 
 def build_model(recipe: Recipe, backbone: EncoderBackbone) -> RetentionModel:
     width = task_spec(recipe.task).head_width(recipe.labels)
-    frozen = recipe.retrofit is not None and recipe.retrofit.freeze_backbone
-    # A frozen retrofit's head runs without dropout, as the backbone does (freeze_backbone): its dense
-    # pass in training is then exactly the original model, the teacher.
+    frozen = recipe.frozen_backbone
+    # A frozen retrofit's (or retention stage's) head runs without dropout, as the backbone does
+    # (freeze_backbone): its dense pass in training is then exactly the original model, the teacher.
     head = {"head_dropout": 0.0} if frozen else {}
     model = RetentionModel(backbone, recipe.task, width, retention_config(recipe), **head)
     if frozen:
@@ -107,11 +107,12 @@ class StepLog:
     target_fraction: float  # mean ρ of the batch
     pruned_loss: float | None  # task loss of the hard top-M pass, when the objective has one
     dense_loss: float | None  # task loss of the dense pass, when the objective distills
-    distill_loss: float | None  # divergence of the top-M pass from the dense pass
+    distill_loss: float | None  # divergence of the top-M pass from the dense pass (or the stage's teacher)
     lam: list[float]
     lr: float
     seconds: float
     salient_loss: float | None = None  # −log P(gate open) of the salient tokens, when trained on
+    soft_distill_loss: float | None = None  # a retention stage: divergence of the soft pass from the teacher
 
 
 @dataclass
@@ -124,8 +125,9 @@ class TrainState:
     lam: torch.Tensor  # (P,) Lagrange multipliers, one per pruning point
     generator: torch.Generator  # ρ and gate noise (dropout draws from torch's global generator)
     step: int = 0  # the next step to run
-    # A retrofit that tunes the backbone: a frozen copy of the original model, the teacher (not saved:
-    # rebuilt from the original checkpoint on resume). None when the model is its own teacher.
+    # A retrofit or retention stage that tunes the backbone: a frozen copy of the starting model, the
+    # teacher (not saved: rebuilt from the original checkpoint or init_from run on resume). None when the
+    # model is its own teacher (or has none).
     teacher: RetentionModel | None = None
 
 
@@ -169,6 +171,7 @@ class StepResult:
             lr=self.lr,
             seconds=seconds,
             salient_loss=_item(extra.salient),
+            soft_distill_loss=_item(extra.soft_distill),
         )
 
     def kept_fraction(self) -> float:
@@ -301,16 +304,18 @@ def initial_state(
     Call after ``torch.manual_seed(recipe.seed)``: the fresh scorers and head draw from it."""
     generator = torch.Generator(device=device).manual_seed(recipe.seed)
     model = build_model(recipe, backbone)
-    teacher = None
     if recipe.retrofit is not None:
         start_from_original(model, recipe)
-        teacher = None if recipe.retrofit.freeze_backbone else frozen_teacher(model).to(device)
     lam = torch.zeros(model.num_points)
     if recipe.init_from is not None:
         if init_run is None:
             raise ValueError(f"recipe {recipe.name} starts from run {recipe.init_from!r}: pass init_run")
         lam = start_from_run(model, recipe, init_run)
     lam = objective.budget.initial_lambda(lam)
+    # The starting point (the original model, or the finished run of a retention stage) is the teacher;
+    # a frozen backbone makes the model its own, a tuned one distils from a frozen copy taken now.
+    tuned = recipe.teacher_student is not None and not recipe.frozen_backbone
+    teacher = frozen_teacher(model).to(device) if tuned else None
     model = model.to(device)
     optimizer = torch.optim.AdamW(parameter_groups(model, recipe))
     base_lrs = [group["lr"] for group in optimizer.param_groups]

@@ -6,6 +6,8 @@
   moves (dual ascent, one- or two-sided, or frozen by the ``fixed_lambda`` ablation).
 - ``LossWeights``: the terms beyond the soft pass's task loss — the hard top-M pass, the dense pass and
   the distillation between them (the sandwich rule), and the salient-token term for the scorers.
+- ``DistillTarget``: what the distillation divergence is taken from — the model's own dense pass (in-place,
+  the sandwich rule), or a retention stage's teacher (the finished dense run it starts from).
 
 ``Objective.terms`` runs the passes of one step and returns every term; ``Objective.total`` adds them.
 The retention math itself (gates, shifts, schedule, λ) lives in ``training.retention``.
@@ -28,6 +30,10 @@ if TYPE_CHECKING:  # model and tasks import this module (forward_soft takes Soft
     from training.tasks import TrainingTask
 
 GateKind = Literal["hard_concrete", "sigmoid"]
+# "dense_pass": the top-M pass learns from the same step's dense pass (in-place distillation);
+# "teacher": a retention stage (recipes.RetentionStageSpec) — the soft and top-M passes learn from the
+# dense pass of the run it starts from, computed first and without gradient.
+DistillTarget = Literal["dense_pass", "teacher"]
 # scores (B, T), candidate weights (B, T), rate (B,) → per-row shift (B, 1)
 ShiftFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 SHIFT_FUNCTIONS: dict[str, ShiftFunction] = {"quantile": R.quantile_shift, "calibrated": R.calibrated_shift}
@@ -146,8 +152,9 @@ class ExtraTerms:
 
     pruned: torch.Tensor | None = None  # task loss of the hard top-M pass
     dense: torch.Tensor | None = None  # task loss of the dense pass (sandwich rule)
-    distill: torch.Tensor | None = None  # divergence of the top-M pass from the dense pass
+    distill: torch.Tensor | None = None  # divergence of the top-M pass from the dense pass (or the teacher)
     salient: torch.Tensor | None = None  # −log P(gate open) of the task's salient tokens
+    soft_distill: torch.Tensor | None = None  # a retention stage: the soft pass's divergence from the teacher
 
 
 @dataclass
@@ -167,10 +174,11 @@ class Objective:
     gates: SoftGates
     budget: BudgetRule
     weights: LossWeights
+    distill_target: DistillTarget = "dense_pass"
 
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> Objective:
-        """The recipe's objective; refuses terms its task cannot compute."""
+        """The recipe's objective; refuses terms its task cannot compute, or that would train nothing."""
         from training.tasks import retrofit_task, training_task  # the registry imports the model → us
 
         # A retrofit trains the task's label-free variant (raises for a task that has none).
@@ -186,7 +194,24 @@ class Objective:
             raise ValueError("objective.salient_keep_weight needs the soft pass (soft_loss_weight > 0)")
         if not weights.soft_pass and weights.pruned <= 0.0 and weights.distill <= 0.0:
             raise ValueError("objective.soft_loss_weight 0 needs pruned_loss_weight > 0: nothing would train")
-        return cls(task, SoftGates.from_recipe(recipe), BudgetRule.from_recipe(recipe), weights)
+        target: DistillTarget = "dense_pass"
+        if recipe.retention_stage is not None:
+            target = "teacher"
+            cls.check_stage(weights, recipe.frozen_backbone)
+        return cls(task, SoftGates.from_recipe(recipe), BudgetRule.from_recipe(recipe), weights, target)
+
+    @staticmethod
+    def check_stage(weights: LossWeights, frozen: bool) -> None:
+        """A retention stage trains the scorers through the soft pass; with a frozen backbone and head
+        the top-M pass has no gradient at all (top-M is not differentiable), so asking for it is an error
+        rather than a silent cost."""
+        if not weights.soft_pass:
+            raise ValueError("a retention stage trains its scorers on the soft pass: soft_loss_weight > 0")
+        if frozen and weights.pruned > 0.0:
+            raise ValueError(
+                "retention_stage with freeze_backbone: the top-M pass trains nothing (backbone and head "
+                "frozen, top-M not differentiable); set pruned_loss_weight 0"
+            )
 
     def terms(
         self,
@@ -200,19 +225,57 @@ class Objective:
         """Run the passes of one step (soft, then the hard ones) and compute every term.
 
         The order of the passes is the order of their random draws (gate noise, dropout): keep it.
-        A label-free task's teacher pass comes first: on ``teacher`` (a frozen copy of the original, when
-        the backbone trains) or else on ``model`` itself (its backbone frozen: it draws nothing)."""
+        A teacher pass comes first — a label-free task's targets, or a retention stage's teacher logits:
+        on ``teacher`` (a frozen copy of the starting model, when the backbone trains) or else on
+        ``model`` itself (its backbone and head frozen: it draws nothing)."""
+        teacher_model = model if teacher is None else teacher
         if self.task.teacher is not None:
-            batch = replace(batch, targets=self.task.teacher(model if teacher is None else teacher, batch))
+            batch = replace(batch, targets=self.task.teacher(teacher_model, batch))
         if not self.weights.soft_pass:
             return self.hard_pass_terms(model, batch, rho, lam)
+        teacher_logits = self.teacher_logits(teacher_model, batch)
         soft = model.forward_soft(**batch.encoder_inputs(), rho=rho, generator=generator, gates=self.gates)
         task_loss = self.task.loss(soft.logits, batch)
         gap = R.budget_gap(soft.expected_kept, soft.target_kept, soft.num_real)  # (P,)
         budget = R.lagrangian_penalty(gap, lam)
-        extra = self.hard_pass_losses(model, batch, rho)
+        if teacher_logits is None:
+            extra = self.hard_pass_losses(model, batch, rho)
+        else:
+            extra = self.stage_hard_pass_losses(model, batch, rho, teacher_logits)
+            extra.soft_distill = self.divergence(soft.logits, teacher_logits, batch)
         extra.salient = self.salient_loss(soft, batch)
         return StepTerms(soft, gap, task_loss, budget, extra)
+
+    def teacher_logits(self, teacher: RetentionModel, batch: Batch) -> torch.Tensor | None:
+        """A retention stage's teacher outputs for the batch: the dense pass (ρ = 1) of ``teacher``,
+        without gradient; None for in-place distillation."""
+        if self.distill_target != "teacher":
+            return None
+        from training.embedding import dense_targets  # the generic dense pass; embedding imports us
+
+        with torch.no_grad():
+            return dense_targets(teacher, batch)
+
+    def divergence(self, student: torch.Tensor, teacher: torch.Tensor, batch: Batch) -> torch.Tensor | None:
+        """The task's divergence of ``student`` from the teacher's outputs; None without distillation."""
+        if self.weights.distill <= 0.0:
+            return None
+        assert self.task.distill is not None  # from_recipe refuses distillation without it
+        return self.task.distill(student, teacher, batch)
+
+    def stage_hard_pass_losses(
+        self, model: RetentionModel, batch: Batch, rho: torch.Tensor, teacher_logits: torch.Tensor
+    ) -> ExtraTerms:
+        """A retention stage's top-M pass (only when it trains: a tuned backbone, pruned_loss_weight > 0):
+        its task loss and its divergence from the teacher. No dense pass of the student: the teacher is
+        the dense model, and the soft pass samples ρ up to 1."""
+        if self.weights.pruned <= 0.0:
+            return ExtraTerms()
+        pruned_logits = model.forward_pruned(**batch.encoder_inputs(), rho=rho).logits
+        return ExtraTerms(
+            pruned=self.task.loss(pruned_logits, batch),
+            distill=self.divergence(pruned_logits, teacher_logits, batch),
+        )
 
     def hard_pass_terms(
         self, model: RetentionModel, batch: Batch, rho: torch.Tensor, lam: torch.Tensor
@@ -262,6 +325,7 @@ class Objective:
             (self.weights.dense, extra.dense),
             (self.weights.distill, extra.distill),
             (self.weights.salient, extra.salient),
+            (self.weights.distill, extra.soft_distill),
         ]
         return sum((weight * value for weight, value in weighted if value is not None), 0.0)
 

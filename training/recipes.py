@@ -164,7 +164,9 @@ class ObjectiveSpec(Strict):
         description=(
             "sandwich rule with in-place distillation (Length-Adaptive Transformer): each step also "
             "runs the dense pass (ρ = 1) with its own task loss, and adds this weight × the divergence "
-            "of the hard top-M pass from the dense pass's (detached) outputs"
+            "of the hard top-M pass from the dense pass's (detached) outputs. With retention_stage: "
+            "no dense pass of the student; this weight × the divergence of the soft pass (and, when it "
+            "runs, the top-M pass) from the teacher's outputs"
         ),
     )
     dense_loss_weight: float = Field(
@@ -195,8 +197,9 @@ class EvalSpec(Strict):
     )
 
 
-class RetrofitSpec(Strict):
-    """Retention added to a model the user already has, label-free: the original model is the teacher."""
+class TeacherStudentSpec(Strict):
+    """Retention trained against a teacher that is the starting model itself (its dense pass, ρ = 1):
+    what a retrofit and a retention stage share."""
 
     freeze_backbone: bool = Field(
         default=True,
@@ -204,12 +207,24 @@ class RetrofitSpec(Strict):
         "and head frozen, no dropout). false: backbone and head also train, at optimizer.lr, distilled "
         "from a frozen copy of the original (ρ = 1 then drifts from the original)",
     )
+
+
+class RetrofitSpec(TeacherStudentSpec):
+    """Retention added to a model the user already has, label-free: the original model is the teacher."""
+
     pooling: Literal["mean"] | None = Field(
         default="mean", description="embedding: the model's sentence-transformers pooling; None otherwise"
     )
     normalize: bool = Field(
         default=True, description="embedding: the model ends in a sentence-transformers Normalize"
     )
+
+
+class RetentionStageSpec(TeacherStudentSpec):
+    """A labelled task's retention stage on a finished dense run (``Recipe.init_from``, e.g. a dense QA
+    teacher): that run's dense pass is the teacher of ``objective.distill_weight`` (training.objective:
+    the soft pass and, when the backbone trains, the top-M pass are distilled from it, besides their
+    task loss). Frozen, the model is its own teacher; tuned, a frozen copy of the starting run is."""
 
 
 class Recipe(Strict):
@@ -242,7 +257,30 @@ class Recipe(Strict):
     retrofit: RetrofitSpec | None = Field(
         default=None, description="retrofit an existing model (python -m training retrofit): frozen backbone"
     )
+    retention_stage: RetentionStageSpec | None = Field(
+        default=None,
+        description="a labelled task's retention stage distilled from the finished dense run init_from "
+        "names (its dense pass is the teacher): backbone and head frozen, or tuned at optimizer.lr",
+    )
     profile: str = "full"
+
+    @model_validator(mode="after")
+    def _stage_has_a_teacher(self) -> Recipe:
+        if self.retention_stage is not None and self.init_from is None:
+            raise ValueError("retention_stage distils from a finished run: set init_from")
+        if self.retention_stage is not None and self.retrofit is not None:
+            raise ValueError("retention_stage is for a labelled task; a retrofit has its own teacher")
+        return self
+
+    @property
+    def teacher_student(self) -> TeacherStudentSpec | None:
+        """The retrofit or the retention stage: the model is trained against its own starting point."""
+        return self.retrofit or self.retention_stage
+
+    @property
+    def frozen_backbone(self) -> bool:
+        """Backbone and head frozen (no dropout): only the scorers train."""
+        return self.teacher_student is not None and self.teacher_student.freeze_backbone
 
     def evaluation_dataset(self) -> DatasetSpec:
         """Where evaluation and the manifest's quality curve read examples: ``evaluation.dataset`` when

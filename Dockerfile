@@ -38,19 +38,26 @@ ARG ONNXRUNTIME_GPU="onnxruntime-gpu[cuda,cudnn]==1.31.1"
 WORKDIR /src
 # The core (retention_core), the service and the batch client; never training/ (scripts/check_install.sh
 # asserts `import training` fails in this install).
-COPY pyproject.toml README* ./
-COPY retention_core ./retention_core
-COPY service ./service
-COPY clients ./clients
-# DL3013: the GPU package is pinned in ONNXRUNTIME_GPU; `.` is this project (versions in pyproject).
+COPY pyproject.toml ./
+# The dependencies get a layer of their own (rebuilt only when pyproject.toml changes): a source change
+# then reinstalls just this project. VARIANT=gpu swaps onnxruntime for onnxruntime-gpu here.
+# DL3013: the GPU package is pinned in ONNXRUNTIME_GPU; the others' versions are in pyproject.toml.
 # hadolint ignore=DL3013
 RUN python -m venv /opt/venv \
-    && pip install --no-compile . \
+    && python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+         > /tmp/requirements.txt \
+    && pip install --no-compile -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt \
     && if [ "$VARIANT" = "gpu" ]; then \
          pip uninstall --yes onnxruntime && pip install --no-compile "$ONNXRUNTIME_GPU"; \
        elif [ "$VARIANT" != "cpu" ]; then \
          echo "VARIANT must be cpu or gpu, got $VARIANT" >&2 && exit 1; \
-       fi \
+       fi
+COPY README* ./
+COPY retention_core ./retention_core
+COPY service ./service
+COPY clients ./clients
+RUN pip install --no-compile --no-deps . \
     && if python -c "import torch" 2>/dev/null; then echo "torch must not be in the serving image" >&2 && exit 1; fi
 # The installed copy, not the sources in /src.
 WORKDIR /
@@ -77,18 +84,29 @@ CMD ["python", "-m", "service", "--models-dir", "/models", "--host", "0.0.0.0", 
 # Builds the default models that are missing into /models, then exits (a one-shot job).
 # Data: mount the dataset root at /shared/data (training looks for ../shared/data from /app).
 FROM base AS train
+# torch's CPU build comes from the PyTorch index (PyPI's Linux x86_64 torch is the multi-GB CUDA build).
+# Where that index is unreachable, mount a directory holding the CPU wheel at build time and name it:
+#   --build-arg TORCH_FIND_LINKS=/wheels --build-arg TORCH_INDEX_URL=https://pypi.org/simple
+# (podman build -v /path/to/wheels:/wheels:ro; scripts/image_test.py does this).
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG TORCH_FIND_LINKS=""
 ENV HF_HUB_OFFLINE=1
 WORKDIR /app
 COPY constraints ./constraints
 RUN python -m venv /opt/venv \
-    && pip install --no-compile --index-url "$TORCH_INDEX_URL" --extra-index-url https://pypi.org/simple \
-         -c constraints/cpu.txt torch
-COPY pyproject.toml README* ./
+    && pip install --no-compile ${TORCH_FIND_LINKS:+--find-links "$TORCH_FIND_LINKS"} \
+         --index-url "$TORCH_INDEX_URL" --extra-index-url https://pypi.org/simple -c constraints/cpu.txt torch
+# The base and [train] dependencies in a layer of their own, as in serve-build.
+COPY pyproject.toml ./
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['train']))" \
+         > /tmp/requirements.txt \
+    && pip install --no-compile -c constraints/cpu.txt -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+COPY README* ./
 COPY retention_core ./retention_core
 COPY training ./training
 COPY models/recipes ./models/recipes
-RUN pip install --no-compile -c constraints/cpu.txt ".[train]" \
+RUN pip install --no-compile --no-deps . \
     && mkdir -p /app/runs \
     && chown retention:retention /app/runs
 USER 10001:10001

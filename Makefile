@@ -16,7 +16,7 @@ BUILD_LOG ?= logs/build-defaults.log
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install install-serve models serve test lint typecheck bench check-install compose-up clean
+.PHONY: install install-serve models serve test lint typecheck bench check-install image-test compose-up clean
 
 # torch comes first, pinned by the constraints file (a looser pin pulls a multi-GB CUDA build).
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
@@ -61,6 +61,15 @@ bench: install
 # The serving image's install steps, in a fresh virtual environment (no torch allowed).
 check-install:
 	scripts/check_install.sh
+
+# The images built and run for real with podman (scripts/image_test.py; docs/deploy.md "Images built and
+# run for real"): needs root, podman, runc and debootstrap (.ci/run installs them). podman-compose from
+# PyPI: Debian's 1.0.3 cannot read the compose file. Timings: results/bench/image_test_{cold,warm}.json.
+PODMAN_COMPOSE_VERSION ?= 1.5.0
+IMAGE_TEST_TIMEOUT_S ?= 1200
+image-test: install
+	$(BIN)/pip install --quiet "podman-compose==$(PODMAN_COMPOSE_VERSION)"
+	timeout $(IMAGE_TEST_TIMEOUT_S) $(BIN)/python scripts/image_test.py
 
 compose-up:
 	docker compose -f deploy/docker-compose.yml up --build -d

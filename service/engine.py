@@ -189,22 +189,29 @@ class RetentionEngine:
         self.batcher(model).shed_early(time.monotonic(), due, by_target)
 
     # ------------------------------------------------------------------ repository
-    def _scan(self) -> list[tuple[Path, str | None, str | None]]:
-        """(directory, version, alias group) of every model directory under the root."""
+    def _scan(self) -> tuple[list[tuple[Path, str | None, str | None]], list[Path]]:
+        """(directory, version, alias group) of every model directory under the root, and the
+        directories this process may not read (e.g. another user's mode 0700): those are reported by
+        name, and must not hide the readable ones."""
         root = self.settings.models_dir
         found: list[tuple[Path, str | None, str | None]] = []
+        unreadable: list[Path] = []
         if not root.is_dir():
-            return found
+            return found, unreadable
         for child in visible_dirs(root):
-            if (child / MANIFEST_FILE).is_file():
-                found.append((child, None, None))
+            try:
+                if (child / MANIFEST_FILE).is_file():
+                    found.append((child, None, None))
+                    continue
+                versions = sorted(
+                    (p for p in visible_dirs(child) if (p / MANIFEST_FILE).is_file()),
+                    key=lambda p: _version_key(p.name),
+                )
+            except PermissionError:
+                unreadable.append(child)
                 continue
-            versions = sorted(
-                (p for p in visible_dirs(child) if (p / MANIFEST_FILE).is_file()),
-                key=lambda p: _version_key(p.name),
-            )
             found.extend((version, version.name, child.name) for version in versions)
-        return found
+        return found, unreadable
 
     def _relative(self, directory: Path) -> str:
         try:
@@ -215,7 +222,9 @@ class RetentionEngine:
     def _signature(self) -> tuple[tuple[str, str], ...]:
         """(directory, fingerprint) of every model directory: equal signatures mean nothing to reload."""
         try:
-            return tuple((str(directory), fingerprint(directory)) for directory, _, _ in self._scan())
+            found, unreadable = self._scan()
+            readable = tuple((str(directory), fingerprint(directory)) for directory, _, _ in found)
+            return readable + tuple((str(directory), "unreadable") for directory in unreadable)
         except OSError:  # a directory swapped away mid-scan (the exporter's rename): unlike any real look
             return (("", "unreadable"),)
 
@@ -259,7 +268,12 @@ class RetentionEngine:
             new_aliases: dict[str, str] = {}
             latest: dict[str, tuple[tuple[object, ...], str]] = {}
             errors: dict[str, str] = {}
-            for directory, version, _group in self._scan():
+            found, unreadable = self._scan()
+            for directory in unreadable:
+                rel = self._relative(directory)
+                errors[rel] = f"{directory.name}: not readable by the service (check its permissions)"
+                log.error("model directory %s not loaded: permission denied", rel)
+            for directory, version, _group in found:
                 rel = self._relative(directory)
                 old = by_dir.get(directory.resolve())
                 model: LoadedModel | None = None

@@ -294,18 +294,23 @@ def choose_batch_rho(
     cost: CostModel,
     max_batch_tokens: int,
     factor: float = 1.0,
+    shedding: bool = False,
 ) -> BatchRho:
     """The highest rho (grid, floors and ceilings) at which the batch and the queue behind it meet the
     due times of every job that can still meet its own at the floor, every predicted duration scaled
     by ``factor`` (``TailFactor``). Auto jobs get it clamped to their [floor, ceiling]; without any
     feasible candidate, the floor. Batch jobs already late even at their floor are served at it
-    (``lost``): the least late they can be."""
+    (``lost``): the least late they can be. ``shedding`` (admission refused requests just now): every
+    auto job at its floor, whatever the queue allows, so that compute is degraded before anyone else is
+    turned away (above its floor a job spends capacity the next arrivals are refused for)."""
     autos = [job for job in batch if job.auto]
     if not autos:
         return BatchRho(1.0, False)
     top = max(job.ceiling for job in autos)
     bottom = min(job.floor for job in (*autos, *(j for j in queued if j.auto)))
     edges = {job.floor for job in autos} | {job.ceiling for job in autos}
+    if shedding:
+        return BatchRho(bottom, bottom < top)
     candidates = sorted({rho for rho in (*RHO_GRID, *edges) if bottom <= rho <= top}, reverse=True)
     backlog = Backlog(batch, queued, cost, max_batch_tokens, factor)
     lost = backlog.lost_at_floor(now)

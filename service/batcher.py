@@ -52,6 +52,9 @@ log = logging.getLogger("service")
 
 PREDICTED_WAIT_HEADER = "x-predicted-wait"  # seconds, on a 429 from admission: Retry-After, unrounded
 WARMUP_TOKENS = 32  # padded tokens of the warm-up run (2 short rows) that seeds the cost model
+# After admission refuses a request, rho=auto batches formed within this many seconds run at their
+# floor: while demand exceeds what the model serves, capacity goes to admitting, not to a higher rho.
+SHED_MEMORY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,7 @@ class Batcher:
             self.fraction, model.warmup_seconds, WARMUP_TOKENS, seed_rho=model.manifest.default_rho
         )
         self.tail = TailFactor()
+        self.last_shed = -math.inf  # time.monotonic() admission last refused a request (429)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ort-{model.name}")
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -230,6 +234,7 @@ class Batcher:
             raise ShuttingDown()
         now = time.monotonic()
         if len(self.queue) >= self.settings.max_queue_requests:
+            self.last_shed = now
             raise QueueFull(max(self.settings.retry_after_s, math.ceil(self.drain_seconds(now))))
         job = Job(rows, list(rhos), asyncio.get_running_loop().create_future(), deadline, auto)
         job.tokens = self.shaped(rows)
@@ -260,6 +265,7 @@ class Batcher:
             raise self._overloaded(admit(now, due, wait, 0.0, idle=False), wait, by_target)
 
     def _overloaded(self, verdict: Verdict, wait: float, by_target: bool) -> Overloaded:
+        self.last_shed = time.monotonic()
         error = Overloaded(
             "over_target" if by_target else "over_deadline",
             max(self.settings.retry_after_s, verdict.retry_after_s),
@@ -356,8 +362,9 @@ class Batcher:
         batch = [job.pending() for job in jobs]
         if any(job.auto is not None for job in jobs):
             queued = [job.pending() for job in self.queue if not job.cancelled]
+            shedding = now - self.last_shed < SHED_MEMORY_S
             choice = choose_batch_rho(
-                now, batch, queued, self.cost, self.settings.max_batch_tokens, self.tail.value
+                now, batch, queued, self.cost, self.settings.max_batch_tokens, self.tail.value, shedding
             )
             for job, pending, rho in zip(jobs, batch, choice.rhos(batch), strict=True):
                 if job.auto is not None:

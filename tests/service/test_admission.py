@@ -233,10 +233,13 @@ def test_controller_lowers_rho_further_when_batches_overrun_their_predictions() 
     assert 3.0 * model.seconds(256 * 4, scaled.candidate, BUDGET) <= 0.15
 
 
-def simulate_noisy_overload(learn_tail: bool, seed: int = 1) -> tuple[int, int, int]:
-    """Admission + controller against a machine whose batches overrun the cost model's prediction 3x one
-    time in five (other processes on the same cores), arrivals at 3x the capacity of rho=1. Returns
-    (late, admitted, shed)."""
+def simulate_noisy_overload(
+    learn_tail: bool, seed: int = 1, overrun: float = 3.0, floor_while_shedding: bool = False
+) -> tuple[int, int, int]:
+    """Admission + controller against a machine whose batches overrun the cost model's prediction
+    ``overrun``-fold one time in five (other processes on the same cores), arrivals at 3x the capacity
+    of rho=1. ``floor_while_shedding``: the batcher's rule (a refusal in the last second puts auto
+    batches at their floor). Returns (late, admitted, shed)."""
     model = trained()
     tail = TailFactor()
     rng = random.Random(seed)
@@ -245,6 +248,7 @@ def simulate_noisy_overload(learn_tail: bool, seed: int = 1) -> tuple[int, int, 
     gap = 1.0 / (3 * capacity)
     queue: list[tuple[float, Pending]] = []
     busy_until, admitted, shed, late = 0.0, 0, 0, 0
+    last_shed = -math.inf
     for index in range(3000):
         now = index * gap
         factor = tail.value if learn_tail else 1.0
@@ -253,11 +257,13 @@ def simulate_noisy_overload(learn_tail: bool, seed: int = 1) -> tuple[int, int, 
             taken = queue[: BUDGET // tokens]
             del queue[: len(taken)]
             batch = [job for _, job in taken]
-            choice = choose_batch_rho(start, batch, [job for _, job in queue], model, BUDGET, factor)
-            rhos = [rho_for(job, choice.candidate) for job in batch]
+            shedding = floor_while_shedding and start - last_shed < 1.0
+            queued = [job for _, job in queue]
+            choice = choose_batch_rho(start, batch, queued, model, BUDGET, factor, shedding)
+            rhos = choice.rhos(batch)
             work = sum(job.tokens * fraction(rho) for job, rho in zip(batch, rhos, strict=True))
             predicted = model.predict(1, len(batch) * tokens, work)
-            actual = predicted * (3.0 if rng.random() < 0.2 else 1.0)
+            actual = predicted * (overrun if rng.random() < 0.2 else 1.0)
             tail.observe(predicted, actual)
             busy_until = start + actual
             late += sum(busy_until > arrival + target + 1e-9 for arrival, _ in taken)
@@ -272,6 +278,7 @@ def simulate_noisy_overload(learn_tail: bool, seed: int = 1) -> tuple[int, int, 
             admitted += 1
         else:
             shed += 1
+            last_shed = now
     return late, admitted, shed
 
 
@@ -310,3 +317,16 @@ def test_controller_knows_lowering_rho_does_not_speed_up_rows_under_the_floor() 
     short_jobs = [Pending(tokens, 0.1, 1.0, due, True, length=12) for _ in range(4)]
     choice = choose_batch_rho(0.0, short_jobs, [], model, BUDGET)
     assert choice.lost == frozenset(range(4))  # no rho makes it: late at the floor as at rho=1
+
+
+def test_while_requests_are_refused_auto_batches_run_at_their_floor_and_more_are_admitted() -> None:
+    model = trained()
+    batch, queued = [auto(64, due=1.0)], [auto(64, due=1.0)] * 2
+    assert choose_batch_rho(0.0, batch, queued, model, BUDGET).candidate == 1.0  # the queue fits at 1
+    floored = choose_batch_rho(0.0, batch, queued, model, BUDGET, shedding=True)
+    assert floored.rhos(batch) == [0.1] and reason_for(batch[0], 0.1) == REASON_FLOOR
+    # 3x overload on the noisy machine, tail learned: degrading before shedding admits more, fewer late
+    late_greedy, admitted_greedy, _ = simulate_noisy_overload(learn_tail=True)
+    late_floor, admitted_floor, _ = simulate_noisy_overload(learn_tail=True, floor_while_shedding=True)
+    assert admitted_floor > 1.1 * admitted_greedy
+    assert late_floor <= late_greedy

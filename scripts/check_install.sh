@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Performs the serving image's install steps (Dockerfile stage `serve-build`) in a fresh virtualenv,
 # without a Docker engine: the same build context (the stage's COPY sources, filtered by
-# .dockerignore's allowlist) and the same `pip install --no-compile .`; then checks that the core and
+# .dockerignore's allowlist) and the same two pip steps (dependencies, then `--no-deps .`); then checks that the core and
 # the service import and that neither torch nor the training package is importable.
 #
 #   scripts/check_install.sh                # uses python3; PYTHON=/path/to/python3.11 to choose
@@ -53,9 +53,15 @@ find "$CTX" \( -name __pycache__ -o -name '*.pyc' -o -name '*.egg-info' \) -prun
 # 2. The stage's install step.
 step "fresh virtualenv with $("$PYTHON" --version 2>&1)"
 "$PYTHON" -m venv "$VENV"
-step "pip install --no-compile .  (as in the Dockerfile)"
-# (the grep drops pip's warnings about local index locations that this machine's pip.conf names)
-(cd "$CTX" && "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-compile . \
+# As in the Dockerfile: the dependencies of pyproject.toml first (their own image layer), then this
+# project with --no-deps. (The grep drops pip's warnings about local index locations that this
+# machine's pip.conf names.)
+step "pip install -r <pyproject dependencies>, then pip install --no-compile --no-deps .  (as in the Dockerfile)"
+"$VENV/bin/python" -c "import tomllib; print('\n'.join(tomllib.load(open('$CTX/pyproject.toml', 'rb'))['project']['dependencies']))" \
+  > "$WORK/requirements.txt"
+(cd "$CTX" && "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-compile -r "$WORK/requirements.txt" \
+  2> >(grep -v "is ignored: it is neither a file nor a directory" >&2))
+(cd "$CTX" && "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-compile --no-deps . \
   2> >(grep -v "is ignored: it is neither a file nor a directory" >&2))
 
 if [[ "${VARIANT:-cpu}" == "gpu" ]]; then

@@ -84,12 +84,23 @@ QUESTIONS = [
 ]
 
 
-def test_cli_on_a_tiny_model(tmp_path: Path) -> None:
+def tiny_embedding_run(tmp_path: Path) -> Path:
+    """A tiny random embedding model saved as a run directory under ``tmp_path``."""
     model, tokenizer = tiny_model("embedding")
     run_dir = tmp_path / "run"
     save_run(model, tiny_recipe("embedding"), tokenizer, run_dir)
+    return run_dir
+
+
+def squad_file(tmp_path: Path) -> Path:
+    """The tiny question → paragraph set as a SQuAD-style validation file."""
     data = tmp_path / "squad" / "validation.jsonl.gz"
     write_rows(data, [{"question": q, "context": PARAGRAPHS[gold]} for q, gold in QUESTIONS])
+    return data
+
+
+def test_cli_on_a_tiny_model(tmp_path: Path) -> None:
+    run_dir, data = tiny_embedding_run(tmp_path), squad_file(tmp_path)
     out, cache = tmp_path / "results" / "tiny-embedding-retrieval", tmp_path / "cache"
     arguments = [str(run_dir), "--out", str(out), "--data", str(data), "--rhos", "1", "0.5", "0.3"]
     retrieval.main([*arguments, "--cache-dir", str(cache)])
@@ -211,9 +222,7 @@ def test_scitldr_reads_one_query_per_tldr_against_its_joined_abstract(tmp_path: 
 
 
 def test_cli_on_scitldr_keeps_its_own_cache(tmp_path: Path) -> None:
-    model, tokenizer = tiny_model("embedding")
-    run_dir = tmp_path / "run"
-    save_run(model, tiny_recipe("embedding"), tokenizer, run_dir)
+    run_dir = tiny_embedding_run(tmp_path)
     out, cache = tmp_path / "out", tmp_path / "cache"
     arguments = ["--dataset", "scitldr", "--data", str(scitldr_file(tmp_path)), "--rhos", "0.5"]
     retrieval.main([str(run_dir), "--out", str(out), *arguments, "--cache-dir", str(cache)])
@@ -318,11 +327,7 @@ def test_long_context_mode_on_a_tiny_model(tmp_path: Path) -> None:
 def test_a_floor_above_every_text_makes_every_method_dense(tmp_path: Path) -> None:
     """--min-kept-tokens: the floor reaches every method's counts (and the cache key): texts at or under
     it run dense at any ρ, so each pruned cell equals dense."""
-    model, tokenizer = tiny_model("embedding")
-    run_dir = tmp_path / "run"
-    save_run(model, tiny_recipe("embedding"), tokenizer, run_dir)
-    data = tmp_path / "squad" / "validation.jsonl.gz"
-    write_rows(data, [{"question": q, "context": PARAGRAPHS[gold]} for q, gold in QUESTIONS])
+    run_dir, data = tiny_embedding_run(tmp_path), squad_file(tmp_path)
     cache = tmp_path / "cache"
     base = [str(run_dir), "--data", str(data), "--rhos", "1", "0.3", "--cache-dir", str(cache)]
     retrieval.main([*base, "--out", str(tmp_path / "plain")])

@@ -18,8 +18,8 @@ from benchmarks import retrieval
 from retention_core.contract import MODEL_FILE, Manifest
 from retention_core.onnx import open_session
 from tests.tasks.test_embedding import TEXTS, dense_mean_pooling
-from tests.test_retrieval import PARAGRAPHS, QUESTIONS
-from tests.tiny import tiny_model, tiny_recipe, write_rows
+from tests.test_retrieval import squad_file, tiny_embedding_run
+from tests.tiny import tiny_model, tiny_recipe
 from training.embedding import with_pooling
 from training.export import export_model
 from training.fit import RECIPE_FILE, load_run, save_run
@@ -160,11 +160,7 @@ def test_the_exported_graph_pools_as_torch_does(tmp_path: Path, hf_tokenizer: An
 
 
 def test_retrieval_pooling_override_has_its_own_cache_keys(tmp_path: Path) -> None:
-    model, tokenizer = tiny_model("embedding")
-    run_dir = tmp_path / "run"
-    save_run(model, tiny_recipe("embedding"), tokenizer, run_dir)
-    data = tmp_path / "squad" / "validation.jsonl.gz"
-    write_rows(data, [{"question": q, "context": PARAGRAPHS[gold]} for q, gold in QUESTIONS])
+    run_dir, data = tiny_embedding_run(tmp_path), squad_file(tmp_path)
     cache = tmp_path / "cache"
     arguments = [str(run_dir), "--data", str(data), "--rhos", "1", "0.3", "--cache-dir", str(cache)]
     arguments += ["--methods", "learned", "truncation", "--query-rhos"]

@@ -357,8 +357,6 @@ class EmbeddingStore:
             parts.append(f"schedule {self.encoder.model.num_points}^{config.schedule_power}")
             if config.min_kept_tokens:  # keys without a floor stay those of the runs made before it
                 parts.append(f"floor {config.min_kept_tokens}")
-            if config.pooling != "kept" and method != TRUNCATION:  # truncation runs dense: every token kept
-                parts.append(f"pooling {config.pooling}")
         return hashlib.sha1("|".join(parts).encode()).hexdigest()[:20]
 
     def get(self, texts: Sequence[str], method: str, rho: Budget) -> Pass:
@@ -384,20 +382,15 @@ class EmbeddingStore:
 
 
 # ---------------------------------------------------------------------- the benchmark
-def load_embedding_run(
-    run_dir: Path, min_kept_tokens: int | None = None, pooling: str | None = None
-) -> tuple[Any, Any, Any]:
+def load_embedding_run(run_dir: Path, min_kept_tokens: int | None = None) -> tuple[Any, Any, Any]:
     """The run's model (eval mode, CPU), recipe and tokenizer; an embedding run or exit.
-    ``min_kept_tokens``: evaluate with this kept-token floor instead of the run's own; ``pooling``
-    (kept | restored) with this pooling instead of the run's own."""
-    from training.embedding import with_pooling
+    ``min_kept_tokens``: evaluate with this kept-token floor instead of the run's own."""
     from training.fit import load_run, with_min_kept_tokens
 
     model, recipe, tokenizer = load_run(run_dir)
     if recipe.task != "embedding":
         raise SystemExit(f"retrieval needs an embedding run; {run_dir} is task {recipe.task!r}")
-    recipe = with_pooling(model, with_min_kept_tokens(model, recipe, min_kept_tokens), pooling)
-    return model, recipe, tokenizer
+    return model, with_min_kept_tokens(model, recipe, min_kept_tokens), tokenizer
 
 
 def dataset_cache(cache_dir: Path | None, dataset: Dataset) -> Path | None:
@@ -568,14 +561,13 @@ def retrieval_benchmark(
     dataset: Dataset = DATASETS[DEFAULT_DATASET],
     paired_run: Path | None = None,
     min_kept_tokens: int | None = None,
-    pooling: str | None = None,
 ) -> dict[str, Any]:
     import torch
 
     from training.data import EVAL_SEED
 
     start = time.perf_counter()
-    model, recipe, tokenizer = load_embedding_run(run_dir, min_kept_tokens, pooling)
+    model, recipe, tokenizer = load_embedding_run(run_dir, min_kept_tokens)
     data = read_retrieval_set(data_path, limit_queries, dataset)
     store = EmbeddingStore(Encoder(model, tokenizer, recipe.max_length), dataset_cache(cache_dir, dataset))
     query_rhos = list(rhos) if query_rhos is None else list(query_rhos)
@@ -597,7 +589,6 @@ def retrieval_benchmark(
         **query_fields(data, limit_queries),
         "max_length": recipe.max_length,
         "min_kept_tokens": recipe.retention.min_kept_tokens,
-        "pooling": recipe.retention.pooling,
         "encoder": ENCODER,
         "search": search_description(dataset),
         "random_seed": EVAL_SEED,
@@ -626,16 +617,10 @@ def payload_dataset(payload: dict[str, Any]) -> Dataset:
     return DATASETS[payload.get("dataset", DEFAULT_DATASET)]
 
 
-def pooling_note(payload: dict[str, Any]) -> str:
-    """Say the pooling only when it is not the default (results before the option are ``kept``)."""
-    pooling = payload.get("pooling", "kept")
-    return "" if pooling == "kept" else f", pooling {pooling}"
-
-
 def markdown(payload: dict[str, Any]) -> str:
     dataset = payload_dataset(payload)
     lines = [
-        f"# Retrieval: {payload['model']} ({payload['profile']}{pooling_note(payload)}) — {dataset.title}",
+        f"# Retrieval: {payload['model']} ({payload['profile']}) — {dataset.title}",
         "",
         f"{payload['queries']} {dataset.query_noun} ({payload['query_subset']}) search "
         f"{payload['documents']} {dataset.document_noun}. Encoder: {payload['encoder']}. "
@@ -709,13 +694,6 @@ def main(argv: list[str] | None = None) -> None:
         help="evaluate with this kept-token floor (default: the run's)",
     )
     parser.add_argument(
-        "--pooling",
-        choices=("kept", "restored"),
-        default=None,
-        help="evaluate run_dir with this embedding pooling (default: the run's retention.pooling); "
-        "--paired-with keeps its own",
-    )
-    parser.add_argument(
         "--paired-with",
         type=Path,
         default=None,
@@ -755,7 +733,6 @@ def main(argv: list[str] | None = None) -> None:
         dataset,
         args.paired_with,
         args.min_kept_tokens,
-        args.pooling,
     )
     payload["command"] = f"python -m {MODULE} " + " ".join(argv)
     table = markdown(payload)

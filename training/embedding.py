@@ -6,12 +6,12 @@ The targets are the *teacher's* pooled vectors, computed every step from the mod
 backbone is frozen (``RetentionModel.freeze_backbone``), so that pass is exactly the original model and
 no copy is needed. Loss: 1 − cosine(student pooled, teacher pooled), mean over the batch.
 
-Pooling (the "pooled" head, ``training.model.MeanPooling``; ``retention.pooling`` in the recipe):
-``kept`` (the default) is the mean of the final states of the tokens that reach the end; nothing is
-restored. ``restored`` averages every real token, a dropped one at the state it had when dropped (as
-token heads read), in training and in the exported graph; ``with_pooling`` (``benchmarks.retrieval
---pooling``) evaluates a trained run with the other one. Both are exactly the dense model at ρ = 1. The
-comparison, and why the default stays ``kept``: docs/experiments/2026-11-25-embedding-pooling.md.
+Pooling (the "pooled" head, ``training.model.MeanPooling``): the mean of the final states of the
+tokens that reach the end; nothing is restored. Restoring dropped tokens with their last state (as token
+heads do) averages earlier-layer states into the vector and pulls it away from the model's (the
+study, docs/experiments/2026-11-25-embedding-pooling.md: −5.9 nDCG@10 at ρ = 0.5 with these scorers,
+−7.2 when trained for it; the switch it used was removed afterwards). Both are exactly the dense model at
+ρ = 1.
 
 Evaluation (the codec loop of ``training.evaluation``): the mean cosine between each method's pruned
 embedding and the dense embedding of the same text (``cosine_to_dense``; the manifest curve measures
@@ -21,7 +21,6 @@ the exported graph against itself at ρ = 1). Methods: learned, random, attentio
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ from training import evaluation as E
 from training.batch import Batch
 from training.data import Example
 from training.model import RetentionModel
-from training.recipes import Pooling, Recipe
+from training.recipes import Recipe
 
 TASK = "embedding"
 METRIC = "cosine_to_dense"
@@ -71,18 +70,6 @@ def dense_targets(model: RetentionModel, batch: Batch) -> torch.Tensor:
 def embedding_loss(pooled: torch.Tensor, batch: Batch) -> torch.Tensor:
     """pooled (B, d), targets (B, d) the teacher's → mean of 1 − cosine."""
     return (1.0 - F.cosine_similarity(pooled, batch.targets, dim=-1)).mean()
-
-
-def with_pooling(model: RetentionModel, recipe: Recipe, pooling: Pooling | str | None) -> Recipe:
-    """Evaluate (or export) a trained run with another pooling (``benchmarks.retrieval --pooling``). The
-    pooling has no weights: ``model`` gets it in its config, and the returned recipe (what results and
-    manifests record) says it. None keeps the run's own."""
-    if pooling is None:
-        return recipe
-    retention = recipe.retention.model_copy(update={"pooling": pooling})
-    retention = type(retention).model_validate(retention.model_dump())  # rejects an unknown pooling
-    model.config = replace(model.config, pooling=retention.pooling)
-    return recipe.model_copy(update={"retention": retention})
 
 
 # ---------------------------------------------------------------------- evaluation

@@ -301,16 +301,9 @@ def versions() -> dict[str, str]:
 
 def embedding_info(model: RetentionModel, recipe: Recipe) -> C.EmbeddingInfo | None:
     """A pooled head's vector: mean pooling of the hidden states, normalised by default unless the
-    retrofitted model's sentence-transformers config has no Normalize module. Which tokens the mean
-    runs over (``retention.pooling``: kept | restored) is in the graph, traced from ``model.config``;
-    the manifest's training recipe records it, so the two must agree."""
+    retrofitted model's sentence-transformers config has no Normalize module."""
     if model.spec.head != "pooled":
         return None
-    if recipe.retention.pooling != model.config.pooling:
-        raise ValueError(
-            f"the recipe says pooling {recipe.retention.pooling!r} but the model pools "
-            f"{model.config.pooling!r}: the manifest would misdescribe the graph"
-        )
     normalize = recipe.retrofit.normalize if recipe.retrofit is not None else True
     return C.EmbeddingInfo(pooling="mean", normalize=normalize, dimensions=model.backbone.info.hidden_size)
 

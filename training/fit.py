@@ -58,7 +58,6 @@ def retention_config(recipe: Recipe) -> RetentionConfig:
         schedule_power=spec.schedule_power,
         min_kept_tokens=spec.min_kept_tokens,
         hard_concrete=R.HardConcrete(spec.gate_temperature, spec.gate_left, spec.gate_right),
-        pooling=spec.pooling,
     )
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from torch import nn
@@ -45,9 +44,6 @@ class RetentionConfig:
     # (retention.floor_tokens). 0 = none, what every model trained before the floor existed assumed.
     min_kept_tokens: int = 0
     hard_concrete: R.HardConcrete = field(default_factory=R.HardConcrete)
-    # A pooled head's tokens (recipes.RetentionSpec.pooling): "kept" = those that reach the end,
-    # "restored" = every real token, a dropped one at its last state. Only a pooled head may restore.
-    pooling: Literal["kept", "restored"] = "kept"
 
 
 @dataclass
@@ -153,11 +149,9 @@ class TokenHead(nn.Module):
 
 
 class MeanPooling(nn.Module):
-    """Weighted mean of final states (sentence-transformers' mean pooling): no parameters and no
-    normalisation (the codec normalises). (B, T, d), weights (B, T) → (B, d). With ``pooling: kept`` the
-    states are those of the tokens that reach the end and the weights 1 = a surviving real token
-    (inference), a token's soft survival (training); with ``pooling: restored`` the states are every
-    token's last (Drop-and-Restore) and the weights the attention mask."""
+    """Weighted mean of final states (sentence-transformers' mean pooling over the tokens that reach the
+    end): no parameters and no normalisation (the codec normalises). (B, T, d), weights (B, T) → (B, d);
+    weights: 1 = a surviving real token (inference), a token's soft survival (training)."""
 
     def forward(self, states: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         expanded = weights.unsqueeze(-1).to(states.dtype)  # (B, T, 1)
@@ -179,10 +173,6 @@ class RetentionModel(nn.Module):
         self.backbone = backbone
         self.task = task
         self.config = config or RetentionConfig()
-        if self.config.pooling == "restored" and self.spec.head != "pooled":
-            raise ValueError(
-                f"pooling 'restored' is for a pooled head; task {task!r} has a {self.spec.head} head"
-            )
         width = backbone.info.hidden_size
         self.scorers = nn.ModuleList(
             R.RetentionScorer(width, self.config.scorer_size, self.config.ema_decay)
@@ -214,12 +204,6 @@ class RetentionModel(nn.Module):
     @property
     def num_points(self) -> int:
         return len(self.scorers)
-
-    @property
-    def restores_tokens(self) -> bool:
-        """Dropped tokens come back with their last state: a token head always, a pooled head with
-        ``pooling: restored`` (it then averages every real token)."""
-        return self.spec.restores_tokens or self.config.pooling == "restored"
 
     @property
     def last_layer_queries(self) -> int | None:
@@ -294,16 +278,16 @@ class RetentionModel(nn.Module):
             )  # (B, 1, 1, T)
             is_last = point == self.num_points - 1
             updated = layer(hidden, key_bias, self.last_layer_queries if is_last else None)
-            if self.restores_tokens:
+            if self.spec.restores_tokens:
                 # Drop-and-Restore, soft: a closed gate freezes the token at its last state.
                 keep = gate_product.unsqueeze(-1)  # (B, T, 1)
                 updated = keep * updated + (1.0 - keep) * hidden
             hidden = updated
         target = fractions * num_real.unsqueeze(-1).to(fractions.dtype)  # (B, P)
         open_prob = torch.stack(open_probs, dim=1)  # (B, P, T)
-        # A head that restores nothing (pooled, kept) weighs each token by its soft survival, as inference
+        # A head that restores nothing (pooled) weighs each token by its soft survival, as inference
         # pools the tokens that reach the end.
-        logits = self._head(hidden, attention_mask if self.restores_tokens else gate_product)
+        logits = self._head(hidden, attention_mask if self.spec.restores_tokens else gate_product)
         return SoftOutput(logits, torch.stack(expected, dim=1), target, num_real, open_prob)
 
     # ------------------------------------------------------------------ inference
@@ -358,7 +342,7 @@ class RetentionModel(nn.Module):
         num_real = valid.sum(1)  # (B,)
         counts = self.keep_counts(inputs.rho, num_real, protected.sum(1))  # (B, P)
         hidden = self.backbone.embed(inputs.input_ids, inputs.token_type_ids)  # (B, T, d)
-        restore = self.restores_tokens
+        restore = self.spec.restores_tokens
         restored = hidden  # (B, T, d): every token's latest state, scattered back at the end
         positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0).expand_as(valid)  # (B,T)
         depth = torch.zeros_like(positions)  # (B, T) int64: layers entered so far, per original position

@@ -35,9 +35,6 @@ class DatasetSpec(Strict):
 
 
 ScoreShift = Literal["none", "quantile", "calibrated"]
-# What a pooled (embedding) head averages: "kept" = the final states of the tokens that reach the end,
-# "restored" = every real token, a dropped one at its last state (training.model.MeanPooling).
-Pooling = Literal["kept", "restored"]
 
 
 class RetentionSpec(Strict):
@@ -64,13 +61,6 @@ class RetentionSpec(Strict):
         description="training: shift the scores per row before the budget prior so the budget sets the "
         "soft pass's counts. 'quantile' puts the budget quantile at P = rate (retention.quantile_shift); "
         "'calibrated' makes the expected kept count equal the budget (retention.calibrated_shift)",
-    )
-    pooling: Pooling = Field(
-        default="kept",
-        description="embedding (pooled head) only: 'kept' averages the final states of the tokens that "
-        "reach the end; 'restored' averages every real token, a dropped one at the state it had when "
-        "dropped (Drop-and-Restore, as token heads read). Absent = kept, as in run dirs saved before the "
-        "option (docs/experiments/2026-11-25-embedding-pooling.md)",
     )
 
     @model_validator(mode="before")

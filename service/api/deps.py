@@ -35,17 +35,17 @@ admin_bearer = HTTPBearer(
 Credentials = HTTPAuthorizationCredentials | None
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_engine(request: Request) -> Engine:
+async def get_engine(request: Request) -> Engine:
     engine: Engine = request.app.state.engine
     return engine
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     metrics: Metrics = request.app.state.metrics
     return metrics
 
@@ -85,7 +85,7 @@ class QueryOptions:
     max_latency_ms: float | None = None  # rho=auto's latency target (a body value wins)
 
 
-def query_options(
+async def query_options(
     model: Annotated[str | None, Query(description="model name; default: the task's default model")] = None,
     rho: Annotated[
         str | None,
@@ -142,7 +142,7 @@ def parsed_rho(text: str | None, name: str, allow_auto: bool) -> float | str | N
 QueryDep = Annotated[QueryOptions, Depends(query_options)]
 
 
-def explain_query(
+async def explain_query(
     explain: Annotated[
         bool | None,
         Query(description="true: add every input token's survival depth; a body 'explain' wins over this"),
@@ -155,7 +155,7 @@ def explain_query(
 ExplainQueryDep = Annotated[bool | None, Depends(explain_query)]
 
 
-def request_deadline(
+async def request_deadline(
     request: Request,
     settings: SettingsDep,
     timeout: Annotated[
@@ -208,7 +208,7 @@ class InferenceContext:
             )
 
 
-def inference_context(
+async def inference_context(
     request: Request,
     query: QueryDep,
     deadline: DeadlineDep,

@@ -3,9 +3,12 @@ usage accounting, metrics and response headers."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
+from starlette.concurrency import run_in_threadpool
 
 from retention_core.codecs.base import Encoded
 from retention_core.explain import token_depths
@@ -16,6 +19,21 @@ from service.api.schemas import ExplainedToken, Explanation, InferenceOptions, U
 from service.batcher import AutoBudget, JobResult
 from service.errors import InferenceFailed, InputTooLong, InvalidRequest
 from service.runtime import LoadedModel
+
+T = TypeVar("T")
+
+# Text (characters) up to which a request is tokenized on the event loop rather than in the thread pool:
+# handing work to a pool thread and back cost the loop more than tokenizing a few paragraphs (profiled
+# at 10x overload: the pool's queue hand-off took more of the loop than the tokenizer took of its thread),
+# while a long input (a book chapter, a batch of 64 texts) must not hold the loop for milliseconds.
+INLINE_TEXT_CHARS = 8192
+
+
+async def off_loop_if_long(chars: int, work: Callable[[], T]) -> T:
+    """``work()`` (tokenizing ``chars`` characters of text) inline when short, else in the thread pool."""
+    if chars <= INLINE_TEXT_CHARS:
+        return work()
+    return await run_in_threadpool(work)
 
 
 @dataclass

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import ExplainQueryDep, InferenceDep
-from service.api.inference import explain_requested, explanations, infer, shed_early
+from service.api.inference import explain_requested, explanations, infer, off_loop_if_long, shed_early
 from service.api.routers.common import ERROR_RESPONSES
 from service.api.schemas import ClassificationResult, ClassifyRequest, ClassifyResponse
 
@@ -22,7 +21,7 @@ async def classify(body: ClassifyRequest, ctx: InferenceDep, explain: ExplainQue
     explained = explain_requested(model, body.explain, explain)
     shed_early(ctx, model, body)
     codec = model.codec
-    encoded = await run_in_threadpool(lambda: [codec.encode(text) for text in texts])
+    encoded = await off_loop_if_long(sum(map(len, texts)), lambda: [codec.encode(text) for text in texts])
     outcome = await infer(ctx, "classify", model, encoded, body)
     results = [
         ClassificationResult.model_validate(codec.decode(item, outputs))

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import ExplainQueryDep, InferenceContext, InferenceDep
-from service.api.inference import explain_requested, explanations, infer, shed_early
+from service.api.inference import explain_requested, explanations, infer, off_loop_if_long, shed_early
 from service.api.routers.common import ERROR_RESPONSES
 from service.api.schemas import EmbedRequest, EmbedResponse, Explanation, InferenceOptions, Usage
 from service.runtime import LoadedModel
@@ -30,7 +29,7 @@ async def embed_texts(
     /v1/embeddings (which never explains)."""
     shed_early(ctx, model, options)
     codec = model.codec
-    encoded = await run_in_threadpool(lambda: [codec.encode(text) for text in texts])
+    encoded = await off_loop_if_long(sum(map(len, texts)), lambda: [codec.encode(text) for text in texts])
     outcome = await infer(ctx, endpoint, model, encoded, options)
     vectors = [
         list(codec.decode(item, outputs, normalize=normalize)["embedding"])

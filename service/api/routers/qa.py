@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import ExplainQueryDep, InferenceDep
-from service.api.inference import explain_requested, explanations, infer, shed_early
+from service.api.inference import explain_requested, explanations, infer, off_loop_if_long, shed_early
 from service.api.routers.common import ERROR_RESPONSES
 from service.api.schemas import QARequest, QAResponse, QAResult
 
@@ -23,7 +22,10 @@ async def qa(body: QARequest, ctx: InferenceDep, explain: ExplainQueryDep) -> QA
     explained = explain_requested(model, body.explain, explain)
     shed_early(ctx, model, body)
     codec = model.codec
-    encoded = await run_in_threadpool(lambda: [codec.encode(item.question, item.context) for item in pairs])
+    chars = sum(len(item.question) + len(item.context) for item in pairs)
+    encoded = await off_loop_if_long(
+        chars, lambda: [codec.encode(item.question, item.context) for item in pairs]
+    )
     outcome = await infer(ctx, "qa", model, encoded, body)
     results = [
         QAResult.model_validate(codec.decode(item, outputs))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
+import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +39,38 @@ def test_plan_runs_sorts_by_length_and_respects_the_token_budget() -> None:
         assert len(run) == 1 or len(run) * max(lengths[i] for i in run) <= 64
     flat = [lengths[i] for run in runs for i in run]
     assert flat == sorted(flat)
+
+
+def padded_cost(runs: list[list[int]], lengths: list[int], overhead: float) -> float:
+    return sum(overhead + len(run) * max(lengths[i] for i in run) for run in runs)
+
+
+def test_plan_runs_splits_short_rows_from_long_ones_when_padding_costs_more_than_a_run() -> None:
+    lengths = [400, 30, 384, 32, 28, 392]
+    runs = plan_runs(lengths, max_tokens=8192, run_overhead_tokens=100.0)
+    assert [sorted(lengths[i] for i in run) for run in runs] == [[28, 30, 32], [384, 392, 400]]
+    # a run that costs more than all the padding: one run
+    assert len(plan_runs(lengths, max_tokens=8192, run_overhead_tokens=5000.0)) == 1
+
+
+def test_plan_runs_is_optimal_among_cuts_of_the_sorted_rows() -> None:
+    """Against brute force over every way to cut the sorted rows into consecutive runs."""
+    generator = random.Random(7)
+    for _ in range(200):
+        lengths = [generator.choice([8, 16, 24, 64, 128, 256, 512]) for _ in range(generator.randint(1, 8))]
+        budget = generator.choice([512, 1024, 4096])
+        overhead = generator.choice([0.0, 16.0, 200.0, 2000.0])
+        runs = plan_runs(lengths, budget, overhead)
+        assert sorted(i for run in runs for i in run) == list(range(len(lengths)))
+        assert all(len(run) == 1 or len(run) * max(lengths[i] for i in run) <= budget for run in runs)
+        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+        best = math.inf
+        for mask in range(2 ** (len(order) - 1)):
+            cuts = [0] + [k + 1 for k in range(len(order) - 1) if mask >> k & 1] + [len(order)]
+            plan = [order[a:b] for a, b in itertools.pairwise(cuts)]
+            if all(len(run) == 1 or len(run) * max(lengths[i] for i in run) <= budget for run in plan):
+                best = min(best, padded_cost(plan, lengths, overhead))
+        assert padded_cost(runs, lengths, overhead) == pytest.approx(best)
 
 
 @pytest.mark.parametrize("task", ["classification", "qa", "summarization", "embedding"])

@@ -425,6 +425,34 @@ def retrieval_sections(results_dir: Path) -> list[str]:
     ]
 
 
+def retrofit_sections(results_dir: Path) -> list[str]:
+    """Every ``results/*/comparison.json`` (``python -m benchmarks.retrofit_comparison``): its table."""
+    from benchmarks import retrofit_comparison
+
+    body: list[str] = []
+    for path in sorted(results_dir.glob("*/comparison.json")):
+        payload = _load(path)
+        if payload is None:
+            continue
+        command = payload.get("command", "")
+        body += [
+            f"Source: `{path}` — {_machine_line(payload)}; `{command}`.",
+            "",
+            retrofit_comparison.markdown(payload),
+        ]
+    if not body:
+        return []
+    return [
+        "## Retrofit vs joint training (classification)",
+        "",
+        "A plain dense classifier plays the user's model; retention is retrofitted onto it label-free",
+        "(frozen backbone, KL to its logits on unlabeled train text) and compared with the model trained",
+        "jointly with retention from the start, on the same test examples.",
+        "",
+        *body,
+    ]
+
+
 def build_report(results_dir: Path = RESULTS, docs_dir: Path = DOCS) -> Path:
     plots = docs_dir / "plots"
     plots.mkdir(parents=True, exist_ok=True)
@@ -441,6 +469,7 @@ def build_report(results_dir: Path = RESULTS, docs_dir: Path = DOCS) -> Path:
     lines += system_sections(results_dir, plots)
     lines += ablation_sections(results_dir, plots)
     lines += retrieval_sections(results_dir)
+    lines += retrofit_sections(results_dir)
     out = docs_dir / "benchmarks.md"
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return out

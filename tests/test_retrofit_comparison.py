@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.report import build_report
 from benchmarks.retrofit_comparison import main as comparison_main
 from benchmarks.retrofit_comparison import unpaired_error
 from tests.tiny import tiny_model, tiny_recipe, write_rows
@@ -34,7 +35,7 @@ def test_comparison_pairs_the_retrofit_with_the_dense_model(tmp_path: Path) -> N
     joint.mkdir()
     results = [{"method": "learned", "rho": rho, "accuracy": 0.5} for rho in (0.3, 1.0)]
     (joint / "eval.json").write_text(json.dumps({"meta": {"split": "sst2/validation"}, "results": results}))
-    out = tmp_path / "comparison.json"
+    out = tmp_path / "results" / "tiny-retrofit" / "comparison.json"
     runs = [str(tmp_path / "dense"), str(tmp_path / "retrofit"), "--joint", str(joint)]
     options = ["--split", "validation", "--limit", "12", "--rhos", "1", "0.5", "--out", str(out)]
     comparison_main([*runs, *options])
@@ -56,3 +57,5 @@ def test_comparison_pairs_the_retrofit_with_the_dense_model(tmp_path: Path) -> N
     assert by_rho[0.5]["joint_accuracy"] is None and by_rho[0.5]["vs_joint"] is None
     assert by_rho[0.5]["token_work"] < at_one["token_work"]
     assert "| 0.5 |" in out.with_suffix(".md").read_text()
+    report = build_report(tmp_path / "results", tmp_path / "docs").read_text(encoding="utf-8")
+    assert "## Retrofit vs joint training" in report and "| 0.5 |" in report

@@ -539,13 +539,17 @@ def paired_with_run(
     data: RetrievalSet,
     rhos: Sequence[float],
 ) -> dict[str, dict[str, float]]:
-    """Learned retention of this run minus another run's (e.g. an ablation against its reference), documents
-    pruned at each ρ, queries dense, per-query nDCG@10 on the same queries: mean and paired standard error."""
-    dense_queries = store.get(data.questions, DENSE, 1.0).vectors
+    """Learned retention of this run minus another run's (e.g. an ablation against its reference, or a
+    tuned backbone against the frozen one), documents pruned at each ρ (at ρ = 1: each run's dense
+    model), each run searching with its own dense query vectors (runs with different backbones live in
+    different spaces), per-query nDCG@10 on the same queries: mean and paired standard error."""
+    ours_queries = store.get(data.questions, DENSE, 1.0).vectors
+    theirs_queries = other.get(data.questions, DENSE, 1.0).vectors
     out: dict[str, dict[str, float]] = {}
-    for rho in [rho for rho in rhos if rho < 1.0]:
-        ours = search(dense_queries, store.get(data.paragraphs, LEARNED, rho).vectors, data.gold)
-        theirs = search(dense_queries, other.get(data.paragraphs, LEARNED, rho).vectors, data.gold)
+    for rho in rhos:
+        method, budget = (DENSE, 1.0) if rho >= 1.0 else (LEARNED, rho)
+        ours = search(ours_queries, store.get(data.paragraphs, method, budget).vectors, data.gold)
+        theirs = search(theirs_queries, other.get(data.paragraphs, method, budget).vectors, data.gold)
         out[f"{rho:g}"] = paired_difference(ours, theirs)
     return out
 

@@ -133,12 +133,37 @@ def test_cli_on_a_tiny_model(tmp_path: Path) -> None:
     retrieval.main([*again_arguments, "--paired-with", str(run_dir)])
     again_payload = json.loads((tmp_path / "again" / "retrieval.json").read_text())
     assert again_payload["paired_with"]["learned_minus_other"] == {
+        "1": {"difference": 0.0, "se": 0.0},
         "0.5": {"difference": 0.0, "se": 0.0},
         "0.3": {"difference": 0.0, "se": 0.0},
     }
     again = again_payload["results"]
     assert again["learned"]["0.3"]["ndcg@10"] == results["learned"]["0.3"]["ndcg@10"]
     assert again["random"]["0.3"]["document_cached"] and not results["random"]["0.3"]["document_cached"]
+
+
+def test_pairing_with_another_backbone_searches_each_run_with_its_own_queries(tmp_path: Path) -> None:
+    """A tuned backbone lives in another space: at ρ = 1 the paired difference is exactly the difference
+    of the two runs' own dense nDCG@10 (each searching its documents with its own query vectors)."""
+    data = squad_file(tmp_path)
+    runs = {}
+    for name, seed in (("ours", 0), ("theirs", 1)):
+        model, tokenizer = tiny_model("embedding", seed)
+        runs[name] = tmp_path / name
+        save_run(model, tiny_recipe("embedding"), tokenizer, runs[name])
+    dense = {}
+    for name, run_dir in runs.items():
+        out = tmp_path / f"{name}-retrieval"
+        retrieval.main(
+            [str(run_dir), "--out", str(out), "--data", str(data), "--rhos", "1", "--methods", "learned"]
+        )
+        dense[name] = json.loads((out / "retrieval.json").read_text())["results"]["dense"]["1"]["ndcg@10"]
+    out = tmp_path / "paired"
+    arguments = [str(runs["ours"]), "--out", str(out), "--data", str(data), "--rhos", "1", "0.5"]
+    retrieval.main([*arguments, "--methods", "learned", "--paired-with", str(runs["theirs"])])
+    paired = json.loads((out / "retrieval.json").read_text())["paired_with"]["learned_minus_other"]
+    assert paired["1"]["difference"] == pytest.approx(dense["ours"] - dense["theirs"], abs=0.01)
+    assert set(paired) == {"1", "0.5"}
 
 
 def test_report_renders_retrieval_and_embedding_evaluations(tmp_path: Path) -> None:

@@ -73,8 +73,9 @@ def measure(
     for name, run_dir, run_rhos in (("dense", dense_dir, [1.0]), ("retrofit", retrofit_dir, rhos)):
         model, recipe, loaded_tokenizer = load_run(run_dir)
         tokenizer: Any = loaded_tokenizer  # a Hugging Face fast tokenizer
-        rows = shuffled(load_split(recipe.dataset, split), EVAL_SEED, limit)
-        dataset = recipe.dataset.name
+        labelled = recipe.evaluation_dataset()  # a retrofit trained on unlabeled text names its own
+        rows = shuffled(load_split(labelled, split), EVAL_SEED, limit)
+        dataset = labelled.name
         sequences = tokenize_rows(rows, tokenizer, recipe.max_length)
         labels = np.array([int(row["label"]) for row in rows])  # type: ignore[call-overload]
         batch_size, pad = recipe.evaluation.batch_size, tokenizer.pad_token_id

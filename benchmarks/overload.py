@@ -18,6 +18,7 @@ adds one long run per policy at ``--soak-multiple`` x capacity reporting RSS gro
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import socket
@@ -73,6 +74,7 @@ class Cell:
     multiple: float  # of the measured capacity of fixed rho=1
     offered_rps: float
     seconds: float
+    round: int = 0  # --rounds: every round runs every policy once more (a fresh server), interleaved
     sent: int = 0
     ok: int = 0
     shed: int = 0  # 429
@@ -270,11 +272,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         chosen = [p for p in every if p.name in args.policies]
         capacity = measure_capacity(args, every[1], extra, endpoint, bodies, workdir)
         print(f"capacity of fixed rho=1: {capacity:.1f} requests/s", flush=True)
-        for policy in chosen:
+        for round_index, policy in itertools.product(range(args.rounds), chosen):
             path = f"{endpoint}?rho={policy.rho}"
             with server(args.models_dir, policy, extra, workdir / f"{policy.name}.log") as (url, pid):
                 for multiple in args.multiples:
-                    cell = Cell(policy.name, multiple, multiple * capacity, args.seconds)
+                    cell = Cell(policy.name, multiple, multiple * capacity, args.seconds, round_index)
                     with RssSampler(pid) as rss:
                         cell.rss_start_mib = rss.mib()
                         load = Load("open", args.seconds, rate=cell.offered_rps)
@@ -285,7 +287,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     cell.idle_after_p50_ms = idle_latency_ms(url, path, {"text": texts[0]})
                     cells.append(cell)
                     print(summary_line(cell), flush=True)
-                if args.soak_seconds:
+                if args.soak_seconds and round_index == 0:
                     soaks.append(soak(args, Target(policy, url, pid, path), bodies, capacity, workdir))
     return {
         "task": args.task,
@@ -294,6 +296,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "capacity_rho1_rps": capacity,
         "probe": {"concurrency": args.probe_concurrency, "seconds": args.probe_seconds},
         "seconds_per_cell": args.seconds,
+        "rounds": args.rounds,
         "arena": args.arena,
         "tei_max_concurrent": args.tei_max_concurrent,
         "texts": {"count": args.texts, "min_words": args.min_words, "max_words": args.max_words},
@@ -394,6 +397,8 @@ def markdown(report: dict[str, Any]) -> str:
             fmt(c["send_lag_p99_ms"]),
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    if report.get("rounds", 1) > 1:
+        lines += ["", *rounds_table(report["results"])]
     for s in report["soak"]:
         lines += [
             "",
@@ -402,6 +407,51 @@ def markdown(report: dict[str, Any]) -> str:
             f"peak {s['rss_peak_mib']:.0f} MiB",
         ]
     return "\n".join(lines) + "\n"
+
+
+def across_rounds(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (policy, multiple), in run order: the mean and sample SD of goodput and accepted p99
+    over its rounds, and their ranges."""
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for cell in results:
+        groups.setdefault((cell["policy"], cell["multiple"]), []).append(cell)
+    rows = []
+    for (policy, multiple), cells in groups.items():
+        goodput = [c["goodput_rps"] for c in cells]
+        p99 = [c["p99_ms"] for c in cells if c["p99_ms"] is not None]
+        rows.append(
+            {
+                "policy": policy,
+                "multiple": multiple,
+                "rounds": len(cells),
+                "goodput_mean": statistics.fmean(goodput),
+                "goodput_sd": statistics.stdev(goodput) if len(goodput) > 1 else 0.0,
+                "goodput_range": (min(goodput), max(goodput)),
+                "p99_mean_ms": statistics.fmean(p99) if p99 else None,
+                "p99_range_ms": (min(p99), max(p99)) if p99 else None,
+                "server_errors": sum(c["server_errors"] for c in cells),
+            }
+        )
+    return rows
+
+
+def rounds_table(results: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "Across rounds (each round: every policy once, a fresh server; mean ± sample SD, [min, max]):",
+        "",
+        "| policy | x capacity | rounds | goodput /s | p99 of accepted ms | 5xx |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in across_rounds(results):
+        low, high = row["goodput_range"]
+        p99 = "-"
+        if row["p99_range_ms"] is not None:
+            p99 = f"{row['p99_mean_ms']:.0f} [{row['p99_range_ms'][0]:.0f}, {row['p99_range_ms'][1]:.0f}]"
+        lines.append(
+            f"| {row['policy']} | {row['multiple']:g} | {row['rounds']} | {row['goodput_mean']:.1f} ± "
+            f"{row['goodput_sd']:.1f} [{low:.1f}, {high:.1f}] | {p99} | {row['server_errors']} |"
+        )
+    return lines
 
 
 def plot(report: dict[str, Any], out: Path) -> Path | None:
@@ -415,11 +465,12 @@ def plot(report: dict[str, Any], out: Path) -> Path | None:
     except ImportError:
         return None
     figure, (latency, goodput) = plt.subplots(1, 2, figsize=(11, 4))
-    for name in dict.fromkeys(c["policy"] for c in report["results"]):
-        cells = [c for c in report["results"] if c["policy"] == name]
-        xs = [c["multiple"] for c in cells]
-        latency.plot(xs, [c["p99_ms"] or float("nan") for c in cells], marker="o", label=name)
-        goodput.plot(xs, [c["goodput_rps"] for c in cells], marker="o", label=name)
+    rows = across_rounds(report["results"])  # the mean over rounds (one round: the cell itself)
+    for name in dict.fromkeys(row["policy"] for row in rows):
+        mine = sorted((row for row in rows if row["policy"] == name), key=lambda row: row["multiple"])
+        xs = [row["multiple"] for row in mine]
+        latency.plot(xs, [row["p99_mean_ms"] or float("nan") for row in mine], marker="o", label=name)
+        goodput.plot(xs, [row["goodput_mean"] for row in mine], marker="o", label=name)
     multiples = sorted({c["multiple"] for c in report["results"]})
     for axis, title in ((latency, "p99 of accepted (ms)"), (goodput, "goodput (200s / s)")):
         axis.set_xscale("log")
@@ -450,6 +501,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--policies", nargs="+", default=["auto", "rho1", "rho_min", "tei_cap"])
     parser.add_argument("--multiples", nargs="+", type=float, default=list(MULTIPLES))
     parser.add_argument("--seconds", type=float, default=20.0, help="arrivals per cell")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="run every policy this many times, interleaved (noise)"
+    )
     parser.add_argument("--grace", type=float, default=35.0, help="wait this long for the last answers")
     parser.add_argument("--probe-seconds", type=float, default=15.0)
     parser.add_argument("--probe-concurrency", type=int, default=32)

@@ -13,7 +13,7 @@ from tests.tiny import write_rows
 from training.classification import truncate, truncated_lengths
 from training.data import load_split
 from training.fit import lr_multiplier
-from training.recipes import DatasetSpec, Recipe, load_recipe
+from training.recipes import DatasetSpec, Recipe, load_recipe, recipe_chain
 
 RECIPES = sorted(Path(__file__).resolve().parents[1].joinpath("models", "recipes").rglob("*.yaml"))
 
@@ -24,6 +24,35 @@ def test_every_committed_recipe_validates_with_its_profiles(path: Path) -> None:
     assert full.profile == "full" and full.steps > 0
     quick = load_recipe(path, "quick")
     assert quick.profile == "quick" and quick.steps <= full.steps
+
+
+def test_recipe_chain_lists_the_runs_a_profile_starts_from_first() -> None:
+    squad = Path(__file__).resolve().parents[1] / "models" / "recipes" / "squad.yaml"
+    assert [r.profile for r in recipe_chain(squad, "quick")] == ["quick-dense", "quick"]
+    assert [r.profile for r in recipe_chain(squad, "stage-frozen")] == ["teacher", "stage-frozen"]
+    assert [r.profile for r in recipe_chain(squad, "calibrated")] == [
+        "full",
+        "continued",
+        "continued3",
+        "calibrated",
+    ]
+    assert [r.profile for r in recipe_chain(squad, "teacher")] == ["teacher"]
+    dense, stage = recipe_chain(squad, "quick")
+    assert stage.init_from == f"{dense.name}-{dense.profile}" and stage.frozen_backbone
+    assert dense.objective.soft_loss_weight == 0.0 and dense.rho.low == dense.rho.high == 1.0
+
+
+def test_recipe_chain_refuses_a_run_it_cannot_build(tmp_path: Path) -> None:
+    """``build`` fits the chain itself, so ``init_from`` must name a profile of the same file."""
+    head = "name: x\ntask: classification\ndataset: {name: sst2}\n"
+    foreign = tmp_path / "foreign.yaml"
+    foreign.write_text(head + "profiles:\n  quick: {init_from: other-run}\n")
+    with pytest.raises(ValueError, match="not a run of this recipe"):
+        recipe_chain(foreign, "quick")
+    cycle = tmp_path / "cycle.yaml"
+    cycle.write_text(head + "profiles:\n  a: {init_from: x-b}\n  b: {init_from: x-a}\n")
+    with pytest.raises(ValueError, match="cycle"):
+        recipe_chain(cycle, "a")
 
 
 def test_unknown_profile_is_an_error(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from retention_core.contract import MANIFEST_FILE, MODEL_FILE, QualityCurve, QualityPoint
 from retention_core.machine import describe
 from training.data import EVAL_SEED
-from training.recipes import DatasetSpec, Recipe, load_recipe
+from training.recipes import DatasetSpec, Recipe, load_recipe, recipe_chain
 
 RUNS_DIR_VARIABLE = "RETENTION_RUNS_DIR"  # keeps long runs' checkpoints outside the work tree
 DEFAULT_MODELS_DIR = Path("models")
@@ -229,22 +229,26 @@ def cmd_to_hf(args: argparse.Namespace) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> None:
-    """Build every model directory that is missing: fit (unless the run exists), export, validate."""
+    """Build every model directory that is missing: fit each run of the profile's chain that is not
+    finished (``recipe_chain``: the runs it starts from first), export the last, validate."""
     from training.fit import CHECKPOINT_FILE, WEIGHTS_FILE, fit
 
     for recipe_path in args.recipes:
-        recipe = load_recipe(recipe_path, args.profile)
+        chain = recipe_chain(recipe_path, args.profile)
+        recipe = chain[-1]
         out_dir = args.models_dir / recipe.name
         if (out_dir / MANIFEST_FILE).is_file() and (out_dir / MODEL_FILE).is_file():
             print(f"{recipe.name}: present in {out_dir}, skipping")
             continue
-        run_dir = run_dir_for(recipe, args.runs_dir)
-        if not (run_dir / WEIGHTS_FILE).is_file():
+        for stage in chain:
+            run_dir = run_dir_for(stage, args.runs_dir)
+            if (run_dir / WEIGHTS_FILE).is_file():
+                continue
             resume = (run_dir / CHECKPOINT_FILE).is_file()  # an interrupted build picks up
             how = "resuming" if resume else "training"
-            print(f"{recipe.name}: {how} ({recipe.profile} profile, {recipe.steps} steps)")
-            fit(recipe, run_dir, init_run=init_run_for(recipe, args.runs_dir), resume=resume)
-        export_run(run_dir, out_dir, int8=args.int8, quality=True)
+            print(f"{recipe.name}: {how} ({stage.profile} profile, {stage.steps} steps)")
+            fit(stage, run_dir, init_run=init_run_for(stage, args.runs_dir), resume=resume)
+        export_run(run_dir_for(recipe, args.runs_dir), out_dir, int8=args.int8, quality=True)
 
 
 def add_training_run_options(command: argparse.ArgumentParser) -> None:

@@ -314,6 +314,24 @@ def load_recipe(path: Path | str, profile: Literal["quick", "full"] | str = "ful
     return Recipe.model_validate(merged)
 
 
+def recipe_chain(path: Path | str, profile: str = "full") -> list[Recipe]:
+    """The recipes a profile's run needs, first to last: the run ``init_from`` names (a run of another
+    profile of the same file, ``<name>-<profile>``), its own ``init_from``, and so on, then the profile
+    itself. What ``build`` fits, in order, for a profile that starts from another (e.g. a quick dense
+    fine-tune, then the retention stage on it)."""
+    chain = [load_recipe(path, profile)]
+    while (parent := chain[0].init_from) is not None:
+        prefix = f"{chain[0].name}-"
+        if not parent.startswith(prefix):
+            raise ValueError(
+                f"recipe {path}: init_from {parent!r} is not a run of this recipe ({prefix}<profile>)"
+            )
+        if len(chain) > len(recipe_profiles(path)):
+            raise ValueError(f"recipe {path}: init_from runs form a cycle at {parent!r}")
+        chain.insert(0, load_recipe(path, parent.removeprefix(prefix)))
+    return chain
+
+
 def recipe_profiles(path: Path | str) -> list[str]:
     """Every profile a recipe file offers: ``full`` (the top level) and its named profiles."""
     return ["full", *sorted(read_recipe_yaml(path).get("profiles") or {})]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from benchmarks import overload
 
 
@@ -33,3 +35,24 @@ def test_quick_overload_benchmark(models_root: Path, tmp_path: Path) -> None:
     table = out.with_suffix(".md").read_text()
     assert "| auto | 2 |" in table and "| tei_cap | 0.5 |" in table
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_rounds_are_summarised_per_policy_and_rate() -> None:
+    def cell(policy: str, multiple: float, round_index: int, goodput: float, p99: float | None) -> dict:
+        fields = overload.Cell(policy, multiple, 10.0 * multiple, 10.0, round_index, goodput_rps=goodput)
+        fields.p99_ms = p99
+        return overload.asdict(fields)
+
+    results = [
+        cell("auto", 10.0, 0, 100.0, 400.0),
+        cell("rho_min", 10.0, 0, 120.0, 2000.0),
+        cell("auto", 10.0, 1, 110.0, 600.0),
+        cell("rho_min", 10.0, 1, 116.0, None),  # a cell without any 200 has no p99
+    ]
+    auto, rho_min = overload.across_rounds(results)
+    assert (auto["policy"], auto["rounds"], auto["goodput_mean"]) == ("auto", 2, 105.0)
+    assert auto["goodput_sd"] == pytest.approx(7.0710678) and auto["goodput_range"] == (100.0, 110.0)
+    assert auto["p99_mean_ms"] == 500.0 and auto["p99_range_ms"] == (400.0, 600.0)
+    assert rho_min["goodput_mean"] == 118.0 and rho_min["p99_mean_ms"] == 2000.0
+    table = "\n".join(overload.rounds_table(results))
+    assert "| auto | 10 | 2 | 105.0 ± 7.1 [100.0, 110.0] | 500 [400, 600] | 0 |" in table

@@ -342,6 +342,8 @@ MARKDOWN_BENCHMARKS = (
     ("embed_speed", "Embedding throughput vs the fused dense peer and sentence-transformers", None),
     ("embed_service", "Embeddings service vs Infinity", None),
     ("overload", "rho=auto under overload (open-loop arrivals)", "overload.png"),
+    ("overload_rounds", "rho=auto at 10x capacity, repeated rounds", None),
+    ("qa_default", "The QA model `make serve` builds, over HTTP", None),
 )
 
 

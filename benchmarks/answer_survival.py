@@ -9,6 +9,11 @@ share of gold answer tokens still alive entering that layer, next to the share o
 exact span hit rate (argmax start and end both on the gold tokens) by whether every answer token
 reached the last layer. A high survival with a low hit rate among survivors points at the
 backbone's states; a low survival points at the scorers.
+
+``answer-protected`` is an oracle: the learned scorers with the gold answer tokens protected (kept at
+every point, counted against the same budget, so the token-work is the learned method's). Its span hit
+is what perfect answer selection would give at that ρ: near the dense rate, the selection is what
+loses quality; far below it, the states the kept tokens see (backbone, schedule).
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from benchmarks.cli import run_dir_main
 
 DEFAULT_QUESTIONS = 500
 BATCH_WINDOWS = 32
-SELECTION_METHODS = ("learned", "attention", "random")
+ANSWER_PROTECTED = "answer-protected"  # oracle: learned scorers, gold answer tokens always kept
+SELECTION_METHODS = ("learned", "attention", "random", ANSWER_PROTECTED)
 NO_ANSWER_POSITION = 0  # qa_batch points windows without the answer at [CLS]
 DECIMALS = 4
 
@@ -94,15 +100,17 @@ def answer_survival(run_dir: Path, rhos: list[float], questions: int) -> dict[st
             chunk = {name: value[start : start + BATCH_WINDOWS] for name, value in inputs.items()}
             gold = targets[start : start + BATCH_WINDOWS]  # (b, 2)
             real = chunk["attention_mask"].bool()  # (b, T)
+            positions = torch.arange(real.shape[1]).unsqueeze(0)  # (1, T)
+            answer = (positions >= gold[:, :1]) & (positions <= gold[:, 1:])  # (b, T)
+            droppable = real & ~chunk["protected"]  # (b, T), before the oracle protects the answer
+            if method == ANSWER_PROTECTED:
+                chunk = {**chunk, "protected": chunk["protected"] | answer}
             with torch.inference_mode():
                 rho_tensor = torch.full((gold.shape[0],), rho)  # (b,)
                 out = model.forward_evaluation(
                     PrunedInputs(**chunk, rho=rho_tensor), selector=selector, record_survivors=True
                 )
             assert out.survivors is not None
-            positions = torch.arange(real.shape[1]).unsqueeze(0)  # (1, T)
-            answer = (positions >= gold[:, :1]) & (positions <= gold[:, 1:])  # (b, T)
-            droppable = real & ~chunk["protected"]  # (b, T)
             span = out.logits.masked_fill(~real.unsqueeze(-1), float("-inf")).argmax(1)  # (b, 2)
             hit = (span == gold).all(-1)  # (b,)
             for row in range(gold.shape[0]):

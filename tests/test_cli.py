@@ -183,12 +183,14 @@ def test_answer_survival_reports_answer_and_droppable_survival_per_method(tmp_pa
     answer_survival_main([str(run_dir), "--rhos", "0.3", "--questions", "4", "--out", str(out)])
     payload = json.loads(out.read_text())
     assert payload["windows_with_answer"] == 4 and 0.0 <= payload["dense_span_hit"] <= 1.0
-    assert set(payload["methods"]) == {"learned", "attention", "random"}
+    assert set(payload["methods"]) == {"learned", "attention", "random", "answer-protected"}
     for per_rho in payload["methods"].values():
         row = per_rho["0.3"]
         assert row["windows"] == 4 and len(row["answer_alive"]) == len(row["droppable_alive"]) == 2
         assert all(0.0 <= x <= 1.0 for x in row["answer_alive"] + row["droppable_alive"])
         assert row["droppable_alive"][-1] < 1.0  # ρ = 0.3 dropped tokens
+    oracle = payload["methods"]["answer-protected"]["0.3"]
+    assert oracle["answer_alive"] == [1.0, 1.0] and oracle["all_answer_kept"] == 1.0  # the oracle's premise
     assert "| random | 0.3 |" in out.with_suffix(".md").read_text()
 
 

@@ -112,14 +112,27 @@ def free_port() -> int:
         return port
 
 
+def pinned(command: list[str], cpus: list[int] | None) -> list[str]:
+    """``command`` restricted to ``cpus`` (taskset), or as is."""
+    return ["taskset", "-c", ",".join(map(str, cpus)), *command] if cpus else command
+
+
+def cpu_env(cpus: list[int] | None) -> dict[str, str]:
+    """A server pinned to some cores runs ORT with one intra-op thread per core (ORT's default counts the
+    machine's cores, not the process's)."""
+    return {"RETENTION_INTRA_OP_THREADS": str(len(cpus))} if cpus else {}
+
+
 @contextmanager
 def server(
-    models_dir: Path, policy: Policy, extra_env: dict[str, str], log: Path
+    models_dir: Path, policy: Policy, extra_env: dict[str, str], log: Path, cpus: list[int] | None = None
 ) -> Iterator[tuple[str, int]]:
-    """``python -m service`` for one policy on a free loopback port; yields (base URL, pid)."""
+    """``python -m service`` for one policy on a free loopback port (on ``cpus`` when given); yields
+    (base URL, pid)."""
     port = free_port()
-    env = {**os.environ, **extra_env, **policy.env, "RETENTION_LOG_LEVEL": "warning"}
+    env = {**os.environ, **cpu_env(cpus), **extra_env, **policy.env, "RETENTION_LOG_LEVEL": "warning"}
     command = [sys.executable, "-m", "service", "--models-dir", str(models_dir), "--port", str(port)]
+    command = pinned(command, cpus)
     with log.open("w") as sink:
         process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -184,8 +197,17 @@ class Load:
     concurrency: int = 0
 
 
-def drive(url: str, path: str, load: Load, bodies: Path, grace: float, workdir: Path) -> list[dict[str, Any]]:
-    """One locust run (headless, one user that drives everything); its per-request records."""
+def drive(
+    url: str,
+    path: str,
+    load: Load,
+    bodies: Path,
+    grace: float,
+    workdir: Path,
+    cpus: list[int] | None = None,
+) -> list[dict[str, Any]]:
+    """One locust run (headless, one user that drives everything; on ``cpus`` when given); its
+    per-request records."""
     out = workdir / f"records-{time.monotonic_ns()}.jsonl"
     env = {
         **os.environ,
@@ -205,7 +227,7 @@ def drive(url: str, path: str, load: Load, bodies: Path, grace: float, workdir: 
         "--run-time", f"{int(load.seconds + grace + 15)}s", "--only-summary", "--loglevel", "WARNING",
     ]  # fmt: skip
     limit = load.seconds + grace + 60
-    subprocess.run(command, env=env, check=False, stdout=subprocess.DEVNULL, timeout=limit)
+    subprocess.run(pinned(command, cpus), env=env, check=False, stdout=subprocess.DEVNULL, timeout=limit)
     if not out.exists():
         raise RuntimeError("locust wrote no records")
     return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
@@ -274,13 +296,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"capacity of fixed rho=1: {capacity:.1f} requests/s", flush=True)
         for round_index, policy in itertools.product(range(args.rounds), chosen):
             path = f"{endpoint}?rho={policy.rho}"
-            with server(args.models_dir, policy, extra, workdir / f"{policy.name}.log") as (url, pid):
+            log = workdir / f"{policy.name}.log"
+            with server(args.models_dir, policy, extra, log, args.server_cpus) as (url, pid):
                 for multiple in args.multiples:
                     cell = Cell(policy.name, multiple, multiple * capacity, args.seconds, round_index)
                     with RssSampler(pid) as rss:
                         cell.rss_start_mib = rss.mib()
                         load = Load("open", args.seconds, rate=cell.offered_rps)
-                        records = drive(url, path, load, bodies, args.grace, workdir)
+                        records = drive(url, path, load, bodies, args.grace, workdir, args.client_cpus)
                     summarize(cell, records)
                     cell.rss_peak_mib = max(rss.samples)
                     cell.rss_end_mib = rss.samples[-1]
@@ -297,6 +320,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "probe": {"concurrency": args.probe_concurrency, "seconds": args.probe_seconds},
         "seconds_per_cell": args.seconds,
         "rounds": args.rounds,
+        "server_cpus": args.server_cpus,
+        "client_cpus": args.client_cpus,
         "arena": args.arena,
         "tei_max_concurrent": args.tei_max_concurrent,
         "texts": {"count": args.texts, "min_words": args.min_words, "max_words": args.max_words},
@@ -309,9 +334,9 @@ def measure_capacity(
     args: argparse.Namespace, rho1: Policy, extra: dict[str, str], endpoint: str, bodies: Path, workdir: Path
 ) -> float:
     """200s/s of fixed rho=1 under a closed loop of ``probe_concurrency`` clients."""
-    with server(args.models_dir, rho1, extra, workdir / "probe.log") as (url, _pid):
+    with server(args.models_dir, rho1, extra, workdir / "probe.log", args.server_cpus) as (url, _pid):
         load = Load("closed", args.probe_seconds, concurrency=args.probe_concurrency)
-        records = drive(url, f"{endpoint}?rho=1", load, bodies, args.grace, workdir)
+        records = drive(url, f"{endpoint}?rho=1", load, bodies, args.grace, workdir, args.client_cpus)
     ok = sum(r["status"] == 200 for r in records)
     return max(ok / args.probe_seconds, 0.5)
 
@@ -335,7 +360,7 @@ def soak(
     with RssSampler(pid, interval=1.0) as rss:
         cell.rss_start_mib = rss.mib()
         load = Load("open", args.soak_seconds, rate=cell.offered_rps)
-        records = drive(url, path, load, bodies, args.grace, workdir)
+        records = drive(url, path, load, bodies, args.grace, workdir, args.client_cpus)
     summarize(cell, records)
     cell.rss_peak_mib, cell.rss_end_mib = max(rss.samples), rss.samples[-1]
     growth = 100 * (cell.rss_end_mib - cell.rss_start_mib) / cell.rss_start_mib
@@ -514,6 +539,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-arena", dest="arena", action="store_false", help="RETENTION_CPU_MEM_ARENA=false"
     )
+    parser.add_argument(
+        "--server-cpus", type=int, nargs="+", help="pin the server to these CPUs (ORT: one thread each)"
+    )
+    parser.add_argument("--client-cpus", type=int, nargs="+", help="pin the load generator to these CPUs")
     parser.add_argument("--texts", type=int, default=64)
     parser.add_argument("--min-words", type=int, default=20)
     parser.add_argument("--max-words", type=int, default=300)

@@ -23,6 +23,7 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -118,6 +119,53 @@ class RunStats:
     padded_tokens: int
     seconds: float
     kept_work: float  # padded tokens x the schedule's kept fraction at each row's rho
+
+
+# Rows a finished run answered, (row index in the batch, its result), and when it finished.
+RunDone = Callable[[list[tuple[int, RowResult]], float], None]
+
+
+class Delivery:
+    """Answers each job of a batch as soon as every run holding one of its rows is done, instead of when
+    the whole batch is: a batch is cut into several runs (``plan_runs``), and a short request in the first
+    run should not wait for the long rows of the last one. Lives on the event loop (``add`` is called
+    there, once per run, in run order)."""
+
+    def __init__(self, jobs: list[Job], start: float) -> None:
+        self.jobs = jobs
+        self.start = start  # the batch's first run began
+        self.owner = [j for j, job in enumerate(jobs) for _ in job.rows]  # row -> its job
+        self.first_row = [0] * len(jobs)
+        for j in range(1, len(jobs)):
+            self.first_row[j] = self.first_row[j - 1] + len(jobs[j - 1].rows)
+        self.missing = [len(job.rows) for job in jobs]
+        self.results: list[RowResult | None] = [None] * len(self.owner)
+
+    def add(self, done: list[tuple[int, RowResult]], end: float) -> None:
+        for index, result in done:
+            self.results[index] = result
+            owner = self.owner[index]
+            self.missing[owner] -= 1
+            if self.missing[owner] == 0:
+                self._answer(self.jobs[owner], self.first_row[owner], end)
+
+    def _answer(self, job: Job, first: int, end: float) -> None:
+        if job.future.done():
+            return
+        mine = [result for result in self.results[first : first + len(job.rows)] if result is not None]
+        depths = [depth for _, _, depth in mine if depth is not None]
+        job.future.set_result(
+            JobResult(
+                [output for output, _, _ in mine],
+                np.stack([counts for _, counts, _ in mine]),  # (R, L)
+                self.start - job.enqueued,
+                end - self.start,
+                rhos=job.rhos,
+                rho_reason=job.reason,
+                predicted_wait=job.predicted_wait,
+                depths=depths if len(depths) == len(job.rows) else None,
+            )
+        )
 
 
 def shape_length(length: int, multiple: int, max_length: int) -> int:
@@ -411,12 +459,17 @@ class Batcher:
         name = self.model.name
         for job in jobs:
             self.metrics.queue_duration.labels(model=name).observe(start - job.enqueued)
+        delivery = Delivery(jobs, start)
+
+        def run_done(done: list[tuple[int, RowResult]], end: float) -> None:  # worker thread
+            loop.call_soon_threadsafe(delivery.add, done, end)
+
         try:
-            results, stats = await loop.run_in_executor(
-                self.executor, self._execute, rows, rhos, lengths, runs
-            )
+            # Each run's answers reach the loop before this await returns (call_soon_threadsafe is FIFO).
+            work = functools.partial(self._execute, rows, rhos, lengths, runs, run_done)
+            stats = await loop.run_in_executor(self.executor, work)
         except Exception as exc:
-            self._fail(jobs, exc)
+            self._fail(jobs, exc)  # the jobs whose runs had not all finished
             return
         end = time.monotonic()
         self.tail.observe(self.batch_predicted, end - start)
@@ -426,26 +479,6 @@ class Batcher:
             self.metrics.inference_duration.labels(model=name).observe(run.seconds)
             self.cost.observe(run.padded_tokens, run.kept_work, run.seconds)
         self._publish_cost_model()
-        offset = 0
-        for job in jobs:
-            count = len(job.rows)
-            outputs = [results[i][0] for i in range(offset, offset + count)]
-            counts = np.stack([results[i][1] for i in range(offset, offset + count)])  # (R, L)
-            depths = [d for i in range(offset, offset + count) if (d := results[i][2]) is not None]
-            offset += count
-            if not job.future.done():
-                job.future.set_result(
-                    JobResult(
-                        outputs,
-                        counts,
-                        start - job.enqueued,
-                        end - start,
-                        rhos=job.rhos,
-                        rho_reason=job.reason,
-                        predicted_wait=job.predicted_wait,
-                        depths=depths if len(depths) == count else None,
-                    )
-                )
 
     def run_overhead_tokens(self, rhos: list[float]) -> float:
         """The fixed cost of one ONNX run in padded-token equivalents at the batch's mean rho (learned: the
@@ -460,19 +493,28 @@ class Batcher:
         self.metrics.record_cost_model(self.model.name, self.cost.per_run, per_token, self.tail.value)
 
     def _execute(
-        self, rows: list[Row], rhos: list[float], lengths: list[int], runs: list[list[int]]
-    ) -> tuple[list[RowResult], list[RunStats]]:
+        self,
+        rows: list[Row],
+        rhos: list[float],
+        lengths: list[int],
+        runs: list[list[int]],
+        run_done: RunDone,
+    ) -> list[RunStats]:
         """Worker thread: every planned run through onnxruntime, each padded to its longest shape length;
-        results back in the original row order."""
-        results: list[RowResult] = [None] * len(rows)  # type: ignore[list-item]
+        each run's results (by row index in the batch) handed to ``run_done`` as soon as it finishes."""
         stats = []
         for run in runs:
             length = max(lengths[i] for i in run)
             begin = time.perf_counter()
             outputs, counts, depths = self.model.run([rows[i] for i in run], [rhos[i] for i in run], length)
             seconds = time.perf_counter() - begin
-            for slot, index in enumerate(run):
-                results[index] = (outputs[slot], counts[slot], None if depths is None else depths[slot])
+            run_done(
+                [
+                    (index, (outputs[slot], counts[slot], None if depths is None else depths[slot]))
+                    for slot, index in enumerate(run)
+                ],
+                time.monotonic(),
+            )
             kept = length * sum(self.fraction(rhos[i], len(rows[i])) for i in run)
             stats.append(RunStats(len(run), len(run) * length, seconds, kept))
-        return results, stats
+        return stats

@@ -204,6 +204,33 @@ def test_shutdown_drains_in_flight_requests(models_root: Path) -> None:
     assert [r.kept_counts.shape for r in results] == [(1, 2)] * 3
 
 
+def test_a_request_is_answered_when_its_run_ends_not_the_batch(tiny_models: dict[str, Path]) -> None:
+    """A batch cut into runs (a short row, then a long one) answers the short request when the first
+    run ends (its inference time); the long one when the second does. Answered together at the end of
+    the batch, both would report the same inference time."""
+    settings = settings_for(tiny_models["classification"].parent, max_batch_wait_ms=50.0)
+    model = load_model(tiny_models["classification"], settings)
+    short, long = model.codec.encode("x").rows, model.codec.encode(" ".join(["word"] * 500)).rows
+
+    async def scenario() -> tuple[JobResult, JobResult, Metrics]:
+        metrics = Metrics()
+        batcher = Batcher(model, settings, metrics)
+        batcher.start()
+        deadline = time.monotonic() + 60
+        try:
+            first, second = await asyncio.gather(
+                batcher.submit(short, [1.0], deadline), batcher.submit(long, [1.0], deadline)
+            )
+            return first, second, metrics
+        finally:
+            await batcher.close(5)
+
+    short_result, long_result, metrics = asyncio.run(scenario())
+    runs = metrics.registry.get_sample_value("retention_batch_size_count", {"model": model.name})
+    assert runs == 2  # the setting up: one batch, two runs (the long row's padding outweighs a run)
+    assert short_result.inference_time < long_result.inference_time
+
+
 def test_a_failing_batch_fails_its_requests_and_the_worker_survives(tiny_models: dict[str, Path]) -> None:
     from retention_core.codecs.base import Row
     from service.errors import InferenceFailed

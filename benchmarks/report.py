@@ -343,6 +343,8 @@ MARKDOWN_BENCHMARKS = (
     ("embed_service", "Embeddings service vs Infinity", None),
     ("overload", "rho=auto under overload (open-loop arrivals)", "overload.png"),
     ("overload_rounds", "rho=auto at 10x capacity, repeated rounds", None),
+    ("overload_pinned", "rho=auto under overload, load generator on its own core", "overload_pinned.png"),
+    ("overload_pinned_rounds", "rho=auto at 10x, load generator on its own core, repeated rounds", None),
     ("qa_default", "The QA model `make serve` builds, over HTTP", None),
 )
 

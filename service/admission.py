@@ -16,7 +16,8 @@ the unit tests drive every rule on a fake clock.
   with a Retry-After of the predicted drain time, instead of queueing and being served late.
 - ``choose_batch_rho``: rho of the auto requests of a batch, decided when the batch is formed from
   the work then still queued: the highest rho on a grid at which every request still able to meet
-  its due time (at the floor) meets it.
+  its due time (at the floor) meets it, and no higher than the arrival rate can be served at
+  (``ArrivalRate``, ``sustainable_rho``).
 """
 
 from __future__ import annotations
@@ -193,6 +194,36 @@ class TailFactor:
         self.value = min(self.ceiling, max(1.0, ordered[index]))
 
 
+class ArrivalRate:
+    """Requests per second arriving, an exponential-kernel estimate with time constant ``tau_s``:
+    ``Σ exp(-(now - t_i) / tau) / tau`` over the arrival times ``t_i``. What the queue alone cannot show
+    at the start of a flood: a batch formed from a short queue while requests pour in behind it."""
+
+    def __init__(self, tau_s: float = 0.5) -> None:
+        self.tau_s = tau_s
+        self.mass = 0.0  # Σ exp(-(last - t_i) / tau)
+        self.last = -math.inf
+
+    def observe(self, now: float) -> None:
+        self.mass = self.mass * math.exp(-(now - self.last) / self.tau_s) + 1.0 if self.mass else 1.0
+        self.last = now
+
+    def value(self, now: float) -> float:
+        if not self.mass:
+            return 0.0
+        return self.mass * math.exp(-max(0.0, now - self.last) / self.tau_s) / self.tau_s
+
+
+def sustainable_rho(rate: float, seconds_per_request: Callable[[float], float], cap: float = 1.0) -> float:
+    """The highest rho on the grid at which requests arriving at ``rate`` keep the model busy at most
+    ``cap`` of the time (``rate · seconds_per_request(rho) <= cap``); the grid's lowest without one. Above
+    it the queue grows whatever the queue is now."""
+    for rho in RHO_GRID:
+        if rate * seconds_per_request(rho) <= cap:
+            return rho
+    return RHO_GRID[-1]
+
+
 @dataclass(frozen=True)
 class Verdict:
     admit: bool
@@ -295,6 +326,7 @@ def choose_batch_rho(
     max_batch_tokens: int,
     factor: float = 1.0,
     shedding: bool = False,
+    load_ceiling: float = 1.0,
 ) -> BatchRho:
     """The highest rho (grid, floors and ceilings) at which the batch and the queue behind it meet the
     due times of every job that can still meet its own at the floor, every predicted duration scaled
@@ -302,15 +334,18 @@ def choose_batch_rho(
     feasible candidate, the floor. Batch jobs already late even at their floor are served at it
     (``lost``): the least late they can be. ``shedding`` (admission refused requests just now): every
     auto job at its floor, whatever the queue allows, so that compute is degraded before anyone else is
-    turned away (above its floor a job spends capacity the next arrivals are refused for)."""
+    turned away (above its floor a job spends capacity the next arrivals are refused for).
+    ``load_ceiling`` (``sustainable_rho`` of the recent arrival rate): no candidate above it, however
+    short the queue — at the start of a flood the queue is short while requests pour in behind it."""
     autos = [job for job in batch if job.auto]
     if not autos:
         return BatchRho(1.0, False)
-    top = max(job.ceiling for job in autos)
     bottom = min(job.floor for job in (*autos, *(j for j in queued if j.auto)))
+    highest = max(job.ceiling for job in autos)
+    top = max(bottom, min(load_ceiling, highest))  # the arrival rate's ceiling, never below a floor
     edges = {job.floor for job in autos} | {job.ceiling for job in autos}
     if shedding:
-        return BatchRho(bottom, bottom < top)
+        return BatchRho(bottom, bottom < highest)
     candidates = sorted({rho for rho in (*RHO_GRID, *edges) if bottom <= rho <= top}, reverse=True)
     backlog = Backlog(batch, queued, cost, max_batch_tokens, factor)
     lost = backlog.lost_at_floor(now)
@@ -326,7 +361,7 @@ def choose_batch_rho(
             low = middle + 1
     if low == len(candidates):
         return BatchRho(bottom, True, lost_here)
-    return BatchRho(candidates[low], candidates[low] < top, lost_here)
+    return BatchRho(candidates[low], candidates[low] < highest, lost_here)
 
 
 def reason_for(job: Pending, rho: float) -> RhoReason:

@@ -32,6 +32,7 @@ import numpy as np
 from retention_core.codecs.base import Row
 from service.admission import (
     EXPORTED_RHOS,
+    ArrivalRate,
     CostModel,
     KeptFraction,
     Pending,
@@ -43,6 +44,7 @@ from service.admission import (
     reason_for,
     runs_for,
     schedule_fraction,
+    sustainable_rho,
     tokens_through,
 )
 from service.errors import DeadlineExceeded, InferenceFailed, Overloaded, QueueFull, ShuttingDown
@@ -57,6 +59,10 @@ WARMUP_TOKENS = 32  # padded tokens of the warm-up run (2 short rows) that seeds
 # After admission refuses a request, rho=auto batches formed within this many seconds run at their
 # floor: while demand exceeds what the model serves, capacity goes to admitting, not to a higher rho.
 SHED_MEMORY_S = 1.0
+# rho=auto never runs a batch at a rho whose mean cost, at the recent arrival rate, would keep the model
+# busy more than this share of the time: above it the queue grows whatever it holds now (the start of a
+# flood, when the queue is still short, is where this matters).
+SUSTAINABLE_BUSY = 1.0
 
 
 @dataclass(frozen=True)
@@ -231,6 +237,7 @@ class Batcher:
             self.fraction, model.warmup_seconds, WARMUP_TOKENS, seed_rho=model.manifest.default_rho
         )
         self.tail = TailFactor()
+        self.arrivals = ArrivalRate()
         self.last_shed = -math.inf  # time.monotonic() admission last refused a request (429)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ort-{model.name}")
         self._wakeup = asyncio.Event()
@@ -301,6 +308,7 @@ class Batcher:
         if self.closing:
             raise ShuttingDown()
         now = time.monotonic()
+        self.arrivals.observe(now)
         if len(self.queue) >= self.settings.max_queue_requests:
             self.last_shed = now
             raise QueueFull(max(self.settings.retry_after_s, math.ceil(self.drain_seconds(now))))
@@ -431,9 +439,9 @@ class Batcher:
         if any(job.auto is not None for job in jobs):
             queued = [job.pending() for job in self.queue if not job.cancelled]
             shedding = now - self.last_shed < SHED_MEMORY_S
-            choice = choose_batch_rho(
-                now, batch, queued, self.cost, self.settings.max_batch_tokens, self.tail.value, shedding
-            )
+            budget, factor = self.settings.max_batch_tokens, self.tail.value
+            ceiling = self._load_ceiling(jobs, now)
+            choice = choose_batch_rho(now, batch, queued, self.cost, budget, factor, shedding, ceiling)
             for job, pending, rho in zip(jobs, batch, choice.rhos(batch), strict=True):
                 if job.auto is not None:
                     job.rhos = [rho] * len(job.rows)
@@ -448,6 +456,18 @@ class Batcher:
         )
         self.busy_until = now + self.tail.value * self.batch_predicted
         self._drain.set(self.drain_seconds(now))
+
+    def _load_ceiling(self, jobs: list[Job], now: float) -> float:
+        """The highest rho the recent arrival rate can be served at (``sustainable_rho``, the model busy at
+        most all of the time), a request costed like this batch's mean one at the cost model's mean (a
+        throughput condition, not a tail one; without the per-run cost a full batch shares)."""
+        tokens = sum(job.tokens for job in jobs) / len(jobs)
+        length = round(sum(job.length for job in jobs) / len(jobs))
+
+        def seconds(rho: float) -> float:
+            return self.cost.predict(0.0, tokens, tokens * self.fraction(rho, length))
+
+        return sustainable_rho(self.arrivals.value(now), seconds, cap=SUSTAINABLE_BUSY)
 
     async def _run(self, loop: asyncio.AbstractEventLoop, jobs: list[Job]) -> None:
         rows = [row for job in jobs for row in job.rows]

@@ -13,6 +13,8 @@ from service.admission import (
     REASON_BACKLOG,
     REASON_FLOOR,
     REASON_IDLE,
+    RHO_GRID,
+    ArrivalRate,
     CostModel,
     Pending,
     TailFactor,
@@ -23,6 +25,7 @@ from service.admission import (
     run_groups,
     runs_for,
     schedule_fraction,
+    sustainable_rho,
     tokens_through,
 )
 
@@ -330,3 +333,36 @@ def test_while_requests_are_refused_auto_batches_run_at_their_floor_and_more_are
     late_floor, admitted_floor, _ = simulate_noisy_overload(learn_tail=True, floor_while_shedding=True)
     assert admitted_floor > 1.1 * admitted_greedy
     assert late_floor <= late_greedy
+
+
+def test_arrival_rate_follows_a_steady_stream_and_decays_when_it_stops() -> None:
+    rate = ArrivalRate(tau_s=0.5)
+    assert rate.value(0.0) == 0.0
+    for i in range(2000):  # 100 requests/s for 20 s: many time constants
+        rate.observe(i / 100)
+    assert rate.value(19.99) == pytest.approx(100.0, rel=0.02)
+    assert rate.value(19.99 + 0.5) == pytest.approx(100.0 * math.exp(-1), rel=0.02)  # one tau later
+    flood = ArrivalRate(tau_s=0.5)
+    for i in range(30):  # the first 0.1 s of 300 requests/s
+        flood.observe(i / 300)
+    assert flood.value(0.1) > 50.0  # already past what one core serves at rho = 1 (~33/s)
+
+
+def test_sustainable_rho_is_the_highest_rho_the_arrival_rate_can_be_served_at() -> None:
+    def seconds(rho: float) -> float:  # 30 ms a request at rho = 1, a third of it fixed
+        return 0.01 + 0.02 * rho
+
+    assert sustainable_rho(0.0, seconds) == 1.0 and sustainable_rho(33.0, seconds) == 1.0
+    assert sustainable_rho(40.0, seconds) == 0.7  # 40 × (0.01 + 0.02 ρ) ≤ 1 ⇔ ρ ≤ 0.75
+    assert sustainable_rho(40.0, seconds, cap=0.9) == 0.6  # ρ ≤ 0.625
+    assert sustainable_rho(1000.0, seconds) == RHO_GRID[-1]  # beyond any rho: the lowest
+
+
+def test_controller_never_goes_above_the_load_ceiling_nor_below_the_floor() -> None:
+    model = trained()
+    batch, queued = [auto(64, due=1.0)], [auto(64, due=1.0)] * 3
+    assert choose_batch_rho(0.0, batch, queued, model, BUDGET).candidate == 1.0  # the queue alone fits
+    capped = choose_batch_rho(0.0, batch, queued, model, BUDGET, load_ceiling=0.4)
+    assert capped.candidate == 0.4 and capped.lowered
+    floored = choose_batch_rho(0.0, [auto(64, due=1.0, floor=0.3)], [], model, BUDGET, load_ceiling=0.1)
+    assert floored.candidate == 0.3

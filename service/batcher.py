@@ -63,6 +63,9 @@ SHED_MEMORY_S = 1.0
 # busy more than this share of the time: above it the queue grows whatever it holds now (the start of a
 # flood, when the queue is still short, is where this matters).
 SUSTAINABLE_BUSY = 1.0
+# A batch holding rho=auto jobs is predicted (at their floors) to take at most this share of the tightest
+# latency target among them (``Batcher._take``).
+BATCH_TARGET_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -414,9 +417,14 @@ class Batcher:
                 job.future.set_exception(error)
 
     def _take(self) -> list[Job]:
-        """Pop jobs in arrival order up to the token budget (always at least one); drop expired ones."""
+        """Pop jobs in arrival order up to the token budget (always at least one); drop expired ones.
+        A batch holding rho=auto jobs also stops where its predicted time at their floors would pass
+        ``BATCH_TARGET_SHARE`` of the tightest latency target among them: every job of a batch waits for
+        its own run, and the batch's runs go shortest first, so one long batch at the floor (8,192 tokens
+        of reviews: ~0.3 s on one core) would make its oldest requests late by itself."""
         jobs: list[Job] = []
-        tokens = 0
+        tokens, floor_work = 0, 0.0
+        limit_s = math.inf
         now = time.monotonic()
         while self.queue:
             job = self.queue[0]
@@ -426,11 +434,21 @@ class Batcher:
                 continue
             if jobs and tokens + job.tokens > self.settings.max_batch_tokens:
                 break
+            work = job.tokens * self.fraction(job.floor, job.length)
+            if job.auto is not None:
+                limit_s = min(limit_s, BATCH_TARGET_SHARE * (job.auto.due - job.enqueued))
+            if jobs and self._batch_seconds(tokens + job.tokens, floor_work + work) > limit_s:
+                break
             self.queue.popleft()
             self._count(job, -1)
             jobs.append(job)
             tokens += job.tokens
+            floor_work += work
         return jobs
+
+    def _batch_seconds(self, tokens: int, kept: float) -> float:
+        runs = runs_for(tokens, self.settings.max_batch_tokens)
+        return self.tail.value * self.cost.predict(runs, tokens, kept)
 
     def _assign_rhos(self, jobs: list[Job], now: float) -> None:
         """rho of the batch's auto jobs, from the work still queued behind it (``choose_batch_rho``);

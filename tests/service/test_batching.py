@@ -231,6 +231,45 @@ def test_a_request_is_answered_when_its_run_ends_not_the_batch(tiny_models: dict
     assert short_result.inference_time < long_result.inference_time
 
 
+def test_a_batch_of_auto_requests_stops_at_a_share_of_their_latency_target(
+    tiny_models: dict[str, Path],
+) -> None:
+    """Fifty queued requests: rho=auto ones are taken only up to BATCH_TARGET_SHARE of their target (at
+    their floor, by the cost model), fixed-rho ones up to the token budget."""
+    from service.batcher import BATCH_TARGET_SHARE, AutoBudget, Job
+
+    settings = settings_for(tiny_models["classification"].parent, max_batch_tokens=8192)
+    model = load_model(tiny_models["classification"], settings)
+    rows = model.codec.encode(" ".join(["word"] * 40)).rows
+    target = 0.002  # seconds: a tiny model's runs take well under a millisecond
+
+    async def taken(auto: bool) -> tuple[list[Job], Batcher]:
+        batcher = Batcher(model, settings, Metrics())  # not started: the queue is filled by hand
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        for _ in range(50):
+            budget = AutoBudget(0.1, 1.0, now + target) if auto else None
+            job = Job(rows, [0.1], loop.create_future(), now + 30, budget, enqueued=now)
+            job.tokens, job.length = batcher.shaped(rows), len(rows[0])
+            batcher.queue.append(job)
+            batcher._count(job, +1)
+        return batcher._take(), batcher
+
+    auto_jobs, batcher = asyncio.run(taken(auto=True))
+    fixed_jobs, _ = asyncio.run(taken(auto=False))
+    assert len(fixed_jobs) == 50  # 50 x 48 padded tokens: within the token budget
+    assert 1 <= len(auto_jobs) < 50
+
+    def seconds(jobs: list[Job]) -> float:
+        tokens = sum(job.tokens for job in jobs)
+        return batcher._batch_seconds(
+            tokens, sum(job.tokens * batcher.fraction(0.1, job.length) for job in jobs)
+        )
+
+    assert len(auto_jobs) == 1 or seconds(auto_jobs) <= BATCH_TARGET_SHARE * target
+    assert seconds(auto_jobs + auto_jobs[:1]) > BATCH_TARGET_SHARE * target  # one more would pass it
+
+
 def test_a_failing_batch_fails_its_requests_and_the_worker_survives(tiny_models: dict[str, Path]) -> None:
     from retention_core.codecs.base import Row
     from service.errors import InferenceFailed

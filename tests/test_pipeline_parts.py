@@ -135,3 +135,15 @@ def test_score_shift_benchmark_shows_the_quantile_shift_over_keeping_at_the_sche
     assert at_schedule and all(cell["quantile"] > cell["rate"] + 0.02 for cell in at_schedule)
     assert all(abs(cell["calibrated"] - cell["rate"]) < 1e-3 for cell in payload["cells"])  # type: ignore[attr-defined]
     assert "vs 0.3" in markdown(payload)
+
+
+def test_paired_difference_is_the_spread_of_per_example_differences() -> None:
+    from training.evaluation import paired_difference
+
+    stats = paired_difference([1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0])  # differences 0, -1, 1, 1
+    assert stats["examples"] == 4 and stats["difference"] == pytest.approx(0.25)
+    assert stats["standard_error"] == pytest.approx(((0.0625 + 1.5625 + 0.5625 * 2) / 3) ** 0.5 / 2)
+    shifted = paired_difference([2.0, 3.0, 4.0], [1.0, 2.0, 3.0])  # the same shift everywhere: no spread
+    assert shifted == {"examples": 3, "difference": 1.0, "standard_error": 0.0}
+    with pytest.raises(ValueError, match="same examples"):
+        paired_difference([1.0], [1.0, 2.0])

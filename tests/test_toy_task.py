@@ -186,6 +186,36 @@ def test_a_task_added_in_a_test_trains_exports_evaluates_and_is_served(
     dense = {method: by_rho["1"]["accuracy"] for method, by_rho in report["results"].items()}
     assert len(set(dense.values())) == 1  # at ρ = 1 every method is the dense model
     assert "| learned |" in (out / "eval.md").read_text()
+    # Paired differences to the dense cell, and the per-example scores they came from beside eval.json.
+    saved = json.loads((out / E.PER_EXAMPLE_FILE).read_text())
+    assert saved["metric"] == "accuracy" and len(saved["scores"]["random"]["0.5"]) == 12
+    for method, by_rho in report["results"].items():
+        assert by_rho["1"][E.PAIRED] == {"examples": 12, "difference": 0.0, "standard_error": 0.0}
+        pruned = np.mean(saved["scores"][method]["0.5"]) - np.mean(saved["scores"]["learned"]["1"])
+        assert by_rho["0.5"][E.PAIRED]["difference"] == pytest.approx(pruned)
+        assert "per_example" not in by_rho["0.5"]
+    assert "± paired standard error" in (out / "eval.md").read_text()
+    # --merge keeps the earlier cells' per-example scores; --paired-reference takes another run's dense.
+    training_main(
+        ["evaluate", str(run_dir), "--out", str(out), "--rhos", "0.3", "--methods", "random", "--merge"]
+    )
+    merged = json.loads((out / E.PER_EXAMPLE_FILE).read_text())["scores"]
+    assert (
+        set(merged["random"]) == {"0.3", "0.5", "1"}
+        and merged["learned"]["1"] == saved["scores"]["learned"]["1"]
+    )
+    paired_out = tmp_path / "paired"
+    training_main(
+        ["evaluate", str(run_dir), "--out", str(paired_out), "--rhos", "0.5", "--paired-reference", str(out)]
+    )
+    paired_report = json.loads((paired_out / "eval.json").read_text())
+    assert (
+        paired_report["results"]["learned"]["0.5"][E.PAIRED] == report["results"]["learned"]["0.5"][E.PAIRED]
+    )
+    with pytest.raises(SystemExit, match="paired-reference"):
+        training_main(
+            ["evaluate", str(run_dir), "--out", str(paired_out), "--paired-reference", str(tmp_path)]
+        )
     with pytest.raises(SystemExit, match="lerned"):
         training_main(["evaluate", str(run_dir), "--out", str(out), "--methods", "lerned"])
 

@@ -163,7 +163,7 @@ def evaluation_meta(
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from training.data import load_split, shuffled
-    from training.evaluation import EvaluationRun, write_report
+    from training.evaluation import EvaluationRun, attach_per_example, read_per_example, write_report
     from training.fit import LOG_FILE, load_run, with_min_kept_tokens
     from training.tasks import training_task
 
@@ -189,13 +189,39 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     out_dir = args.out or DEFAULT_RESULTS_DIR / f"{recipe.name}-{recipe.profile}"
     meta = evaluation_meta(recipe, split, len(rows), args.argv, args.device, dataset)
     previous = earlier_results(out_dir, meta) if args.merge else None
+    dense_scores = paired_reference(args.paired_reference, meta) if args.paired_reference else None
     report = evaluation.report(EvaluationRun(model, tokenizer, recipe, rows), rhos, methods)
     if previous is not None:
-        report = evaluation.merge(json.loads(previous.read_text(encoding="utf-8")), report)
-    write_report(report, out_dir, meta, evaluation.table(report))
+        earlier = json.loads(previous.read_text(encoding="utf-8"))
+        saved = read_per_example(out_dir)
+        if saved is not None:
+            earlier = attach_per_example(earlier, saved["scores"])
+        report = evaluation.merge(earlier, report)
+    write_report(report, out_dir, meta, evaluation.table(report), dense_scores)
     if (args.run_dir / LOG_FILE).is_file():  # runs saved without fit (e.g. converted ones) have no log
         shutil.copyfile(args.run_dir / LOG_FILE, out_dir / LOG_FILE)  # the budget curve, beside the results
     print((out_dir / "eval.md").read_text(encoding="utf-8"))
+
+
+def paired_reference(reference_dir: Path, meta: dict[str, object]) -> list[float]:
+    """``--paired-reference``: the dense scores per example of another evaluation of the same examples
+    (e.g. the teacher a stage was distilled from); refuses one that scored other examples."""
+    from training.evaluation import dense_reference
+
+    eval_json = reference_dir / "eval.json"
+    scores = dense_reference(reference_dir) if eval_json.is_file() else None
+    if scores is None:
+        raise SystemExit(
+            f"--paired-reference: no per-example dense (learned, ρ = 1) scores in {reference_dir}"
+        )
+    earlier = json.loads(eval_json.read_text(encoding="utf-8"))["meta"]
+    for key in ("split", "num_examples", "subset"):
+        if earlier.get(key) != meta.get(key):
+            raise SystemExit(
+                f"--paired-reference: {reference_dir} has {key}={earlier.get(key)!r}, "
+                f"this run {meta.get(key)!r}"
+            )
+    return scores
 
 
 def earlier_results(out_dir: Path, meta: dict[str, object]) -> Path | None:
@@ -360,6 +386,13 @@ def parser() -> argparse.ArgumentParser:
     )
     ev_p.add_argument("--out", type=Path, default=None)
     ev_p.add_argument("--device", default="cpu", help="torch device to evaluate on, e.g. cuda")
+    ev_p.add_argument(
+        "--paired-reference",
+        type=Path,
+        default=None,
+        help="an evaluation directory of the same examples whose learned ρ = 1 scores are the dense "
+        "reference of the paired differences (default: this run's own ρ = 1)",
+    )
     add_min_kept_tokens_option(ev_p)
     ev_p.add_argument(
         "--merge", action="store_true", help="keep the results already in --out (same split and examples)"

@@ -125,11 +125,12 @@ def _label(ax: Any, xlabel: str | None, ylabel: str, legend_size: int | None) ->
 def quality_section(payload: dict[str, Any], source: Path, title: str = "Quality vs ρ") -> list[str]:
     from training.classification import MethodResult, markdown_table
     from training.evaluation import markdown_table as token_task_table
+    from training.evaluation import paired_table
 
     meta = payload["meta"]
     task = payload.get("task", "classification")
     if task in TASK_METRICS:
-        table = token_task_table(payload, TASK_METRICS[task])
+        table = token_task_table(payload, TASK_METRICS[task]) + paired_table(payload)
     else:
         table = markdown_table([MethodResult(**r) for r in payload["results"]])
     return [

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
+from benchmarks import report as report_module
 from retention_core import tasks as core_tasks
 from retention_core.codecs.base import Encoded, Row
 from retention_core.codecs.classification import ClassificationCodec
@@ -139,7 +140,7 @@ def toy_task(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_a_task_added_in_a_test_trains_exports_evaluates_and_is_served(
-    toy_task: Path, tmp_path: Path
+    toy_task: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, hf_tokenizer = tiny_model(TASK, seed=3, labels=LABELS)
     tokenizer = hf_tokenizer.backend_tokenizer
@@ -195,6 +196,10 @@ def test_a_task_added_in_a_test_trains_exports_evaluates_and_is_served(
         assert by_rho["0.5"][E.PAIRED]["difference"] == pytest.approx(pruned)
         assert "per_example" not in by_rho["0.5"]
     assert "± paired standard error" in (out / "eval.md").read_text()
+    # ... and in the docs page's section of the run (benchmarks report, task metrics registered here).
+    monkeypatch.setitem(report_module.TASK_METRICS, TASK, ("accuracy",))
+    section = "\n".join(report_module.quality_section(report, out / "eval.json"))
+    assert "accuracy minus the dense reference on the same 12 examples" in section
     # --merge keeps the earlier cells' per-example scores; --paired-reference takes another run's dense.
     training_main(
         ["evaluate", str(run_dir), "--out", str(out), "--rhos", "0.3", "--methods", "random", "--merge"]

@@ -56,13 +56,14 @@ def outcomes(
 
 def paired(correct: np.ndarray, reference: np.ndarray) -> dict[str, float | int]:
     """Mean of correct − reference (percentage points) and its standard error over the same examples."""
-    diff = correct.astype(np.float64) - reference.astype(np.float64)  # (N,) in {-1, 0, 1}
-    n = len(diff)
-    error = float(diff.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+    from training.evaluation import paired_difference
+
+    stats = paired_difference(correct, reference)
+    diff = correct.astype(np.int8) - reference.astype(np.int8)  # (N,) in {-1, 0, 1}
     return {
-        "examples": n,
-        "accuracy_diff": 100.0 * float(diff.mean()) if n else float("nan"),
-        "standard_error": 100.0 * error,
+        "examples": stats["examples"],
+        "accuracy_diff": 100.0 * stats["difference"],
+        "standard_error": 100.0 * stats["standard_error"],
         "gained": int((diff > 0).sum()),
         "lost": int((diff < 0).sum()),
     }

@@ -383,7 +383,9 @@ def markdown_table(report: Report, metrics: Sequence[str]) -> str:
     return "\n".join(lines) + f"\n\nCells: {' / '.join(metrics)} (fraction of dense encoder token-work).\n"
 
 
-def paired_difference(values: Sequence[float], reference: Sequence[float]) -> dict[str, float | int]:
+def paired_difference(
+    values: Sequence[float] | np.ndarray, reference: Sequence[float] | np.ndarray
+) -> dict[str, float | int]:
     """Mean of values − reference over the same examples and its standard error (the spread of the
     per-example differences, not of two independent means)."""
     if len(values) != len(reference):

@@ -53,7 +53,10 @@ from benchmarks.machine import describe, write_result
 
 MODULE = "benchmarks.retrieval"
 RHOS = (1.0, 0.7, 0.5, 0.3, 0.2)
-METHODS = ("learned", "random", "attention", "truncation")
+# "leading": the pruned pass keeping each point's earliest tokens (truncation inside the schedule; with
+# --merge the rest is folded into them). "layer-exit-k": the dense model stopped after layer k.
+METHODS = ("learned", "random", "attention", "leading", "truncation")
+LAYER_EXIT = "layer-exit"
 DENSE = "dense"
 LEARNED = "learned"
 TRUNCATION = "truncation"
@@ -258,6 +261,8 @@ class Encoder:
         from training.evaluation import predict_rows
 
         rows = self.rows(texts)
+        if method.startswith(LAYER_EXIT):
+            return self.layer_exit(rows, int(method.rsplit("-", 1)[1]))
         if method == TRUNCATION:
             if isinstance(rho, tuple):
                 raise ValueError("truncation takes one ρ for every text")
@@ -269,6 +274,19 @@ class Encoder:
             predictions = self.pruned_predictions(rows, method, 1.0 if method == DENSE else rho)
             token_work = float(np.mean([prediction.token_work for prediction in predictions]))
         return np.stack([prediction.logits for prediction in predictions]).astype(np.float32), token_work
+
+    def layer_exit(self, rows: list[Any], num_layers: int) -> tuple[np.ndarray, float]:
+        """The dense model stopped after ``num_layers`` layers: vectors (N, d), token-work k / L."""
+        from training.evaluation import length_sorted_chunks, rows_to_tensors
+        from training.model import layer_exit_pooled
+
+        vectors: list[np.ndarray] = [np.empty(0)] * len(rows)
+        for members in length_sorted_chunks([len(row) for row in rows], self.batch_size):
+            feeds = rows_to_tensors([rows[i] for i in members], self.pad_id())
+            pooled = layer_exit_pooled(self.model, feeds["input_ids"], feeds["attention_mask"], num_layers)
+            for i, member in enumerate(members):
+                vectors[member] = pooled[i].numpy()
+        return np.stack(vectors).astype(np.float32), num_layers / self.model.num_points
 
     def pruned_predictions(self, rows: list[Any], method: str, rho: Budget) -> list[Any]:
         """``forward_pruned`` over the rows at one ρ, or at each row's own ρ (rows sharing a ρ run
@@ -357,6 +375,8 @@ class EmbeddingStore:
             parts.append(f"schedule {self.encoder.model.num_points}^{config.schedule_power}")
             if config.min_kept_tokens:  # keys without a floor stay those of the runs made before it
                 parts.append(f"floor {config.min_kept_tokens}")
+            if config.merge_dropped:
+                parts.append("merge")
         return hashlib.sha1("|".join(parts).encode()).hexdigest()[:20]
 
     def get(self, texts: Sequence[str], method: str, rho: Budget) -> Pass:
@@ -382,14 +402,21 @@ class EmbeddingStore:
 
 
 # ---------------------------------------------------------------------- the benchmark
-def load_embedding_run(run_dir: Path, min_kept_tokens: int | None = None) -> tuple[Any, Any, Any]:
+def load_embedding_run(
+    run_dir: Path, min_kept_tokens: int | None = None, merge: bool | None = None
+) -> tuple[Any, Any, Any]:
     """The run's model (eval mode, CPU), recipe and tokenizer; an embedding run or exit.
-    ``min_kept_tokens``: evaluate with this kept-token floor instead of the run's own."""
+    ``min_kept_tokens``: evaluate with this kept-token floor instead of the run's own; ``merge``: with
+    (or without) merging dropped tokens, whatever the run trained with."""
+    from dataclasses import replace
+
     from training.fit import load_run, with_min_kept_tokens
 
     model, recipe, tokenizer = load_run(run_dir)
     if recipe.task != "embedding":
         raise SystemExit(f"retrieval needs an embedding run; {run_dir} is task {recipe.task!r}")
+    if merge is not None:
+        model.config = replace(model.config, merge_dropped=merge)
     return model, with_min_kept_tokens(model, recipe, min_kept_tokens), tokenizer
 
 
@@ -458,9 +485,11 @@ def retrieval_grid(
     methods: Sequence[str],
     rhos: Sequence[float],
     query_rhos: Sequence[float],
+    layer_exits: Sequence[int] = (),
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """``{"dense": {"1": cell}, "<method>": {"<ρ>": cell}, "learned+queries": {"<ρ>": cell}}``; the
-    last at ``query_rhos`` only (queries pruned with the learned scorers too)."""
+    """``{"dense": {"1": cell}, "<method>": {"<ρ>": cell}, "learned+queries": {"<ρ>": cell},
+    "layer-exit": {"<k>": cell}}``; learned+queries at ``query_rhos`` only (queries pruned with the
+    learned scorers too); layer exit after each of ``layer_exits`` layers."""
     dense_docs = store.get(data.paragraphs, DENSE, 1.0)
     dense_queries = store.get(data.questions, DENSE, 1.0)
     dense_ranks = search(dense_queries.vectors, dense_docs.vectors, data.gold)
@@ -477,16 +506,28 @@ def retrieval_grid(
         }
     }
     pruned_rhos = [rho for rho in rhos if rho < 1.0]
-    for method in methods:
+    # Truncation first: every other method's cell is paired with it at the same ρ (same token-work).
+    ordered = sorted(methods, key=lambda method: method != TRUNCATION)
+    truncation_ranks: dict[str, np.ndarray] = {}
+    for method in ordered:
         for rho in pruned_rhos:
             docs = store.get(data.paragraphs, method, rho)
             ranks = search(dense_queries.vectors, docs.vectors, data.gold)
-            results.setdefault(method, {})[f"{rho:g}"] = cell(
+            key = f"{rho:g}"
+            results.setdefault(method, {})[key] = cell(
                 ranks, docs, dense_queries, dense_docs, dense_queries, dense_ranks
             )
-            print(
-                f"{method} ρ={rho:g}: nDCG@10 {results[method][f'{rho:g}'][f'ndcg@{CUTOFF}']:.2f}", flush=True
-            )
+            if method == TRUNCATION:
+                truncation_ranks[key] = ranks
+            elif key in truncation_ranks:
+                results[method][key]["ndcg_vs_truncation"] = paired_difference(ranks, truncation_ranks[key])
+            print(f"{method} ρ={rho:g}: nDCG@10 {results[method][key][f'ndcg@{CUTOFF}']:.2f}", flush=True)
+    for num_layers in layer_exits:
+        docs = store.get(data.paragraphs, f"{LAYER_EXIT}-{num_layers}", 1.0)
+        ranks = search(dense_queries.vectors, docs.vectors, data.gold)
+        results.setdefault(LAYER_EXIT, {})[str(num_layers)] = cell(
+            ranks, docs, dense_queries, dense_docs, dense_queries, dense_ranks
+        )
     if LEARNED in methods:
         for rho in [rho for rho in query_rhos if rho < 1.0]:
             docs, queries = store.get(data.paragraphs, LEARNED, rho), store.get(data.questions, LEARNED, rho)
@@ -565,20 +606,22 @@ def retrieval_benchmark(
     dataset: Dataset = DATASETS[DEFAULT_DATASET],
     paired_run: Path | None = None,
     min_kept_tokens: int | None = None,
+    layer_exits: Sequence[int] = (),
+    merge: bool | None = None,
 ) -> dict[str, Any]:
     import torch
 
     from training.data import EVAL_SEED
 
     start = time.perf_counter()
-    model, recipe, tokenizer = load_embedding_run(run_dir, min_kept_tokens)
+    model, recipe, tokenizer = load_embedding_run(run_dir, min_kept_tokens, merge)
     data = read_retrieval_set(data_path, limit_queries, dataset)
     store = EmbeddingStore(Encoder(model, tokenizer, recipe.max_length), dataset_cache(cache_dir, dataset))
     query_rhos = list(rhos) if query_rhos is None else list(query_rhos)
-    results = retrieval_grid(store, data, methods, rhos, query_rhos)
+    results = retrieval_grid(store, data, methods, rhos, query_rhos, layer_exits)
     paired: dict[str, Any] = {}
     if paired_run is not None:
-        other_model, other_recipe, other_tokenizer = load_embedding_run(paired_run, min_kept_tokens)
+        other_model, other_recipe, other_tokenizer = load_embedding_run(paired_run, min_kept_tokens, merge)
         other = EmbeddingStore(
             Encoder(other_model, other_tokenizer, other_recipe.max_length), dataset_cache(cache_dir, dataset)
         )
@@ -593,6 +636,8 @@ def retrieval_benchmark(
         **query_fields(data, limit_queries),
         "max_length": recipe.max_length,
         "min_kept_tokens": recipe.retention.min_kept_tokens,
+        "merge_dropped": bool(model.config.merge_dropped),
+        "schedule_power": model.config.schedule_power,
         "encoder": ENCODER,
         "search": search_description(dataset),
         "random_seed": EVAL_SEED,
@@ -652,6 +697,14 @@ def markdown(payload: dict[str, Any]) -> str:
         for rho, values in learned.items():
             paired = values["ndcg_vs_dense"]
             lines.append(f"- ρ = {rho}: {paired['difference']:+.2f} ± {paired['se']:.2f}")
+    versus = [
+        (method, rho, values["ndcg_vs_truncation"])
+        for method, rho, values in _ordered_cells(payload["results"])
+        if "ndcg_vs_truncation" in values
+    ]
+    if versus:
+        lines += ["", "nDCG@10 minus first-k truncation at the same ρ (same token-work), same queries:", ""]
+        lines += [f"- {m} ρ = {r}: {v['difference']:+.2f} ± {v['se']:.2f}" for m, r, v in versus]
     if "paired_with" in payload:
         lines += [
             "",
@@ -703,6 +756,15 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="another embedding run: learned minus its learned, paired",
     )
+    parser.add_argument(
+        "--layer-exits", type=int, nargs="*", default=[], help="layer-exit baselines: stop after k layers"
+    )
+    parser.add_argument(
+        "--merge",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="merge dropped tokens into kept ones (default: as the run was trained)",
+    )
     long_context = parser.add_argument_group(
         "long context",
         "--long-context: benchmarks.retrieval_long instead of the ρ grid (--methods, "
@@ -737,6 +799,8 @@ def main(argv: list[str] | None = None) -> None:
         dataset,
         args.paired_with,
         args.min_kept_tokens,
+        args.layer_exits,
+        args.merge,
     )
     payload["command"] = f"python -m {MODULE} " + " ".join(argv)
     table = markdown(payload)

@@ -71,6 +71,17 @@ class Schedule(BaseModel):
         "min(this, real tokens), so a row at or under it runs dense at any rho; 0 (no floor) for model "
         "directories exported before the floor existed",
     )
+    merge_dropped: bool = Field(
+        default=False,
+        description="dropped tokens are merged into their most similar kept token inside the graph "
+        "(proportional attention, size-weighted pooling); False for directories exported before merging",
+    )
+    leading_share: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="share of each point's kept count given to the earliest tokens",
+    )
     last_layer_queries: int | None = Field(
         default=None, description="queries the last layer computes (1 = [CLS] only); None = all"
     )

@@ -31,7 +31,7 @@ from retention_core.tasks import CodecOptions, TaskSpec, task_spec
 from retention_core.text import backend_tokenizer
 from training import retention as R
 from training.data import EVAL_SEED, Example
-from training.model import RetentionModel, Selector, attention_selector, random_selector
+from training.model import RetentionModel, Selector, attention_selector, leading_selector, random_selector
 from training.recipes import EvalSpec, Recipe
 
 LEARNED = "learned"
@@ -156,6 +156,8 @@ def make_selector(method: str, seed: int = EVAL_SEED) -> Selector | None:
         return random_selector(torch.Generator().manual_seed(seed))
     if method == "attention":
         return attention_selector()
+    if method == "leading":
+        return leading_selector()
     raise ValueError(f"unknown selection method {method!r}; known: {CODEC_METHODS}")
 
 

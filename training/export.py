@@ -334,6 +334,8 @@ def build_manifest(
             power=model.config.schedule_power,
             num_points=model.num_points,
             min_kept_tokens=model.config.min_kept_tokens,
+            merge_dropped=model.config.merge_dropped,
+            leading_share=model.config.leading_share,
             last_layer_queries=model.last_layer_queries,
         ),
         variants=variants,

@@ -57,6 +57,8 @@ def retention_config(recipe: Recipe) -> RetentionConfig:
         ema_decay=spec.ema_decay,
         schedule_power=spec.schedule_power,
         min_kept_tokens=spec.min_kept_tokens,
+        merge_dropped=spec.merge_dropped,
+        leading_share=spec.leading_share,
         hard_concrete=R.HardConcrete(spec.gate_temperature, spec.gate_left, spec.gate_right),
     )
 

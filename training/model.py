@@ -43,6 +43,12 @@ class RetentionConfig:
     # Kept-token floor: every pruning point keeps at least min(min_kept_tokens, n_real) tokens
     # (retention.floor_tokens). 0 = none, what every model trained before the floor existed assumed.
     min_kept_tokens: int = 0
+    # Merge what each pruning point drops into its most similar kept token (retention.merge_dropped):
+    # sizes carried, proportional attention, size-weighted pooling. False = drop (the paper's pass).
+    merge_dropped: bool = False
+    # Share of each point's kept count reserved for the earliest tokens (retention.leading_span): 1 =
+    # truncation inside the schedule, 0 = the scorers choose every kept token.
+    leading_share: float = 0.0
     hard_concrete: R.HardConcrete = field(default_factory=R.HardConcrete)
 
 
@@ -346,24 +352,36 @@ class RetentionModel(nn.Module):
         restored = hidden  # (B, T, d): every token's latest state, scattered back at the end
         positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0).expand_as(valid)  # (B,T)
         depth = torch.zeros_like(positions)  # (B, T) int64: layers entered so far, per original position
+        merge = self.config.merge_dropped
+        sizes = valid.to(hidden.dtype)  # (B, T): original tokens each slot holds (merging only)
         for point, layer in enumerate(self.backbone.views):
             raw = selector(point, layer, hidden, valid) if selector else self.scorers[point](hidden, valid)
             if probe is not None:
                 probe.before_selection(point, raw, valid, protected, counts)
-            index, valid = R.select_top_tokens(R.masked_scores(raw, valid, protected), counts[:, point])
-            hidden = R.gather_tokens(hidden, index)  # (B, K, d)
+            chosen = protected
+            if self.config.leading_share > 0.0:
+                chosen = protected | R.leading_span(positions, counts[:, point], self.config.leading_share)
+            index, valid = R.select_top_tokens(R.masked_scores(raw, valid, chosen), counts[:, point])
+            if merge:
+                hidden, sizes = R.merge_dropped(hidden, sizes, index, valid)  # (B, K, d), (B, K)
+            else:
+                hidden = R.gather_tokens(hidden, index)  # (B, K, d)
             protected = R.gather_tokens(protected, index)  # (B, K)
             positions = R.gather_tokens(positions, index)  # (B, K)
             if probe is not None:
                 probe.after_selection(positions, valid)
             depth = R.add_layer_survivors(depth, positions, valid)
             is_last = point == self.num_points - 1
-            hidden = layer(
-                hidden, R.attention_bias(valid, hidden.dtype), self.last_layer_queries if is_last else None
-            )
+            key_bias = (
+                R.proportional_bias(valid, sizes, hidden.dtype)
+                if merge
+                else R.attention_bias(valid, hidden.dtype)
+            )  # (B, 1, 1, K)
+            hidden = layer(hidden, key_bias, self.last_layer_queries if is_last else None)
             if restore:
                 restored = _scatter_valid(restored, positions, hidden, valid)
-        out = self._head(restored, inputs.attention_mask) if restore else self._head(hidden, valid)
+        pool_weights = sizes if merge else valid  # a merged survivor stands for every token it holds
+        out = self._head(restored, inputs.attention_mask) if restore else self._head(hidden, pool_weights)
         return PrunedOutput(out, counts, depth)
 
     def _head(self, hidden: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -402,6 +420,17 @@ def random_selector(generator: torch.Generator) -> Selector:
     return select
 
 
+def leading_selector() -> Selector:
+    """Truncation inside the pass: the earliest tokens rank first (slots stay in original order), so
+    each point keeps the leading ones; with merging, the tail is folded into them instead of lost."""
+
+    def select(point: int, layer: LayerView, hidden: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        slots = torch.arange(valid.shape[1], device=valid.device, dtype=hidden.dtype)  # (T,)
+        return (-slots).unsqueeze(0).expand(valid.shape[0], -1)  # (B, T)
+
+    return select
+
+
 def attention_selector() -> Selector:
     """PoWER-BERT / H2O style: the attention each token receives in the next layer, summed over
     heads and (valid) queries. Needs the attention probabilities, so it cannot use fused attention."""
@@ -412,3 +441,16 @@ def attention_selector() -> Selector:
         return (probs * query_weight).sum(dim=(1, 2))  # (B, T)
 
     return select
+
+
+@torch.no_grad()
+def layer_exit_pooled(
+    model: RetentionModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_layers: int
+) -> torch.Tensor:
+    """Layer-exit baseline: the dense model stopped after its first ``num_layers`` layers, every token
+    kept, then the model's pooled head. (B, T) → (B, d); token-work num_layers / L."""
+    valid = attention_mask.bool()  # (B, T)
+    hidden = model.backbone.embed(input_ids)  # (B, T, d)
+    for layer in model.backbone.views[:num_layers]:
+        hidden = layer(hidden, R.attention_bias(valid, hidden.dtype))
+    return model.head(hidden, valid)

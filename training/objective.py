@@ -108,6 +108,23 @@ class BudgetRule:
         """One budget per example, uniform in [low, high]: (B,) on the generator's device."""
         return R.sample_rho(batch_size, self.rho_low, self.rho_high, generator)
 
+    def sandwich(
+        self, rho: torch.Tensor, random_budgets: int, generator: torch.Generator | None
+    ) -> list[torch.Tensor]:
+        """The budgets of one multi-budget step, each (B,): the widest (ρ = 1), the narrowest (ρ.low),
+        the batch's own ρ and ``random_budgets − 1`` fresh per-example draws. ``random_budgets`` 0: the
+        batch's ρ alone (one top-M pass, as before the sandwich existed)."""
+        if random_budgets <= 0:
+            return [rho]
+        widest, narrowest = torch.ones_like(rho), torch.full_like(rho, self.rho_low)
+        fresh = [
+            R.sample_rho(rho.shape[0], self.rho_low, self.rho_high, generator).to(rho.device)
+            if generator is not None
+            else self.rho_low + (self.rho_high - self.rho_low) * torch.rand_like(rho)
+            for _ in range(random_budgets - 1)
+        ]
+        return [widest, narrowest, rho, *fresh]
+
     def initial_lambda(self, lam: torch.Tensor) -> torch.Tensor:
         """λ to start from: the given one (zeros, or a parent run's), or the frozen value."""
         return lam if self.fixed_lambda is None else lam.fill_(self.fixed_lambda)
@@ -129,6 +146,7 @@ class LossWeights:
     distill: float = 0.0  # divergence of the top-M pass from the dense pass's detached outputs
     salient: float = 0.0  # −log P(gate open) of the task's salient tokens
     soft: float = 1.0  # task loss of the soft (gated) pass; 0 skips the pass
+    sandwich_random: int = 0  # random budgets of a multi-budget top-M term (0: the batch's ρ only)
 
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> LossWeights:
@@ -139,6 +157,7 @@ class LossWeights:
             spec.distill_weight,
             spec.salient_keep_weight,
             spec.soft_loss_weight,
+            spec.sandwich_random_budgets,
         )
 
     @property
@@ -232,14 +251,14 @@ class Objective:
         if self.task.teacher is not None:
             batch = replace(batch, targets=self.task.teacher(teacher_model, batch))
         if not self.weights.soft_pass:
-            return self.hard_pass_terms(model, batch, rho, lam)
+            return self.hard_pass_terms(model, batch, rho, lam, generator)
         teacher_logits = self.teacher_logits(teacher_model, batch)
         soft = model.forward_soft(**batch.encoder_inputs(), rho=rho, generator=generator, gates=self.gates)
         task_loss = self.task.loss(soft.logits, batch)
         gap = R.budget_gap(soft.expected_kept, soft.target_kept, soft.num_real)  # (P,)
         budget = R.lagrangian_penalty(gap, lam)
         if teacher_logits is None:
-            extra = self.hard_pass_losses(model, batch, rho)
+            extra = self.hard_pass_losses(model, batch, rho, generator)
         else:
             extra = self.stage_hard_pass_losses(model, batch, rho, teacher_logits)
             extra.soft_distill = self.divergence(soft.logits, teacher_logits, batch)
@@ -278,16 +297,27 @@ class Objective:
         )
 
     def hard_pass_terms(
-        self, model: RetentionModel, batch: Batch, rho: torch.Tensor, lam: torch.Tensor
+        self,
+        model: RetentionModel,
+        batch: Batch,
+        rho: torch.Tensor,
+        lam: torch.Tensor,
+        generator: torch.Generator | None = None,
     ) -> StepTerms:
         """A step without the soft pass: only the hard passes train, so no gate is sampled, no budget
         gap exists and λ stays where it is. With ρ fixed at 1 this is plain dense fine-tuning, one
         pass per step (a dense teacher, three times cheaper than the joint objective)."""
         no_gap = torch.zeros_like(lam)  # (P,)
         zero = no_gap.sum()
-        return StepTerms(None, no_gap, zero, zero, self.hard_pass_losses(model, batch, rho))
+        return StepTerms(None, no_gap, zero, zero, self.hard_pass_losses(model, batch, rho, generator))
 
-    def hard_pass_losses(self, model: RetentionModel, batch: Batch, rho: torch.Tensor) -> ExtraTerms:
+    def hard_pass_losses(
+        self,
+        model: RetentionModel,
+        batch: Batch,
+        rho: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> ExtraTerms:
         """The hard top-M pass at the batch's ρ and, with distillation, the dense pass.
 
         The soft pass never freezes a token completely, while inference drops tokens for good and
@@ -302,6 +332,15 @@ class Objective:
         inputs = batch.encoder_inputs()
         pruned_logits = model.forward_pruned(**inputs, rho=rho).logits
         pruned = self.task.loss(pruned_logits, batch)
+        if self.weights.sandwich_random > 0:
+            # Multi-budget: the mean task loss over the sandwich (ρ = 1, ρ.low, random), the batch's
+            # own ρ included (its pass above is reused).
+            others = [
+                self.task.loss(model.forward_pruned(**inputs, rho=budget).logits, batch)
+                for budget in self.budget.sandwich(rho, self.weights.sandwich_random, generator)
+                if budget is not rho
+            ]
+            pruned = torch.stack([pruned, *others]).mean()
         if not distill:
             return ExtraTerms(pruned=pruned)
         assert self.task.distill is not None  # from_recipe refuses distillation without it

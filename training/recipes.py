@@ -50,6 +50,19 @@ class RetentionSpec(Strict):
         "(docs/experiments/2026-11-25-kept-token-floor.md); a schedule setting, so export "
         "--min-kept-tokens adds it to a trained run",
     )
+    merge_dropped: bool = Field(
+        default=False,
+        description="fold each dropped token into its most similar kept token (size-weighted, sizes "
+        "carried, proportional attention, size-weighted pooling; retention.merge_dropped) instead of "
+        "dropping it; rho = 1 stays exactly the dense model",
+    )
+    leading_share: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="share of every pruning point's kept count reserved for the earliest tokens "
+        "(retention.leading_span): 1 = first-k truncation inside the schedule, 0 = scorers alone",
+    )
     gate_temperature: float = 0.66
     gate_left: float = -0.1
     gate_right: float = 1.1
@@ -171,6 +184,16 @@ class ObjectiveSpec(Strict):
             "add this weight × the mean −log P(gate open) of the tokens the task marks salient (QA: "
             "the gold answer span) at every point, so the scorers learn to keep them; the budget still "
             "sets how many tokens survive. Needs a task adapter with a salient-token mask"
+        ),
+    )
+    sandwich_random_budgets: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "multi-budget training (the Length-Adaptive Transformer's sandwich rule): with "
+            "pruned_loss_weight > 0, the hard top-M pass runs at rho = 1, at rho.low and at this many "
+            "random budgets (the batch's own per-example rho, then fresh draws) and its task loss is "
+            "their mean, so backbone and head learn to serve every budget; 0 = one pass at the batch's rho"
         ),
     )
 

@@ -172,6 +172,19 @@ def keep_counts(
     return torch.minimum(counts, num_real.unsqueeze(-1))  # (B, P)
 
 
+def leading_span(positions: torch.Tensor, counts: torch.Tensor, share: float) -> torch.Tensor:
+    """The protected leading span of one pruning point: the ``share`` of its kept count that goes to the
+    earliest real tokens, whatever they score. positions (B, T) original positions of the current slots,
+    counts (B,) this point's keep counts → (B, T) bool.
+
+    Counts never grow with depth, so each point's span lies inside the previous one's (already kept):
+    share 1 is first-k truncation inside the schedule, share 0 the learned selection alone. Real tokens
+    are right-padded, so the first n original positions are the first n real tokens.
+    """
+    span = torch.floor(counts.to(torch.float32) * share).to(positions.dtype)  # (B,)
+    return positions < span.unsqueeze(-1)
+
+
 def conditional_keep_rates(fractions: torch.Tensor) -> torch.Tensor:
     """Per-point survival rate given survival so far: (B, P) cumulative → (B, P) conditional.
     A point after one that kept nothing gets rate 0 (the clamp only guards 0 / 0)."""
@@ -331,6 +344,62 @@ def gather_tokens(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return torch.gather(values, 1, expanded)
 
 
+# --------------------------------------------------------------------------------------------
+# Merging what a pruning point drops (ToMe's size-weighted merge with proportional attention)
+# --------------------------------------------------------------------------------------------
+# A dropped token is not thrown away: its state is added into the kept token it is most similar to,
+# as a size-weighted mean, and sizes travel with the tokens. Attention then counts a merged token as
+# as many tokens as it holds (log-size on its key logit) and the final mean pool weighs each survivor
+# by its size, so the pooled vector still averages every real token. With nothing dropped (ρ = 1)
+# every token lands alone in its own slot with size 1: the arithmetic is x·1/1 and log 1 = 0, so the
+# pass is bit-for-bit the dense one.
+MERGE_NORM_FLOOR = 1e-6  # cosine of a zero state stays finite
+
+
+def merge_destinations(hidden: torch.Tensor, index: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """The kept slot every token goes to: its own if kept, else the kept slot of highest cosine.
+
+    hidden (B, T, d) states entering the layer, index (B, K) kept positions (``select_top_tokens``),
+    kept (B, K) bool which slots are valid → (B, T) int64 slot in [0, K). Positions in ``index`` are
+    distinct per row (top-k), so a kept token's own slot is unambiguous.
+    """
+    unit = hidden / hidden.norm(dim=-1, keepdim=True).clamp(min=MERGE_NORM_FLOOR)  # (B, T, d)
+    similarity = torch.matmul(unit, gather_tokens(unit, index).transpose(1, 2))  # (B, T, K)
+    similarity = torch.where(kept.unsqueeze(1), similarity, torch.full_like(similarity, EXCLUDED_SCORE))
+    nearest = similarity.argmax(dim=-1)  # (B, T)
+    slots = torch.arange(index.shape[1], device=index.device).unsqueeze(0).expand_as(index)  # (B, K)
+    own_slot = torch.zeros_like(nearest).scatter(1, index, slots)  # (B, T); garbage where not indexed
+    is_kept = torch.zeros_like(nearest).scatter(1, index, kept.to(nearest.dtype)) > 0  # (B, T)
+    return torch.where(is_kept, own_slot, nearest)
+
+
+def merge_dropped(
+    hidden: torch.Tensor, sizes: torch.Tensor, index: torch.Tensor, kept: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the selected slots and fold every other real token into its nearest kept one.
+
+    hidden (B, T, d), sizes (B, T) ≥ 0 (how many original tokens a slot holds; 0 for pads and invalid
+    slots), index/kept (B, K) from ``select_top_tokens`` → merged states (B, K, d) and sizes (B, K):
+    x_k ← Σ_{t→k} s_t·x_t / Σ_{t→k} s_t. Invalid slots hold no mass and keep their gathered state.
+    """
+    destination = merge_destinations(hidden, index, kept)  # (B, T)
+    mass = torch.zeros_like(kept, dtype=sizes.dtype).scatter_add(1, destination, sizes)  # (B, K)
+    spread = destination.unsqueeze(-1).expand_as(hidden)  # (B, T, d)
+    total = torch.zeros_like(gather_tokens(hidden, index)).scatter_add(
+        1, spread, hidden * sizes.unsqueeze(-1)
+    )  # (B, K, d)
+    merged = total / mass.clamp(min=1.0).unsqueeze(-1)  # a real slot holds at least itself: mass ≥ 1
+    has_mass = (mass > 0).unsqueeze(-1)  # (B, K, 1)
+    return torch.where(has_mass, merged, gather_tokens(hidden, index)), mass
+
+
+def proportional_bias(valid: torch.Tensor, sizes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``attention_bias`` plus log(size) on every valid key, so a merged token weighs as the tokens it
+    holds: valid (B, T) bool, sizes (B, T) → (B, 1, 1, T). log 1 = 0 leaves unmerged keys unchanged."""
+    log_size = torch.log(sizes.clamp(min=1.0)).to(dtype)  # (B, T); 0 for invalid slots (masked anyway)
+    return attention_bias(valid, dtype) + log_size[:, None, None, :]
+
+
 def add_layer_survivors(depth: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Survival depth so far (B, T) int64, plus one at the original position of every valid kept slot of
     the layer about to run: positions (B, K), valid (B, K) bool → (B, T).
@@ -397,7 +466,11 @@ __all__ = [
     "keep_counts",
     "keep_fractions",
     "lagrangian_penalty",
+    "leading_span",
     "masked_scores",
+    "merge_destinations",
+    "merge_dropped",
+    "proportional_bias",
     "quantile_shift",
     "random_scores",
     "salient_keep_loss",

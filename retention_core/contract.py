@@ -11,6 +11,8 @@ Torch-free on purpose: the serving process imports this module to validate ``man
 
 from __future__ import annotations
 
+import os
+import uuid
 from pathlib import Path
 from typing import Literal
 
@@ -158,4 +160,19 @@ class Manifest(BaseModel):
         return cls.model_validate_json((model_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
 
     def write(self, model_dir: Path) -> None:
-        (model_dir / MANIFEST_FILE).write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        """Replace ``manifest.json`` in one rename: a reader (a hot-reloading service) sees the old manifest
+        or the new one, never a truncated or half-written file."""
+        target = model_dir / MANIFEST_FILE
+        temporary = model_dir / f".{MANIFEST_FILE}.{uuid.uuid4().hex[:8]}.tmp"  # same file system: rename
+        # O_EXCL: never write through another file; mode 0o666 under the umask, as write_text would (a
+        # service running as another user must read it; mkstemp's 0600 would hide it).
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                handle.write(self.model_dump_json(indent=2) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())  # the bytes are on disk before the name points at them
+            os.replace(temporary, target)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise

@@ -15,7 +15,7 @@ import pytest
 
 import training.__main__ as training_cli
 import training.export as export_module
-from retention_core.contract import MANIFEST_FILE, Manifest
+from retention_core.contract import MANIFEST_FILE, Manifest, choose_default_rho
 from tests.test_export_install import ExportCrash, snapshot
 from tests.tiny import tiny_model, tiny_recipe, write_rows
 from training.__main__ import export_run
@@ -124,6 +124,10 @@ def test_a_reader_of_the_live_directory_sees_the_old_manifest_then_the_final_one
     assert reader.seen == [old.model_dump_json(), final.model_dump_json()]  # nothing in between
     assert final.quality is not None and final.speed is not None
     assert final.variants["int8"].quality is not None
+    # default_rho follows the rule on the measured curve; the old model, without a curve, is dense.
+    assert (final.default_rho, final.default_rho_rule) == choose_default_rho(final.quality)
+    assert final.default_rho_rule is not None and "accuracy on sst2/validation" in final.default_rho_rule
+    assert (old.default_rho, old.default_rho_rule) == (1.0, "no quality curve: dense (rho=1)")
     assert sorted(p.name for p in reader.model_dir.parent.iterdir()) == ["tiny"]  # no staging left
 
 

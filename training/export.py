@@ -317,6 +317,7 @@ def build_manifest(
     quality: C.QualityCurve | None,
 ) -> C.Manifest:
     info = model.backbone.info
+    default_rho, default_rho_rule = C.choose_default_rho(quality)  # recipe.rho.default no longer decides
     return C.Manifest(
         name=name,
         task=recipe.task,
@@ -330,7 +331,8 @@ def build_manifest(
             intermediate_size=info.intermediate_size,
         ),
         max_length=min(recipe.max_length, info.max_positions),
-        default_rho=recipe.rho.default,
+        default_rho=default_rho,
+        default_rho_rule=default_rho_rule,
         schedule=C.Schedule(
             power=model.config.schedule_power,
             num_points=model.num_points,
@@ -382,7 +384,7 @@ def export_model(
         save_serving_tokenizer(tokenizer, staging / C.TOKENIZER_FILE)
         manifest = build_manifest(model, recipe, name or recipe.name, variants, quality)
         if measure is not None:
-            manifest = measure(staging, manifest)
+            manifest = with_default_rho(measure(staging, manifest))  # the measured curve decides it
         manifest.write(staging)
         C.Manifest.read(staging)  # the service's reader accepts what we wrote, before anyone can see it
         os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp's 0700 would hide the model from other users
@@ -391,6 +393,12 @@ def export_model(
         if staging.exists():  # failed before the swap, or holds the replaced model after it
             shutil.rmtree(staging)
     return manifest
+
+
+def with_default_rho(manifest: C.Manifest) -> C.Manifest:
+    """``manifest`` with default_rho (and the rule's text) chosen from its fp32 quality curve."""
+    default_rho, rule = C.choose_default_rho(manifest.quality)
+    return manifest.model_copy(update={"default_rho": default_rho, "default_rho_rule": rule})
 
 
 def current_umask() -> int:

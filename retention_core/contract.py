@@ -11,6 +11,9 @@ Torch-free on purpose: the serving process imports this module to validate ``man
 
 from __future__ import annotations
 
+import math
+import os
+import uuid
 from pathlib import Path
 from typing import Literal
 
@@ -93,6 +96,9 @@ class QualityPoint(BaseModel):
 
 
 class QualityCurve(BaseModel):
+    """The exported graph's quality at each measured ρ. Values are fractions in 0–1 (accuracy, F1, ROUGE
+    F1, cosine to the dense vector, agreement with the dense model): one point of the metric is 0.01."""
+
     metric: str
     split: str
     num_examples: int
@@ -146,6 +152,10 @@ class Manifest(BaseModel):
     backbone: Backbone
     max_length: int = Field(ge=2)
     default_rho: float = Field(gt=0.0, le=1.0)
+    default_rho_rule: str | None = Field(
+        default=None,
+        description="how the exporter chose default_rho (choose_default_rho); None for older exports",
+    )
     schedule: Schedule
     tokenizer: str = TOKENIZER_FILE
     variants: dict[str, Variant]
@@ -169,4 +179,52 @@ class Manifest(BaseModel):
         return cls.model_validate_json((model_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
 
     def write(self, model_dir: Path) -> None:
-        (model_dir / MANIFEST_FILE).write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        """Replace ``manifest.json`` in one rename: a reader (a hot-reloading service) sees the old manifest
+        or the new one, never a truncated or half-written file."""
+        target = model_dir / MANIFEST_FILE
+        temporary = model_dir / f".{MANIFEST_FILE}.{uuid.uuid4().hex[:8]}.tmp"  # same file system: rename
+        # O_EXCL: never write through another file; mode 0o666 under the umask, as write_text would (a
+        # service running as another user must read it; mkstemp's 0600 would hide it).
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                handle.write(self.model_dump_json(indent=2) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())  # the bytes are on disk before the name points at them
+            os.replace(temporary, target)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+
+
+# A request without ρ is served at default_rho. The exporter picks the lowest measured ρ whose quality
+# loss against ρ = 1 is at most DEFAULT_RHO_MAX_LOSS_POINTS points of the curve's metric. Curve values are
+# fractions in 0–1 (QualityCurve), so one point is QUALITY_POINT = 0.01 of a value (1 point of accuracy:
+# 0.90 → 0.89).
+DEFAULT_RHO_MAX_LOSS_POINTS = 1.0
+QUALITY_POINT = 0.01
+DENSE_RHO = 1.0
+_LOSS_SLACK = 1e-9  # float subtraction: 0.87 - 0.86 is 0.010000000000000009, still one point
+
+
+def choose_default_rho(quality: QualityCurve | None) -> tuple[float, str]:
+    """(default_rho, how it was chosen): the lowest measured ρ whose value is within
+    ``DEFAULT_RHO_MAX_LOSS_POINTS`` points of the ρ = 1 value (a point above the tolerance between two that
+    qualify does not disqualify the lower one: each ρ is judged on its own measurement). Dense (1.0) when
+    no curve was measured or it has no ρ = 1 point to compare with. Pure: the service may call it too."""
+    if quality is None:
+        return DENSE_RHO, "no quality curve: dense (rho=1)"
+    dense = [point.value for point in quality.points if math.isclose(point.rho, DENSE_RHO)]
+    if not dense:
+        return DENSE_RHO, f"no rho=1 point in the quality curve ({quality.split}): dense (rho=1)"
+    tolerance = DEFAULT_RHO_MAX_LOSS_POINTS * QUALITY_POINT + _LOSS_SLACK
+    within = [
+        point.rho
+        for point in quality.points
+        if 0.0 < point.rho <= DENSE_RHO and dense[0] - point.value <= tolerance
+    ]
+    rule = (
+        f"lowest measured rho within {DEFAULT_RHO_MAX_LOSS_POINTS:g} point of rho=1 "
+        f"({quality.metric} on {quality.split}, {quality.num_examples} examples)"
+    )
+    return min(within, default=DENSE_RHO), rule

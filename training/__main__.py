@@ -107,16 +107,18 @@ def export_run(
 
     model, recipe, tokenizer = load_run(run_dir)
     recipe = with_min_kept_tokens(model, recipe, min_kept_tokens)
-    manifest = export_model(model, recipe, tokenizer, out_dir, int8=int8)
-    if quality:
-        manifest.quality = manifest_quality(out_dir / MODEL_FILE, recipe, tokenizer, "onnxruntime fp32")
-        manifest.speed = measure_speed(out_dir / MODEL_FILE, manifest, model.backbone.info_vocab_size)
+
+    def measure(staging: Path, manifest: Manifest) -> Manifest:
+        """Quality curves (fp32, int8) and speed of the staged graphs: they go live with their curves."""
+        manifest.quality = manifest_quality(staging / MODEL_FILE, recipe, tokenizer, "onnxruntime fp32")
+        manifest.speed = measure_speed(staging / MODEL_FILE, manifest, model.backbone.info_vocab_size)
         if int8:
             manifest.variants["int8"].quality = manifest_quality(
-                out_dir / INT8_MODEL_FILE, recipe, tokenizer, "onnxruntime int8"
+                staging / INT8_MODEL_FILE, recipe, tokenizer, "onnxruntime int8"
             )
-        manifest.write(out_dir)
-    Manifest.read(out_dir)  # the service's reader accepts what we wrote
+        return manifest
+
+    export_model(model, recipe, tokenizer, out_dir, int8=int8, measure=measure if quality else None)
     print(f"model directory written to {out_dir}")
 
 

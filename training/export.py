@@ -5,8 +5,9 @@ raises ``ExportValidationError`` on any mismatch, before anything is written to 
 The graph of every task is the same wrapper: the task's registered inputs (``retention_core.tasks``)
 become ``forward_pruned`` arguments by name.
 
-The directory is written in a hidden sibling (``.<name>.staging-…``, which the service's scan skips)
-and swapped into place in one rename, so the target is always either the old model or the new one.
+The directory is written in a hidden sibling (``.<name>.staging-…``, which the service's scan skips),
+measured there (quality curves, speed: ``export_model``'s ``measure``), given its one final manifest and
+swapped into place in one rename, so the target is always either the old model or the new one, complete.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -316,6 +317,7 @@ def build_manifest(
     quality: C.QualityCurve | None,
 ) -> C.Manifest:
     info = model.backbone.info
+    default_rho, default_rho_rule = C.choose_default_rho(quality)  # recipe.rho.default no longer decides
     return C.Manifest(
         name=name,
         task=recipe.task,
@@ -329,7 +331,8 @@ def build_manifest(
             intermediate_size=info.intermediate_size,
         ),
         max_length=min(recipe.max_length, info.max_positions),
-        default_rho=recipe.rho.default,
+        default_rho=default_rho,
+        default_rho_rule=default_rho_rule,
         schedule=C.Schedule(
             power=model.config.schedule_power,
             num_points=model.num_points,
@@ -348,6 +351,10 @@ def build_manifest(
     )
 
 
+# (staging directory, its manifest so far) → the manifest with what was measured on the staged graphs
+Measure = Callable[[Path, C.Manifest], C.Manifest]
+
+
 def export_model(
     model: RetentionModel,
     recipe: Recipe,
@@ -356,8 +363,15 @@ def export_model(
     name: str | None = None,
     int8: bool = False,
     quality: C.QualityCurve | None = None,
+    measure: Measure | None = None,
 ) -> C.Manifest:
-    """Export and validate into a hidden sibling of ``out_dir``, then swap it into place."""
+    """Export and validate into a hidden sibling of ``out_dir``, measure it there, write its manifest
+    once, then swap it into place.
+
+    ``measure`` runs on the staging directory before the swap, not on ``out_dir`` after it: a service
+    hot-reloading ``out_dir`` must never load a model twice or read a manifest rewritten in place, and a
+    crash while measuring must leave the previous model (or nothing), never a model without its curve.
+    """
     model = model.eval()
     vocab_size = model.backbone.info_vocab_size
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -371,13 +385,22 @@ def export_model(
             variants["int8"] = C.Variant(file=C.INT8_MODEL_FILE, precision="int8")
         save_serving_tokenizer(tokenizer, staging / C.TOKENIZER_FILE)
         manifest = build_manifest(model, recipe, name or recipe.name, variants, quality)
+        if measure is not None:
+            manifest = with_default_rho(measure(staging, manifest))  # the measured curve decides it
         manifest.write(staging)
+        C.Manifest.read(staging)  # the service's reader accepts what we wrote, before anyone can see it
         os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp's 0700 would hide the model from other users
         install_directory(staging, out_dir)
     finally:
         if staging.exists():  # failed before the swap, or holds the replaced model after it
             shutil.rmtree(staging)
     return manifest
+
+
+def with_default_rho(manifest: C.Manifest) -> C.Manifest:
+    """``manifest`` with default_rho (and the rule's text) chosen from its fp32 quality curve."""
+    default_rho, rule = C.choose_default_rho(manifest.quality)
+    return manifest.model_copy(update={"default_rho": default_rho, "default_rho_rule": rule})
 
 
 def current_umask() -> int:

@@ -97,6 +97,8 @@ class RhoSpec(Strict):
 
     low: float = Field(default=0.1, gt=0.0, le=1.0)
     high: float = Field(default=1.0, gt=0.0, le=1.0)
+    # Not the manifest's default_rho any more: the export picks that from the measured quality curve
+    # (retention_core.contract.choose_default_rho). Kept so recipes and run dirs that set it still load.
     default: float = Field(default=0.5, gt=0.0, le=1.0)
 
     @model_validator(mode="after")

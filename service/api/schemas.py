@@ -358,7 +358,10 @@ class ModelSummary(BaseModel):
     task: str
     backbone: str
     precision: str
-    default_rho: float
+    default_rho: float = Field(description="rho of a request that sends none")
+    default_rho_rule: str | None = Field(
+        default=None, description="how the exporter chose default_rho; null for models exported before"
+    )
     max_length: int
     labels: list[str]
     providers: list[str]

@@ -58,8 +58,11 @@ def test_classify_single_and_list(client: TestClient) -> None:
 
 def test_default_rho_comes_from_the_manifest(client: TestClient) -> None:
     body = client.post("/classify", json={"text": TEXT}).json()
-    assert body["usage"]["rho_requested"] is None
-    assert body["usage"]["rho_effective"] == 0.5  # tiny manifests: default_rho = 0.5
+    assert body["usage"]["rho_requested"] is None and body["usage"]["rho_reason"] == "default"
+    # Tiny models are exported without a quality curve: nothing shows a lower ρ is safe, so dense.
+    assert body["usage"]["rho_effective"] == 1.0
+    listed = {m["name"]: m for m in client.get("/models").json()["models"]}["tiny-classification"]
+    assert (listed["default_rho"], listed["default_rho_rule"]) == (1.0, "no quality curve: dense (rho=1)")
 
 
 def test_rho_one_is_dense_and_token_work_matches_the_definition(client: TestClient) -> None:

@@ -17,6 +17,7 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
+from retention_core.contract import Manifest
 from service.runtime import ModelLoadError, load_model
 from tests.service.conftest import copy_models, running, served, settings_for
 from tests.service.test_api import assert_headers, assert_usage
@@ -132,6 +133,33 @@ def test_embed_model_selection(client: TestClient) -> None:
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
     other = client.post("/embed?model=tiny-classification", json={"text": TEXT})
     assert other.status_code == 422 and other.json()["error"]["code"] == "task_mismatch"
+
+
+def test_requests_without_rho_run_at_the_manifest_default(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    root = copy_models(tiny_models, tmp_path / "models", ("embedding",))
+    exported = Manifest.read(root / MODEL)
+    assert exported.default_rho == 1.0  # exported without a quality curve: dense
+    # What an export with a measured curve may choose: a default under 1, and how it was chosen.
+    rule = "lowest measured rho within 1 point of rho=1 (cosine_to_dense on texts/validation, 8 examples)"
+    exported.model_copy(update={"default_rho": 0.4, "default_rho_rule": rule}).write(root / MODEL)
+    with running(settings_for(root)) as (_, client):
+        (listed,) = client.get("/models").json()["models"]
+        assert (listed["default_rho"], listed["default_rho_rule"]) == (0.4, rule)
+        vectors = []
+        for path, body in (("/embed", {"text": TEXT}), ("/v1/embeddings", {"input": TEXT, "model": MODEL})):
+            response = client.post(path, json=body)
+            assert response.status_code == 200, response.text
+            usage = response.json()["usage"]
+            assert usage["rho_requested"] is None and usage["rho_reason"] == "default"
+            assert usage["rho_effective"] == pytest.approx(0.4)
+            assert usage["kept_tokens_per_layer"][-1] < usage["processed_tokens"]  # pruned, not dense
+            assert_headers(response, 0.4)
+            payload = response.json()
+            vectors.append(payload["embedding"] if path == "/embed" else payload["data"][0]["embedding"])
+        explicit = client.post("/embed?rho=0.4", json={"text": TEXT}).json()["embedding"]
+        np.testing.assert_allclose(vectors, [explicit, explicit], atol=1e-6)
 
 
 # ------------------------------------------------------------------------------- /v1/embeddings (HTTP)

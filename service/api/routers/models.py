@@ -26,6 +26,7 @@ def summarize_model(model: LoadedModel, engine: Engine) -> ModelSummary:
         backbone=manifest.backbone.name_or_path,
         precision=model.precision,
         default_rho=manifest.default_rho,
+        default_rho_rule=manifest.default_rho_rule,
         max_length=manifest.max_length,
         labels=list(manifest.labels),
         providers=list(model.providers),

@@ -360,7 +360,7 @@ class Batcher:
         wait = self.drain_seconds(now)
         own = self.completion_seconds(now, job.tokens, job.floor, job.length) - wait
         job.predicted_wait = wait
-        self.metrics.predicted_wait.labels(model=self.model.name).observe(wait)
+        self.metrics.predicted_wait.labels(model=self.model.name, task=self.model.task).observe(wait)
         self._drain.set(wait + own)
         if not self.settings.admission_control:
             return
@@ -495,8 +495,9 @@ class Batcher:
         runs = plan_runs(lengths, self.settings.max_batch_tokens, self.run_overhead_tokens(rhos))
         start = time.monotonic()
         name = self.model.name
+        queue_duration = self.metrics.queue_duration.labels(model=name, task=self.model.task)
         for job in jobs:
-            self.metrics.queue_duration.labels(model=name).observe(start - job.enqueued)
+            queue_duration.observe(start - job.enqueued)
         delivery = Delivery(jobs, start)
 
         def run_done(done: list[tuple[int, RowResult]], end: float) -> None:  # worker thread

@@ -3,6 +3,12 @@
 Names are a contract with the Grafana dashboards and alert rules: do not rename. Labels are bounded
 (endpoint = route name, model = loaded model name, reason from a fixed list); a request's rho is never
 a label (the cost model's estimates carry ``rho_bucket``, one of the five fixed ``EXPORTED_RHOS``).
+
+Every per-request metric carries ``task``: the task (``retention_core.tasks``) of the route, and so of
+the model, that served it; "" on the routes that run no model (/livez, /metrics, /models, ...), which
+Prometheus stores as no label. Dashboards and alerts select inference traffic with ``task!=""``.
+Per-batch and per-model state (batch size and tokens, inference time per run, queue depth, cost model)
+carries ``model`` only; ``retention_model_info`` maps a model to its task.
 """
 
 from __future__ import annotations
@@ -16,8 +22,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from service.admission import EXPORTED_RHOS, RHO_REASONS
 from service.errors import REJECTION_REASONS, SHED_REASONS
 
-# inference endpoints (input tokens, rho, degraded): route templates without the leading slash
-ENDPOINTS = ("classify", "qa", "summarize", "embed", "v1/embeddings")
 STATUS_CLASSES = ("2xx", "4xx", "5xx")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 RHO_BUCKETS = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)
@@ -39,19 +43,19 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
-            "retention_requests_total", "HTTP requests", ["endpoint", "status_class"], registry=r
+            "retention_requests_total", "HTTP requests", ["endpoint", "task", "status_class"], registry=r
         )
         self.request_duration = Histogram(
             "retention_request_duration_seconds",
             "HTTP request latency",
-            ["endpoint"],
+            ["endpoint", "task"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.queue_duration = Histogram(
             "retention_queue_duration_seconds",
             "time from enqueue to batch start",
-            ["model"],
+            ["model", "task"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -78,26 +82,37 @@ class Metrics:
         self.input_tokens = Histogram(
             "retention_input_tokens",
             "input tokens per request",
-            ["endpoint"],
+            ["endpoint", "task"],
             buckets=TOKEN_BUCKETS,
             registry=r,
         )
         self.requested_rho = Histogram(
-            "retention_requested_rho", "numeric rho asked for", ["endpoint"], buckets=RHO_BUCKETS, registry=r
+            "retention_requested_rho",
+            "numeric rho asked for",
+            ["endpoint", "task"],
+            buckets=RHO_BUCKETS,
+            registry=r,
         )
         self.effective_rho = Histogram(
-            "retention_effective_rho", "rho actually used", ["endpoint"], buckets=RHO_BUCKETS, registry=r
+            "retention_effective_rho",
+            "rho actually used",
+            ["endpoint", "task"],
+            buckets=RHO_BUCKETS,
+            registry=r,
         )
         self.token_layers_computed = Counter(
-            "retention_token_layers_computed_total", "token-layers computed", ["model"], registry=r
+            "retention_token_layers_computed_total", "token-layers computed", ["model", "task"], registry=r
         )
         self.token_layers_saved = Counter(
-            "retention_token_layers_saved_total", "token-layers skipped vs dense", ["model"], registry=r
+            "retention_token_layers_saved_total",
+            "token-layers skipped vs dense",
+            ["model", "task"],
+            registry=r,
         )
         self.degraded = Counter(
             "retention_degraded_requests_total",
             "rho=auto requests served below auto_max_rho",
-            ["endpoint"],
+            ["endpoint", "task"],
             registry=r,
         )
         self.resident_memory = Gauge(
@@ -108,7 +123,7 @@ class Metrics:
         self.activation_memory = Histogram(
             "retention_activation_memory_estimate_bytes",
             "estimated peak activation bytes per request",
-            ["model"],
+            ["model", "task"],
             buckets=MEMORY_BUCKETS,
             registry=r,
         )
@@ -118,14 +133,14 @@ class Metrics:
         self.served_rho = Histogram(
             "retention_served_rho",
             "rho each request was served at, by why (usage.rho_reason)",
-            ["model", "reason"],
+            ["model", "task", "reason"],
             buckets=RHO_BUCKETS,
             registry=r,
         )
         self.predicted_wait = Histogram(
             "retention_predicted_wait_seconds",
             "admission: predicted wait for the work queued ahead (at its lowest rho)",
-            ["model"],
+            ["model", "task"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -157,17 +172,17 @@ class Metrics:
             "retention_model_info", "loaded models", ["model", "task", "backbone", "precision"], registry=r
         )
 
-    def init_endpoints(self, endpoints: Iterable[str]) -> None:
-        """Create every known series at 0 so dashboards see them before traffic."""
-        for endpoint in endpoints:
+    def init_endpoints(self, endpoints: Iterable[tuple[str, str]]) -> None:
+        """Create the series of every mounted route, given as (endpoint, task), at 0 so dashboards see
+        them before traffic: request count and latency for all, the inference families for the routes
+        that serve a task."""
+        for endpoint, task in endpoints:
             for cls in STATUS_CLASSES:
-                self.requests.labels(endpoint=endpoint, status_class=cls)
-            self.request_duration.labels(endpoint=endpoint)
-        for endpoint in ENDPOINTS:
-            self.input_tokens.labels(endpoint=endpoint)
-            self.requested_rho.labels(endpoint=endpoint)
-            self.effective_rho.labels(endpoint=endpoint)
-            self.degraded.labels(endpoint=endpoint)
+                self.requests.labels(endpoint=endpoint, task=task, status_class=cls)
+            self.request_duration.labels(endpoint=endpoint, task=task)
+            if task:
+                for family in (self.input_tokens, self.requested_rho, self.effective_rho, self.degraded):
+                    family.labels(endpoint=endpoint, task=task)
         for reason in REJECTION_REASONS:
             self.rejections.labels(reason=reason)
         for reason in SHED_REASONS:
@@ -175,21 +190,24 @@ class Metrics:
 
     def init_model(self, model: str, task: str, backbone: str, precision: str) -> None:
         for family in (
-            self.queue_duration,
             self.inference_duration,
             self.queue_depth,
             self.batch_size,
             self.batch_tokens,
-            self.token_layers_computed,
-            self.token_layers_saved,
-            self.activation_memory,
-            self.predicted_wait,
             self.predicted_drain,
             self.cost_per_run,
         ):
             family.labels(model=model)
+        for per_request in (
+            self.queue_duration,
+            self.token_layers_computed,
+            self.token_layers_saved,
+            self.activation_memory,
+            self.predicted_wait,
+        ):
+            per_request.labels(model=model, task=task)
         for reason in RHO_REASONS:
-            self.served_rho.labels(model=model, reason=reason)
+            self.served_rho.labels(model=model, task=task, reason=reason)
         self.model_info.labels(model=model, task=task, backbone=backbone, precision=precision).set(1)
 
     def forget_model(self, model: str, task: str, backbone: str, precision: str) -> None:

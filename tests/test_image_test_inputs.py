@@ -12,6 +12,7 @@ from types import ModuleType
 
 import pytest
 
+from retention_core.tasks import TASKS
 from training.data import load_split
 from training.recipes import load_recipe
 
@@ -54,3 +55,23 @@ def test_torch_wheel_lookup_takes_only_the_pinned_cpu_build(
     cpu = tmp_path / f"torch-{pin.group(1)}+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
     cpu.touch()
     assert module.local_cpu_torch_wheel() == cpu
+
+
+def test_serve_stage_asks_every_task_and_finds_it_in_the_metrics(tmp_path: Path) -> None:
+    """The serve stage's request of each task of the registry, against the real service on tiny models
+    (in-process here, in the container there), and its check that /metrics counts each under its task."""
+    from fastapi.testclient import TestClient
+
+    from service.api.app import create_app
+    from service.settings import Settings
+
+    module = image_test_module()
+    tasks = module.serve_tasks()
+    assert set(tasks) == set(TASKS) and set(module.TASK_REQUESTS) == set(TASKS)
+    module.export_tiny_models(tmp_path / "models")
+    with TestClient(create_app(Settings(models_dir=tmp_path / "models", intra_op_threads=1))) as client:
+        module.wait_ready(client, {f"tiny-{task}" for task in tasks}, timeout_s=60)
+        with pytest.raises(module.Failure, match="no 2xx count"):
+            module.check_metrics(client, tasks)
+        module.check_task_requests(client, tasks)
+        module.check_metrics(client, tasks)

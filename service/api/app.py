@@ -29,6 +29,7 @@ from service.api.routers import (
     summarize,
 )
 from service.api.routers import metrics as metrics_router
+from service.api.routers.common import route_task
 from service.engine import RetentionEngine
 from service.errors import error_payload, install_error_handlers
 from service.metrics import Metrics, status_class
@@ -51,7 +52,8 @@ def endpoint_label(scope: Scope) -> str:
 
 
 class RequestMiddleware:
-    """Pure ASGI: arrival time, body size limit (413), in-flight gauge, request count and latency."""
+    """Pure ASGI: arrival time, body size limit (413), in-flight gauge, request count and latency (by
+    endpoint and the task the route serves)."""
 
     def __init__(self, app: ASGIApp, settings: Settings, metrics: Metrics) -> None:
         self.app = app
@@ -79,9 +81,9 @@ class RequestMiddleware:
                 await self.app(scope, limited, send_wrapper)
         finally:
             self.metrics.in_flight.dec()
-            endpoint = endpoint_label(scope)
-            self.metrics.requests.labels(endpoint=endpoint, status_class=status_class(status)).inc()
-            self.metrics.request_duration.labels(endpoint=endpoint).observe(time.monotonic() - start)
+            labels = {"endpoint": endpoint_label(scope), "task": route_task(scope.get("route"))}
+            self.metrics.requests.labels(**labels, status_class=status_class(status)).inc()
+            self.metrics.request_duration.labels(**labels).observe(time.monotonic() - start)
 
     async def _limited(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
         """Reject bodies over ``max_body_bytes`` before the app reads them; returns None when rejected."""
@@ -229,7 +231,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     mounted = mount_routers(app, settings)
     metrics.init_endpoints(
-        [*(endpoint_label({"route": route}) for router in mounted for route in router.routes), "other"]
+        [
+            *(
+                (endpoint_label({"route": route}), route_task(route))
+                for router in mounted
+                for route in router.routes
+            ),
+            ("other", ""),
+        ]
     )
     if settings.cors_origins:
         app.add_middleware(

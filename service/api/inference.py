@@ -178,18 +178,18 @@ def usage_of(
 def record(
     ctx: InferenceContext, endpoint: str, model: LoadedModel, usage: Usage, options: Options, work: Work
 ) -> None:
-    """Metrics of one served request, and its x-* response headers."""
-    metrics, name, rho = ctx.metrics, model.name, usage.rho_effective
-    metrics.input_tokens.labels(endpoint=endpoint).observe(usage.input_tokens)
+    """Metrics of one served request (labelled with the model's task), and its x-* response headers."""
+    metrics, name, task, rho = ctx.metrics, model.name, model.task, usage.rho_effective
+    metrics.input_tokens.labels(endpoint=endpoint, task=task).observe(usage.input_tokens)
     if options.requested != "auto":
-        metrics.requested_rho.labels(endpoint=endpoint).observe(rho)
-    metrics.effective_rho.labels(endpoint=endpoint).observe(rho)
-    metrics.served_rho.labels(model=name, reason=usage.rho_reason).observe(rho)
+        metrics.requested_rho.labels(endpoint=endpoint, task=task).observe(rho)
+    metrics.effective_rho.labels(endpoint=endpoint, task=task).observe(rho)
+    metrics.served_rho.labels(model=name, task=task, reason=usage.rho_reason).observe(rho)
     if usage.degraded:
-        metrics.degraded.labels(endpoint=endpoint).inc()
-    metrics.token_layers_computed.labels(model=name).inc(work.computed)
-    metrics.token_layers_saved.labels(model=name).inc(max(0.0, work.dense - work.computed))
-    metrics.activation_memory.labels(model=name).observe(work.activation_bytes)
+        metrics.degraded.labels(endpoint=endpoint, task=task).inc()
+    metrics.token_layers_computed.labels(model=name, task=task).inc(work.computed)
+    metrics.token_layers_saved.labels(model=name, task=task).inc(max(0.0, work.dense - work.computed))
+    metrics.activation_memory.labels(model=name, task=task).observe(work.activation_bytes)
 
     headers = ctx.response.headers
     headers["x-model"] = name

@@ -145,14 +145,16 @@ def top_level_split(expr: str) -> list[str]:
     return operands
 
 
-def substitute_grafana(expr: str) -> str:
-    """Replace Grafana's variables by values Prometheus accepts (the 'All' value of the templates)."""
+def substitute_grafana(expr: str, **chosen: str) -> str:
+    """Replace Grafana's variables by values Prometheus accepts: the ``chosen`` ones (a multi-value pick
+    is a regex alternation, ``a|b``), the others at the 'All' value of the templates."""
+    values = {**GRAFANA_VARS, **chosen}
 
     def repl(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(2)
-        if name not in GRAFANA_VARS:
+        if name not in values:
             raise KeyError(f"unknown Grafana variable ${name} in {expr!r}")
-        return GRAFANA_VARS[name]
+        return values[name]
 
     return re.sub(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)", repl, expr)
 

@@ -2,10 +2,13 @@
 
 the real service (``python -m service``) on three tiny models, a real Prometheus (the Debian binary)
 loaded with deploy/prometheus/{prometheus.yml,alerts.yml} -- scrape target rewritten to the local
-service, intervals shortened -- and traffic from the batch client's console entry point. Then every
+service, intervals shortened -- and traffic from the batch client's console entry point (and, for the
+embedding model, which the batch client does not speak to, from /embed and /v1/embeddings). Then every
 PromQL expression of the Grafana dashboard, the alert and recording rules and the prometheus-adapter
 rules is evaluated through Prometheus's HTTP API and must return data. A comparison that is
-legitimately empty (no alert firing) has each of its operands evaluated instead.
+legitimately empty (no alert firing) has each of its operands evaluated instead. Embedding traffic
+alone must show in every panel, in the p99 recording rule and (run through ``promtool test rules``
+with the labels the service exports) fire the p99 alert when slow.
 
 Bounded: every wait has a deadline, the whole test stays well under 90 s, processes always stop.
 """
@@ -13,6 +16,7 @@ Bounded: every wait has a deadline, the whole test stays well under 90 s, proces
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -26,13 +30,18 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
+from retention_core.tasks import TASKS
 from tests.deploy import promql
 from tests.deploy.conftest import DEPLOY, REPO, free_port, tool
 
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "retention.json"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
-TINY_TASKS = {"classification": "tiny-classification", "qa": "tiny-qa", "summarization": "tiny-summarization"}
+TINY_TASKS = {task: f"tiny-{task}" for task in TASKS}  # one tiny model per task of the registry
+EMBEDDING_ROUTES = ("embed", "v1/embeddings")  # the endpoint labels of the embedding model's routes
+P99_RULE = "endpoint:retention_request_duration_seconds:p99_5m"
+P99_ALERT = "RetentionHighP99Latency"
 
 
 @dataclass
@@ -258,6 +267,42 @@ def run_batch_client(stack: dict[str, Any]) -> int:
     return total
 
 
+def send_embedding_traffic(service_url: str, rounds: int = 6) -> int:
+    """Requests to both routes of the embedding model at a numeric rho; how many were sent."""
+    with httpx.Client(base_url=service_url, timeout=30) as client:
+        for i in range(rounds):
+            text = f"Sentence {i} to embed: the film was {'great' if i % 2 else 'dull'}."
+            for path, body in (("/embed", {"text": text}), ("/v1/embeddings", {"input": [text, text]})):
+                response = client.post(path, json={**body, "rho": 0.5})
+                assert response.status_code == 200, f"{path}: {response.text}"
+    return 2 * rounds
+
+
+def scraped(stack: dict[str, Any], selector: str, total: int) -> float:
+    """Wait until Prometheus holds ``total`` 2xx requests of ``selector``, then two more scrapes and rule
+    evaluations; the time to evaluate at."""
+    counted = f'sum(retention_requests_total{{{selector}, status_class="2xx"}}) >= {total}'
+    wait_until(
+        "Prometheus to scrape the traffic", lambda: query(stack["prom_url"], counted), 20, stack["procs"]
+    )
+    time.sleep(2.5)
+    return time.time()
+
+
+def missing_data(prom_url: str, source: str, name: str, expr: str, at: float) -> list[str]:
+    """Why ``expr`` (else, for a comparison, each of its operands) has no data at ``at``; [] if it has."""
+    if query(prom_url, expr, at):
+        return []
+    operands = promql.top_level_split(expr)
+    if operands == [expr.strip()] or not operands:
+        return [f"{source} {name!r}: no data for {expr}"]
+    return [
+        f"{source} {name!r}: no data for operand {operand} of {expr}"
+        for operand in operands
+        if not query(prom_url, operand, at)
+    ]
+
+
 def test_stack_every_dashboard_and_alert_query_returns_data(stack: dict[str, Any]) -> None:
     prom_url: str = stack["prom_url"]
     procs: list[Proc] = stack["procs"]
@@ -265,43 +310,30 @@ def test_stack_every_dashboard_and_alert_query_returns_data(stack: dict[str, Any
         "a first scrape of the service", lambda: query(prom_url, 'up{job="retention"} == 1'), 20, procs
     )
 
-    total = run_batch_client(stack)
-
-    counted = (
-        f'sum(retention_requests_total{{endpoint=~"classify|qa|summarize", status_class="2xx"}}) >= {total}'
-    )
-    wait_until("Prometheus to scrape the traffic", lambda: query(prom_url, counted), 20, procs)
-    time.sleep(2.5)  # two more scrapes and rule evaluations after the traffic
-    at = time.time()
+    total = run_batch_client(stack) + send_embedding_traffic(stack["service_url"])
+    inference = 'task!=""'
+    at = scraped(stack, inference, total)
 
     failures: list[str] = []
-    checked = 0
-
-    def must_return_data(source: str, name: str, expr: str) -> None:
-        nonlocal checked
-        checked += 1
-        if query(prom_url, expr, at):
-            return
-        operands = promql.top_level_split(expr)
-        if operands == [expr.strip()] or not operands:
-            failures.append(f"{source} {name!r}: no data for {expr}")
-            return
-        for operand in operands:
-            if not query(prom_url, operand, at):
-                failures.append(f"{source} {name!r}: no data for operand {operand} of {expr}")
-
-    for title, expr in promql.dashboard_exprs(DASHBOARD):
-        must_return_data("dashboard panel", title, promql.substitute_grafana(expr))
-    for metric, label in promql.dashboard_variable_queries(DASHBOARD):
-        must_return_data("dashboard variable", label, f"count by ({label}) ({metric})")
-    for name, expr in promql.rule_exprs(ALERTS):
-        must_return_data("rule", name, expr)
+    exprs = [
+        ("dashboard panel", title, promql.substitute_grafana(expr))
+        for title, expr in promql.dashboard_exprs(DASHBOARD)
+    ]
+    exprs += [
+        ("dashboard variable", label, f"count by ({label}) ({metric})")
+        for metric, label in promql.dashboard_variable_queries(DASHBOARD)
+    ]
+    exprs += [("rule", name, expr) for name, expr in promql.rule_exprs(ALERTS)]
     adapter = yaml.safe_load((DEPLOY / "k8s" / "prometheus-adapter.yaml").read_text())
     adapter_rules = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
-    for name, expr in promql.adapter_exprs(adapter_rules, 'job="retention"', "instance"):
-        must_return_data("prometheus-adapter rule", name, expr)
+    exprs += [
+        ("prometheus-adapter rule", name, expr)
+        for name, expr in promql.adapter_exprs(adapter_rules, 'job="retention"', "instance")
+    ]
+    for source, name, expr in exprs:
+        failures += missing_data(prom_url, source, name, expr, at)
     assert not failures, "\n".join(failures)
-    assert checked >= 45
+    assert len(exprs) >= 45
 
     # Prometheus loaded the rule file and evaluated every rule without error.
     groups = httpx.get(f"{prom_url}/api/v1/rules", timeout=10).json()["data"]["groups"]
@@ -311,12 +343,113 @@ def test_stack_every_dashboard_and_alert_query_returns_data(stack: dict[str, Any
     assert not bad, bad
 
     # What the panels show reflects the traffic: requests, tokens saved, both rho histograms.
-    assert float(query(prom_url, counted.split(" >=")[0], at)[0]["value"][1]) >= total
+    counted = query(prom_url, f'sum(retention_requests_total{{{inference}, status_class="2xx"}})', at)
+    assert float(counted[0]["value"][1]) >= total
     saved = query(prom_url, "sum(retention_token_layers_saved_total)", at)
     assert float(saved[0]["value"][1]) > 0
     assert query(prom_url, 'retention_effective_rho_count{endpoint="qa"} > 0', at)
     assert len(query(prom_url, "retention_model_info", at)) == len(TINY_TASKS)
     assert time.monotonic() - stack["started"] < 90, "the stack test must stay under 90 s"
+
+
+def finite(result: list[dict[str, Any]]) -> bool:
+    return any(math.isfinite(float(series["value"][1])) for series in result)
+
+
+def test_stack_embedding_traffic_shows_in_every_panel_and_the_p99_rule(stack: dict[str, Any]) -> None:
+    """The dashboard filtered to the embedding model's routes and model (what a user picks in its
+    endpoint and model variables) answers every panel with a number, and the p99 recording rule has a
+    series for each embedding route."""
+    prom_url: str = stack["prom_url"]
+    send_embedding_traffic(stack["service_url"])
+    metrics_text = httpx.get(f"{stack['service_url']}/metrics", timeout=5).text
+    served = sum(
+        sample.value
+        for family in text_string_to_metric_families(metrics_text)
+        for sample in family.samples
+        if sample.name == "retention_requests_total"
+        and sample.labels.get("endpoint") in EMBEDDING_ROUTES
+        and sample.labels["status_class"] == "2xx"
+    )
+    at = scraped(stack, f'endpoint=~"{"|".join(EMBEDDING_ROUTES)}"', int(served))
+    variables = {"endpoint": "|".join(EMBEDDING_ROUTES), "model": TINY_TASKS["embedding"]}
+    empty = []
+    for title, expr in promql.dashboard_exprs(DASHBOARD):
+        panel = promql.substitute_grafana(expr, **variables)
+        if not finite(query(prom_url, panel, at)):
+            empty.append(f"{title!r}: no number for {panel}")
+    assert not empty, "\n".join(empty)
+
+    recorded = query(prom_url, P99_RULE, at)
+    embedding = {s["metric"]["endpoint"]: s for s in recorded if s["metric"].get("task") == "embedding"}
+    assert set(embedding) == set(EMBEDDING_ROUTES), recorded
+    assert all(finite([s]) for s in embedding.values()), embedding
+
+
+def exported_labels(metrics_text: str, family: str, endpoint: str) -> dict[str, str]:
+    """The labels (but ``le``) the service's /metrics gives the ``family`` histogram of ``endpoint``."""
+    for metric in text_string_to_metric_families(metrics_text):
+        for sample in metric.samples:
+            if sample.name == f"{family}_bucket" and sample.labels.get("endpoint") == endpoint:
+                return {k: v for k, v in sample.labels.items() if k != "le"}
+    raise AssertionError(f"/metrics has no {family} series for endpoint {endpoint!r}")
+
+
+def test_slow_embedding_requests_fire_the_p99_alert(stack: dict[str, Any], tmp_path: Path) -> None:
+    """``promtool test rules`` on the shipped rules: 20 minutes of embedding requests that each take
+    2.5-5 s, in series labelled as the real service labels its embedding routes, fire the p99 alert for
+    both routes."""
+    metrics_text = httpx.get(f"{stack['service_url']}/metrics", timeout=5).text
+    family = "retention_request_duration_seconds"
+    rules = {
+        rule.get("alert"): rule
+        for group in yaml.safe_load(ALERTS.read_text())["groups"]
+        for rule in group["rules"]
+    }
+    alert = rules[P99_ALERT]
+    p99 = "4.975s"  # every request in the (2.5, 5] bucket: 2.5 + 0.99 * 2.5, as humanizeDuration writes it
+    series, expected = [], []
+    for endpoint in EMBEDDING_ROUTES:
+        labels = {
+            **exported_labels(metrics_text, family, endpoint),
+            "job": "retention",
+            "instance": "service:8000",
+        }
+        for le in ("0.5", "1.0", "2.5", "5.0", "10.0", "+Inf"):
+            rate = 0 if le != "+Inf" and float(le) < 5 else 10  # 10 requests a minute, each 2.5-5 s
+            selector = ",".join(f'{k}="{v}"' for k, v in {**labels, "le": le}.items())
+            series.append({"series": f"{family}_bucket{{{selector}}}", "values": f"0+{rate}x30"})
+        annotations = {
+            key: text.replace("{{ $labels.endpoint }}", endpoint).replace(
+                "{{ $value | humanizeDuration }}", p99
+            )
+            for key, text in alert["annotations"].items()
+        }
+        expected.append(
+            {
+                "exp_labels": {**alert["labels"], "endpoint": endpoint, "task": "embedding"},
+                "exp_annotations": annotations,
+            }
+        )
+    unit = {
+        "rule_files": [str(ALERTS)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [{"eval_time": "20m", "alertname": P99_ALERT, "exp_alerts": expected}],
+            }
+        ],
+    }
+    (tmp_path / "p99.test.yml").write_text(yaml.safe_dump(unit, sort_keys=False))
+    result = subprocess.run(
+        [tool("promtool"), "test", "rules", str(tmp_path / "p99.test.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_batch_client_rides_out_real_429s(tmp_path: Path, tiny_models: Path) -> None:

@@ -211,6 +211,21 @@ def test_every_query_uses_known_metrics() -> None:
         assert not unknown, f"{name}: unknown series {sorted(unknown)} in {expr!r}"
 
 
+def test_no_query_lists_endpoints_or_tasks() -> None:
+    """Inference traffic is selected by ``task!=""`` (service/metrics.py): no dashboard or rule query
+    matches ``endpoint`` or ``task`` against a hand-kept list; a Grafana variable is the user's pick."""
+    exprs = promql.dashboard_exprs(DASHBOARD) + promql.rule_exprs(ALERTS)
+    listed = [
+        (name, f'{label}{op}"{value}"')
+        for name, expr in exprs
+        for label, op, value in re.findall(r'\b(endpoint|task)\s*(=~|!~|!=|=)\s*"([^"]*)"', expr)
+        if value and not value.startswith("$")
+    ]
+    assert not listed, listed
+    selects = [expr for _, expr in exprs if 'task!=""' in expr.replace(" ", "")]
+    assert len(selects) >= 4, 'the overview panels, the p99 rule and the p99 alert select task!=""'
+
+
 # ---------------------------------------------------------------------------------------- Grafana
 
 

@@ -41,8 +41,8 @@ def test_auto_under_pressure_never_goes_below_min_rho(models_root: Path, min_rho
             assert usage["degraded"] is True and usage["min_rho"] == min_rho
             assert float(response.headers["x-rho-effective"]) == pytest.approx(min_rho)
         metrics = client.get("/metrics").text
-        assert 'retention_degraded_requests_total{endpoint="classify"} 2.0' in metrics
-        assert 'retention_degraded_requests_total{endpoint="qa"} 1.0' in metrics
+        assert 'retention_degraded_requests_total{endpoint="classify",task="classification"} 2.0' in metrics
+        assert 'retention_degraded_requests_total{endpoint="qa",task="qa"} 1.0' in metrics
 
 
 def slow_machine(batcher: Batcher, per_kept_token: float = 0.05) -> Callable[[float], float]:
@@ -128,7 +128,7 @@ def test_backlog_is_refused_at_once_with_retry_after_growing_with_it(models_root
         # once the backlog drained, the same request is served
         assert client.post("/classify?rho=auto&max_latency_ms=5", json={"text": TEXT}).status_code == 200
         # the refused were refused before tokenizing: only the 13 queued and this last one reached the queue
-        counted = f'retention_predicted_wait_seconds_count{{model="{MODEL}"}} 14.0'
+        counted = f'retention_predicted_wait_seconds_count{{model="{MODEL}",task="classification"}} 14.0'
         assert counted in client.get("/metrics").text
 
 
@@ -218,8 +218,8 @@ def test_controller_metrics_are_exported(client: TestClient) -> None:
     client.post("/classify?rho=auto", json={"text": TEXT})
     metrics = client.get("/metrics").text
     for line in (
-        f'retention_served_rho_count{{model="{MODEL}",reason="auto:idle"}}',
-        f'retention_predicted_wait_seconds_count{{model="{MODEL}"}}',
+        f'retention_served_rho_count{{model="{MODEL}",reason="auto:idle",task="classification"}}',
+        f'retention_predicted_wait_seconds_count{{model="{MODEL}",task="classification"}}',
         f'retention_predicted_drain_seconds{{model="{MODEL}"}}',
         f'retention_cost_model_token_seconds{{model="{MODEL}",rho_bucket="0.1"}}',
         f'retention_cost_model_run_seconds{{model="{MODEL}"}}',

@@ -270,23 +270,25 @@ def test_openai_is_always_normalised_and_dimensions_equal_is_accepted(client: Te
 def test_metrics_of_both_endpoints(models_root: Path) -> None:
     with running(settings_for(models_root)) as (_, client):
         before = client.get("/metrics").text
-        for endpoint in ("embed", "v1/embeddings"):
-            assert value(before, "retention_requests_total", endpoint=endpoint, status_class="2xx") == 0
-            assert value(before, "retention_input_tokens_count", endpoint=endpoint) == 0
-            assert value(before, "retention_degraded_requests_total", endpoint=endpoint) == 0
+        embed = {"endpoint": "embed", "task": "embedding"}
+        openai_route = {"endpoint": "v1/embeddings", "task": "embedding"}
+        for labels in (embed, openai_route):
+            assert value(before, "retention_requests_total", **labels, status_class="2xx") == 0
+            assert value(before, "retention_input_tokens_count", **labels) == 0
+            assert value(before, "retention_degraded_requests_total", **labels) == 0
         client.post("/embed?rho=0.3", json={"texts": TEXTS})
         client.post("/v1/embeddings", json={"input": TEXT, "rho": "auto"})
         client.post("/v1/embeddings", json={"input": TEXT, "dimensions": 3})
         after = client.get("/metrics").text
-        assert value(after, "retention_requests_total", endpoint="embed", status_class="2xx") == 1
-        assert value(after, "retention_requests_total", endpoint="v1/embeddings", status_class="2xx") == 1
-        assert value(after, "retention_requests_total", endpoint="v1/embeddings", status_class="4xx") == 1
-        assert value(after, "retention_requested_rho_count", endpoint="embed") == 1
-        assert value(after, "retention_requested_rho_count", endpoint="v1/embeddings") == 0  # auto
-        assert value(after, "retention_effective_rho_count", endpoint="v1/embeddings") == 1
-        assert value(after, "retention_input_tokens_count", endpoint="embed") == 1
+        assert value(after, "retention_requests_total", **embed, status_class="2xx") == 1
+        assert value(after, "retention_requests_total", **openai_route, status_class="2xx") == 1
+        assert value(after, "retention_requests_total", **openai_route, status_class="4xx") == 1
+        assert value(after, "retention_requested_rho_count", **embed) == 1
+        assert value(after, "retention_requested_rho_count", **openai_route) == 0  # auto
+        assert value(after, "retention_effective_rho_count", **openai_route) == 1
+        assert value(after, "retention_input_tokens_count", **embed) == 1
         assert value(after, "retention_batch_size_count", model=MODEL) >= 1
-        assert value(after, "retention_token_layers_saved_total", model=MODEL) > 0
+        assert value(after, "retention_token_layers_saved_total", model=MODEL, task="embedding") > 0
         assert value(after, "retention_rejections_total", reason="invalid") == 1
 
 

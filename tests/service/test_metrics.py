@@ -6,6 +6,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from retention_core.tasks import TASKS
+from service.api.app import create_app
 from service.metrics import Metrics
 from tests.service.conftest import running, settings_for
 
@@ -30,6 +32,14 @@ NAMES = {
     "retention_model_info": "gauge",
 }
 MODELS = ("tiny-classification", "tiny-qa", "tiny-summarization", "tiny-embedding")
+# endpoint label -> the task label of its requests
+ROUTE_TASKS = {
+    "classify": "classification",
+    "qa": "qa",
+    "summarize": "summarization",
+    "embed": "embedding",
+    "v1/embeddings": "embedding",
+}
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -52,15 +62,21 @@ def value(text: str, name: str, **labels: str) -> float:
     return samples(text).get((name, tuple(sorted(labels.items()))), float("nan"))
 
 
+def task_of(model: str) -> str:
+    """The task of one of the tiny models ("tiny-<task>")."""
+    return model.removeprefix("tiny-")
+
+
 def test_metrics_exist_before_and_after_traffic(models_root: Path) -> None:
     with running(settings_for(models_root)) as (_, client):
         before = client.get("/metrics").text
         assert {name: kind for name, kind in families(before).items() if name in NAMES} == NAMES
         # labelled series exist at 0 before any inference traffic
-        assert value(before, "retention_requests_total", endpoint="classify", status_class="5xx") == 0
-        for endpoint in ("classify", "qa", "summarize", "embed", "v1/embeddings"):
-            assert value(before, "retention_degraded_requests_total", endpoint=endpoint) == 0
-            assert value(before, "retention_input_tokens_count", endpoint=endpoint) == 0
+        classify = {"endpoint": "classify", "task": "classification"}
+        assert value(before, "retention_requests_total", **classify, status_class="5xx") == 0
+        for endpoint, task in ROUTE_TASKS.items():
+            assert value(before, "retention_degraded_requests_total", endpoint=endpoint, task=task) == 0
+            assert value(before, "retention_input_tokens_count", endpoint=endpoint, task=task) == 0
         for reason in (
             "queue_full",
             "deadline",
@@ -72,12 +88,16 @@ def test_metrics_exist_before_and_after_traffic(models_root: Path) -> None:
             assert value(before, "retention_rejections_total", reason=reason) == 0
         for model in MODELS:
             assert value(before, "retention_queue_depth", model=model) == 0
-            assert value(before, "retention_token_layers_saved_total", model=model) == 0
+            saved = value(before, "retention_token_layers_saved_total", model=model, task=task_of(model))
+            assert saved == 0
         info = [key for key in samples(before) if key[0] == "retention_model_info"]
         assert {dict(labels)["model"] for _, labels in info} == set(MODELS)
         assert dict(info[0][1]).keys() == {"model", "task", "backbone", "precision"}
         assert value(before, "retention_process_resident_memory_bytes") > 0
-        assert 'retention_request_duration_seconds_bucket{endpoint="classify",le="0.5"} 0.0' in before
+        bucket = (
+            'retention_request_duration_seconds_bucket{endpoint="classify",le="0.5",task="classification"}'
+        )
+        assert f"{bucket} 0.0" in before
 
         client.post("/classify?rho=0.3", json={"text": "counting tokens"})
         client.post("/qa?rho=0.5", json={"question": "q?", "context": "some context here"})
@@ -85,23 +105,26 @@ def test_metrics_exist_before_and_after_traffic(models_root: Path) -> None:
         client.post("/embed", json={"text": "a vector, please"})
         client.post("/classify?rho=2", json={"text": "x"})
         after = client.get("/metrics").text
-        assert value(after, "retention_requests_total", endpoint="classify", status_class="2xx") == 1
-        assert value(after, "retention_requests_total", endpoint="classify", status_class="4xx") == 1
+        assert value(after, "retention_requests_total", **classify, status_class="2xx") == 1
+        assert value(after, "retention_requests_total", **classify, status_class="4xx") == 1
         assert value(after, "retention_rejections_total", reason="invalid") == 1
-        assert value(after, "retention_requested_rho_count", endpoint="classify") == 1
-        assert value(after, "retention_requested_rho_bucket", endpoint="classify", le="0.3") == 1
-        assert value(after, "retention_effective_rho_count", endpoint="summarize") == 1
-        assert (
-            value(after, "retention_requested_rho_count", endpoint="summarize") == 0
-        )  # auto: no number asked
+        assert value(after, "retention_requested_rho_count", **classify) == 1
+        assert value(after, "retention_requested_rho_bucket", **classify, le="0.3") == 1
+        summarize = {"endpoint": "summarize", "task": "summarization"}
+        assert value(after, "retention_effective_rho_count", **summarize) == 1
+        assert value(after, "retention_requested_rho_count", **summarize) == 0  # auto: no number asked
         for model in MODELS:
+            per_request = {"model": model, "task": task_of(model)}
             assert value(after, "retention_batch_size_count", model=model) >= 1
             assert value(after, "retention_batch_tokens_count", model=model) >= 1
-            assert value(after, "retention_queue_duration_seconds_count", model=model) >= 1
+            assert value(after, "retention_queue_duration_seconds_count", **per_request) >= 1
             assert value(after, "retention_inference_duration_seconds_count", model=model) >= 1
-            assert value(after, "retention_token_layers_computed_total", model=model) > 0
-            assert value(after, "retention_activation_memory_estimate_bytes_count", model=model) == 1
-        assert value(after, "retention_token_layers_saved_total", model="tiny-classification") > 0
+            assert value(after, "retention_token_layers_computed_total", **per_request) > 0
+            assert value(after, "retention_activation_memory_estimate_bytes_count", **per_request) == 1
+        saved = value(
+            after, "retention_token_layers_saved_total", model="tiny-classification", task="classification"
+        )
+        assert saved > 0
         assert value(after, "retention_in_flight_requests") == 1  # the /metrics request itself
         # rho is never a label
         assert all("rho" not in dict(labels) for _, labels in samples(after))
@@ -114,3 +137,57 @@ def test_each_app_has_its_own_registry() -> None:
         None,
         0.0,
     )
+
+
+def label_values(text: str, name: str, label: str, **where: str) -> set[str]:
+    """The values ``label`` takes on the samples ``name`` whose labels include ``where``."""
+    return {
+        dict(labels).get(label, "")
+        for sample, labels in samples(text)
+        if sample == name and where.items() <= dict(labels).items()
+    }
+
+
+def test_an_embed_request_is_counted_under_the_embedding_task(models_root: Path) -> None:
+    """/embed serves the embedding model: every per-request metric of it carries task="embedding"
+    (the label the dashboards and alerts select inference traffic by); /metrics itself carries none."""
+    with running(settings_for(models_root)) as (_, client):
+        assert client.post("/embed?rho=0.5", json={"text": "a vector, please"}).status_code == 200
+        after = client.get("/metrics").text
+    embed = {"endpoint": "embed", "task": "embedding"}
+    model = {"model": "tiny-embedding", "task": "embedding"}
+    assert value(after, "retention_requests_total", **embed, status_class="2xx") == 1
+    assert value(after, "retention_request_duration_seconds_count", **embed) == 1
+    assert value(after, "retention_input_tokens_count", **embed) == 1
+    assert value(after, "retention_requested_rho_count", **embed) == 1
+    assert value(after, "retention_effective_rho_count", **embed) == 1
+    assert value(after, "retention_degraded_requests_total", **embed) == 0
+    assert value(after, "retention_served_rho_count", **model, reason="requested") == 1
+    assert value(after, "retention_queue_duration_seconds_count", **model) == 1
+    assert value(after, "retention_predicted_wait_seconds_count", **model) == 1
+    assert value(after, "retention_activation_memory_estimate_bytes_count", **model) == 1
+    assert value(after, "retention_token_layers_computed_total", **model) > 0
+    # every series of the route is labelled with its task; the non-inference routes with task=""
+    for name in ("retention_requests_total", "retention_request_duration_seconds_count"):
+        assert label_values(after, name, "task", endpoint="embed") == {"embedding"}
+        assert label_values(after, name, "task", endpoint="v1/embeddings") == {"embedding"}
+        assert label_values(after, name, "task", endpoint="metrics") == {""}
+    assert 'retention_requests_total{endpoint="embed",status_class="2xx",task="embedding"} 1.0' in after
+
+
+def test_every_task_of_the_registry_has_its_series_from_startup(models_root: Path) -> None:
+    """The pre-initialised label sets come from the mounted routes, whose tasks come from the registry:
+    every registered task is served by a route and has its series at 0 before any traffic."""
+    text = create_app(settings_for(models_root)).state.metrics.render().decode()
+    assert label_values(text, "retention_requests_total", "task") == {*TASKS, ""}
+    for name in (
+        "retention_input_tokens_count",
+        "retention_requested_rho_count",
+        "retention_effective_rho_count",
+        "retention_degraded_requests_total",
+    ):
+        assert label_values(text, name, "task") == set(TASKS), name
+    for endpoint, task in ROUTE_TASKS.items():
+        assert value(text, "retention_requests_total", endpoint=endpoint, task=task, status_class="5xx") == 0
+    for endpoint in ("livez", "readyz", "metrics", "models", "other"):
+        assert label_values(text, "retention_requests_total", "task", endpoint=endpoint) == {""}

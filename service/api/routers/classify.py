@@ -6,10 +6,12 @@ from fastapi import APIRouter
 
 from service.api.deps import ExplainQueryDep, InferenceDep
 from service.api.inference import explain_requested, explanations, infer, off_loop_if_long, shed_early
-from service.api.routers.common import ERROR_RESPONSES
+from service.api.routers.common import ERROR_RESPONSES, serving
 from service.api.schemas import ClassificationResult, ClassifyRequest, ClassifyResponse
 
-router = APIRouter(tags=["inference"])
+CLASSIFICATION = "classification"  # the task name in retention_core.tasks
+
+router = APIRouter(tags=["inference"], route_class=serving(CLASSIFICATION))
 
 
 @router.post("/classify", response_model=ClassifyResponse, responses=ERROR_RESPONSES)
@@ -17,7 +19,7 @@ async def classify(body: ClassifyRequest, ctx: InferenceDep, explain: ExplainQue
     """Label and per-label scores of one text (``text``) or several (``texts``)."""
     texts = body.items()
     ctx.check_items(len(texts))
-    model = ctx.model_for("classification")
+    model = ctx.model_for(CLASSIFICATION)
     explained = explain_requested(model, body.explain, explain)
     shed_early(ctx, model, body)
     codec = model.codec

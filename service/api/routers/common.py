@@ -1,10 +1,37 @@
-"""Shared OpenAPI bits of the routers."""
+"""What the routers share: OpenAPI error responses, and the route class that names a route's task."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
+from fastapi.routing import APIRoute
+
+from retention_core.tasks import task_spec
 from service.api.schemas import ErrorBody, OpenAIErrorBody
+
+
+class TaskRoute(APIRoute):
+    """A route that runs the models of one task of the registry (``retention_core.tasks``). The request
+    metrics carry that task as their ``task`` label, whatever the answer (a 422 or a 5xx included)."""
+
+    task: ClassVar[str] = ""
+
+
+def serving(task: str) -> type[TaskRoute]:
+    """The ``route_class`` of a router whose routes serve ``task``; a KeyError for a task the registry
+    does not know."""
+    name = task_spec(task).name
+
+    class Route(TaskRoute):
+        task = name
+
+    return Route
+
+
+def route_task(route: object) -> str:
+    """The task a route serves; "" for the routes that run no model (health, metrics, models, ...)."""
+    return route.task if isinstance(route, TaskRoute) else ""
+
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "unreadable body (e.g. not UTF-8)"},

@@ -6,13 +6,13 @@ from fastapi import APIRouter
 
 from service.api.deps import ExplainQueryDep, InferenceContext, InferenceDep
 from service.api.inference import explain_requested, explanations, infer, off_loop_if_long, shed_early
-from service.api.routers.common import ERROR_RESPONSES
+from service.api.routers.common import ERROR_RESPONSES, serving
 from service.api.schemas import EmbedRequest, EmbedResponse, Explanation, InferenceOptions, Usage
 from service.runtime import LoadedModel
 
-router = APIRouter(tags=["inference"])
-
 EMBEDDING = "embedding"  # the task name in retention_core.tasks
+
+router = APIRouter(tags=["inference"], route_class=serving(EMBEDDING))
 
 
 async def embed_texts(

@@ -10,7 +10,7 @@ import numpy as np
 from fastapi import APIRouter
 
 from service.api.deps import InferenceDep
-from service.api.routers.common import OPENAI_ERROR_RESPONSES
+from service.api.routers.common import OPENAI_ERROR_RESPONSES, serving
 from service.api.routers.embed import EMBEDDING, embed_texts
 from service.api.schemas import (
     OpenAIEmbedding,
@@ -21,7 +21,7 @@ from service.api.schemas import (
 from service.errors import UnsupportedValue
 from service.runtime import LoadedModel
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=serving(EMBEDDING))
 
 
 def vector_size(model: LoadedModel) -> int:

@@ -6,10 +6,12 @@ from fastapi import APIRouter
 
 from service.api.deps import ExplainQueryDep, InferenceDep
 from service.api.inference import explain_requested, explanations, infer, off_loop_if_long, shed_early
-from service.api.routers.common import ERROR_RESPONSES
+from service.api.routers.common import ERROR_RESPONSES, serving
 from service.api.schemas import QARequest, QAResponse, QAResult
 
-router = APIRouter(tags=["inference"])
+QA = "qa"  # the task name in retention_core.tasks
+
+router = APIRouter(tags=["inference"], route_class=serving(QA))
 
 
 @router.post("/qa", response_model=QAResponse, responses=ERROR_RESPONSES)
@@ -18,7 +20,7 @@ async def qa(body: QARequest, ctx: InferenceDep, explain: ExplainQueryDep) -> QA
     question (``question`` + ``context``) or several (``items``). Long contexts are read in windows."""
     pairs = body.pairs()
     ctx.check_items(len(pairs))
-    model = ctx.model_for("qa")
+    model = ctx.model_for(QA)
     explained = explain_requested(model, body.explain, explain)
     shed_early(ctx, model, body)
     codec = model.codec

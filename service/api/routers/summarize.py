@@ -8,11 +8,13 @@ from starlette.concurrency import run_in_threadpool
 from retention_core.text import split_sentences
 from service.api.deps import ExplainQueryDep, InferenceDep
 from service.api.inference import explain_requested, explanations, infer, shed_early
-from service.api.routers.common import ERROR_RESPONSES
+from service.api.routers.common import ERROR_RESPONSES, serving
 from service.api.schemas import SelectedSentence, SummarizeRequest, SummarizeResponse
 from service.errors import InvalidRequest, PayloadTooLarge
 
-router = APIRouter(tags=["inference"])
+SUMMARIZATION = "summarization"  # the task name in retention_core.tasks
+
+router = APIRouter(tags=["inference"], route_class=serving(SUMMARIZATION))
 
 MAX_SENTENCES = 2048
 
@@ -32,7 +34,7 @@ def document_sentences(body: SummarizeRequest) -> list[str]:
 async def summarize(body: SummarizeRequest, ctx: InferenceDep, explain: ExplainQueryDep) -> SummarizeResponse:
     """Extractive summary: the selected sentences in document order, with their scores. Choose the length
     with ``max_sentences`` or ``ratio`` (fraction of the document's sentences); default 3 sentences."""
-    model = ctx.model_for("summarization")
+    model = ctx.model_for(SUMMARIZATION)
     explained = explain_requested(model, body.explain, explain)
     shed_early(ctx, model, body)
     sentences = await run_in_threadpool(document_sentences, body)

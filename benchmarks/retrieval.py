@@ -375,8 +375,8 @@ class EmbeddingStore:
             parts.append(f"schedule {self.encoder.model.num_points}^{config.schedule_power}")
             if config.min_kept_tokens:  # keys without a floor stay those of the runs made before it
                 parts.append(f"floor {config.min_kept_tokens}")
-            if config.merge_dropped:
-                parts.append("merge")
+            if config.merge_dropped and method != TRUNCATION and not method.startswith(LAYER_EXIT):
+                parts.append("merge")  # truncation and layer exit run the dense pass: no merging
         return hashlib.sha1("|".join(parts).encode()).hexdigest()[:20]
 
     def get(self, texts: Sequence[str], method: str, rho: Budget) -> Pass:

@@ -260,7 +260,7 @@ class Objective:
         if teacher_logits is None:
             extra = self.hard_pass_losses(model, batch, rho, generator)
         else:
-            extra = self.stage_hard_pass_losses(model, batch, rho, teacher_logits)
+            extra = self.stage_hard_pass_losses(model, batch, rho, teacher_logits, generator)
             extra.soft_distill = self.divergence(soft.logits, teacher_logits, batch)
         extra.salient = self.salient_loss(soft, batch)
         return StepTerms(soft, gap, task_loss, budget, extra)
@@ -283,18 +283,34 @@ class Objective:
         return self.task.distill(student, teacher, batch)
 
     def stage_hard_pass_losses(
-        self, model: RetentionModel, batch: Batch, rho: torch.Tensor, teacher_logits: torch.Tensor
+        self,
+        model: RetentionModel,
+        batch: Batch,
+        rho: torch.Tensor,
+        teacher_logits: torch.Tensor,
+        generator: torch.Generator | None = None,
     ) -> ExtraTerms:
         """A retention stage's top-M pass (only when it trains: a tuned backbone, pruned_loss_weight > 0):
         its task loss and its divergence from the teacher. No dense pass of the student: the teacher is
         the dense model, and the soft pass samples ρ up to 1."""
         if self.weights.pruned <= 0.0:
             return ExtraTerms()
-        pruned_logits = model.forward_pruned(**batch.encoder_inputs(), rho=rho).logits
+        passes = self.top_m_passes(model, batch, rho, generator)
+        distill = [self.divergence(logits, teacher_logits, batch) for logits in passes]
         return ExtraTerms(
-            pruned=self.task.loss(pruned_logits, batch),
-            distill=self.divergence(pruned_logits, teacher_logits, batch),
+            pruned=_mean([self.task.loss(logits, batch) for logits in passes]),
+            distill=None if distill[0] is None else _mean([term for term in distill if term is not None]),
         )
+
+    def top_m_passes(
+        self, model: RetentionModel, batch: Batch, rho: torch.Tensor, generator: torch.Generator | None
+    ) -> list[torch.Tensor]:
+        """Outputs of the hard top-M pass at the batch's ρ first, then at the rest of the multi-budget
+        sandwich (``BudgetRule.sandwich``; none without it): every budget one model must serve."""
+        inputs = batch.encoder_inputs()
+        budgets = self.budget.sandwich(rho, self.weights.sandwich_random, generator)
+        ordered = [rho, *(budget for budget in budgets if budget is not rho)]
+        return [model.forward_pruned(**inputs, rho=budget).logits for budget in ordered]
 
     def hard_pass_terms(
         self,
@@ -330,17 +346,9 @@ class Objective:
         if self.weights.pruned <= 0.0 and not distill:
             return ExtraTerms()
         inputs = batch.encoder_inputs()
-        pruned_logits = model.forward_pruned(**inputs, rho=rho).logits
-        pruned = self.task.loss(pruned_logits, batch)
-        if self.weights.sandwich_random > 0:
-            # Multi-budget: the mean task loss over the sandwich (ρ = 1, ρ.low, random), the batch's
-            # own ρ included (its pass above is reused).
-            others = [
-                self.task.loss(model.forward_pruned(**inputs, rho=budget).logits, batch)
-                for budget in self.budget.sandwich(rho, self.weights.sandwich_random, generator)
-                if budget is not rho
-            ]
-            pruned = torch.stack([pruned, *others]).mean()
+        passes = self.top_m_passes(model, batch, rho, generator)
+        pruned_logits = passes[0]  # the batch's ρ: the in-place distillation's student
+        pruned = _mean([self.task.loss(logits, batch) for logits in passes])
         if not distill:
             return ExtraTerms(pruned=pruned)
         assert self.task.distill is not None  # from_recipe refuses distillation without it
@@ -371,3 +379,8 @@ class Objective:
     def total(self, step: StepTerms) -> torch.Tensor:
         """The loss to minimise: weighted soft task loss + λ·gap + the weighted extra terms."""
         return self.weights.soft * step.task + step.budget + self.weighted_extra(step.extra)
+
+
+def _mean(terms: list[torch.Tensor]) -> torch.Tensor:
+    """The mean of scalar loss terms (one term is returned as it is, so a single pass is unchanged)."""
+    return terms[0] if len(terms) == 1 else torch.stack(terms).mean()

@@ -128,11 +128,21 @@ class Backbone(BaseModel):
     intermediate_size: int
 
 
+# A pooled head's pooling, as sentence-transformers names its modes: "mean" (pooling_mode_mean_tokens),
+# the mean of the final states of the tokens that reach the end; "cls" (pooling_mode_cls_token), the
+# final state of [CLS] (position 0, never dropped), so the last layer computes that one query.
+Pooling = Literal["mean", "cls"]
+
+
 class EmbeddingInfo(BaseModel):
     """How a pooled (embedding) graph's vector is made and served: from the model's
     sentence-transformers config (``modules.json``, ``1_Pooling/config.json``, a ``Normalize`` module)."""
 
-    pooling: Literal["mean"] = "mean"
+    pooling: Pooling = Field(
+        default="mean",
+        description="what the graph pools (it outputs the pooled vector either way); manifests written "
+        "before CLS pooling existed have mean",
+    )
     normalize: bool = Field(default=True, description="L2-normalise the vector unless a request says not")
     dimensions: int = Field(ge=1, description="length of the vector (the encoder's hidden size)")
 

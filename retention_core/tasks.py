@@ -33,6 +33,8 @@ from retention_core.contract import (
 # "pooled": the mean of the final states of the tokens that reach the end → (B, d), no parameters; at
 # ρ = 1 every real token does, so it is exactly the dense model's mean pooling. Nothing is restored:
 # dropped tokens' earlier-layer states would pull the mean away from the model's (training/embedding.py).
+# A CLS-pooled model (manifest.embedding.pooling == "cls") pools the final [CLS] state instead; the graph
+# outputs the pooled vector either way, so serving does not depend on the pooling.
 HeadKind = Literal["sequence", "token", "pooled"]
 
 
@@ -76,7 +78,9 @@ class TaskSpec:
 
     @property
     def last_layer_queries(self) -> int | None:
-        """A head that reads only [CLS] lets the last layer compute one query."""
+        """A head that reads only [CLS] lets the last layer compute one query. A pooled head's depends on
+        the model's pooling (CLS pooling: 1, training.model.RetentionModel.last_layer_queries); the
+        manifest's ``schedule.last_layer_queries`` records what each graph does."""
         return 1 if self.head == "sequence" else None
 
     @property

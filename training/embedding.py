@@ -7,7 +7,9 @@ backbone is frozen (``RetentionModel.freeze_backbone``), so that pass is exactly
 no copy is needed. Loss: 1 − cosine(student pooled, teacher pooled), mean over the batch.
 
 Pooling (the "pooled" head, ``training.model.MeanPooling``): the mean of the final states of the
-tokens that reach the end; nothing is restored. Restoring dropped tokens with their last state (as token
+tokens that reach the end; nothing is restored. A CLS-pooled model (BGE, Arctic-embed;
+``training.model.CLSPooling``) pools the final [CLS] state, which is never dropped; its teacher and loss
+are the same. Restoring dropped tokens with their last state (as token
 heads do) averages earlier-layer states into the vector and pulls it away from the model's (the
 study, docs/experiments/2026-11-25-embedding-pooling.md: −5.9 nDCG@10 at ρ = 0.5 with these scorers,
 −7.2 when trained for it; the switch it used was removed afterwards). Both are exactly the dense model at

@@ -301,12 +301,14 @@ def versions() -> dict[str, str]:
 
 
 def embedding_info(model: RetentionModel, recipe: Recipe) -> C.EmbeddingInfo | None:
-    """A pooled head's vector: mean pooling of the hidden states, normalised by default unless the
-    retrofitted model's sentence-transformers config has no Normalize module."""
+    """A pooled head's vector: the model's pooling (mean, or [CLS]) of the final states, normalised by
+    default unless the retrofitted model's sentence-transformers config has no Normalize module."""
     if model.spec.head != "pooled":
         return None
     normalize = recipe.retrofit.normalize if recipe.retrofit is not None else True
-    return C.EmbeddingInfo(pooling="mean", normalize=normalize, dimensions=model.backbone.info.hidden_size)
+    return C.EmbeddingInfo(
+        pooling=model.config.pooling, normalize=normalize, dimensions=model.backbone.info.hidden_size
+    )
 
 
 def build_manifest(

@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from retention_core.contract import Pooling
 from retention_core.tasks import task_spec
 from training import retention as R
 from training.batch import Batch
@@ -50,6 +51,13 @@ def usable_cores() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+def head_pooling(recipe: Recipe) -> Pooling:
+    """What a pooled head pools: a retrofitted model's own pooling (its sentence-transformers config),
+    else mean (an embedding recipe without a retrofit; the other heads ignore it)."""
+    retrofit = recipe.retrofit
+    return retrofit.pooling if retrofit is not None and retrofit.pooling is not None else "mean"
+
+
 def retention_config(recipe: Recipe) -> RetentionConfig:
     spec = recipe.retention
     return RetentionConfig(
@@ -59,6 +67,7 @@ def retention_config(recipe: Recipe) -> RetentionConfig:
         min_kept_tokens=spec.min_kept_tokens,
         merge_dropped=spec.merge_dropped,
         leading_share=spec.leading_share,
+        pooling=head_pooling(recipe),
         hard_concrete=R.HardConcrete(spec.gate_temperature, spec.gate_left, spec.gate_right),
     )
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from retention_core.contract import Pooling
 from retention_core.tasks import task_spec
 from training import retention as R
 from training.encoders import EncoderBackbone, LayerView
@@ -31,6 +32,8 @@ from training.objective import SoftGates
 Selector = Callable[[int, LayerView, torch.Tensor, torch.Tensor], torch.Tensor]
 OPEN_GATE_PROBABILITY = 0.5  # open-gate ablation: a gate counts as open when P(z > 0) exceeds this
 METHOD_GATES = SoftGates()  # Hard-Concrete gates without a score shift
+CLS_POSITION = 0  # [CLS]: protected (default_protected), so it is slot 0 of every layer's kept tokens
+CLS_QUERIES = 1  # a head that reads [CLS] only needs the last layer's first query
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,9 @@ class RetentionConfig:
     # Share of each point's kept count reserved for the earliest tokens (retention.leading_span): 1 =
     # truncation inside the schedule, 0 = the scorers choose every kept token.
     leading_share: float = 0.0
+    # What a pooled head (embedding) pools: the retrofitted model's own sentence-transformers pooling
+    # (training.fit.head_pooling). Ignored by the other heads.
+    pooling: Pooling = "mean"
     hard_concrete: R.HardConcrete = field(default_factory=R.HardConcrete)
 
 
@@ -165,6 +171,15 @@ class MeanPooling(nn.Module):
         return total / expanded.sum(1).clamp(min=1e-9)
 
 
+class CLSPooling(nn.Module):
+    """sentence-transformers' CLS pooling: the final state of [CLS] (the first slot, always kept), no
+    parameters and no normalisation (the codec normalises). (B, Tq, d), weights (B, T) → (B, d); the
+    weights are ignored (merged tokens already live inside the [CLS] state they were folded into)."""
+
+    def forward(self, states: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return states[:, CLS_POSITION]
+
+
 class RetentionModel(nn.Module):
     def __init__(
         self,
@@ -189,7 +204,7 @@ class RetentionModel(nn.Module):
         if self.spec.head == "sequence":
             self.head = ClassificationHead(width, num_outputs, head_dropout)
         elif self.spec.head == "pooled":
-            self.head = MeanPooling()
+            self.head = CLSPooling() if self.pools_cls else MeanPooling()
         else:
             self.head = TokenHead(width, num_outputs, head_dropout)
 
@@ -212,9 +227,15 @@ class RetentionModel(nn.Module):
         return len(self.scorers)
 
     @property
+    def pools_cls(self) -> bool:
+        """A pooled head with CLS pooling (an embedding model such as BGE or Arctic-embed)."""
+        return self.spec.head == "pooled" and self.config.pooling == "cls"
+
+    @property
     def last_layer_queries(self) -> int | None:
-        """A head that reads only [CLS] lets the last layer compute one query."""
-        return self.spec.last_layer_queries
+        """A head that reads only [CLS] (a sequence head, CLS pooling) lets the last layer compute one
+        query."""
+        return CLS_QUERIES if self.pools_cls else self.spec.last_layer_queries
 
     def keep_fractions(self, rho: torch.Tensor, num_real: torch.Tensor) -> torch.Tensor:
         """The schedule's share of real tokens alive entering each layer, floor included: (B,), (B,) →
@@ -385,9 +406,9 @@ class RetentionModel(nn.Module):
         return PrunedOutput(out, counts, depth)
 
     def _head(self, hidden: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """``weights`` (B, T): the tokens a pooled head averages (ignored by the other heads)."""
+        """``weights`` (B, T): the tokens a mean-pooled head averages (ignored by the other heads)."""
         if self.spec.head == "pooled":
-            return self.head(hidden, weights)  # (B, T, d) → (B, d)
+            return self.head(hidden, weights)  # (B, T, d) or CLS pooling's (B, 1, d) → (B, d)
         if self.spec.head == "sequence":
             return self.head(hidden[:, 0])  # (B, d) → (B, C)
         return self.head(hidden)  # (B, T, d) → (B, T, C)

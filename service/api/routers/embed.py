@@ -40,7 +40,8 @@ async def embed_texts(
 
 @router.post("/embed", response_model=EmbedResponse, responses=ERROR_RESPONSES)
 async def embed(body: EmbedRequest, ctx: InferenceDep, explain: ExplainQueryDep) -> EmbedResponse:
-    """The vector of one text (``text``) or of several (``texts``); mean of the final token states."""
+    """The vector of one text (``text``) or of several (``texts``): the model's pooling (mean, or [CLS])
+    of the final token states."""
     texts = body.items()
     ctx.check_items(len(texts))
     model = ctx.model_for(EMBEDDING)

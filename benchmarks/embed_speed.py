@@ -99,42 +99,44 @@ def tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
     return directory
 
 
-def our_model(args: argparse.Namespace, checkpoint: Path) -> Any:
-    """Our embedding model: a trained run, or the checkpoint with fresh scorers and the recipe's schedule."""
+def our_model(run_dir: Path | None, recipe: Path, checkpoint: Path) -> Any:
+    """Our embedding model: a trained run, or the checkpoint with fresh scorers and the schedule of
+    ``recipe`` (a recipe file)."""
     from training.encoders import load_backbone
     from training.fit import build_model, load_run
     from training.recipes import load_recipe
 
-    if args.run_dir is not None:
-        model, _, _ = load_run(args.run_dir)
+    if run_dir is not None:
+        model, _, _ = load_run(run_dir)
         return model.eval()
     import torch
 
     torch.manual_seed(0)
-    return build_model(load_recipe(args.recipe), load_backbone(str(checkpoint))).eval()
+    return build_model(load_recipe(recipe), load_backbone(str(checkpoint))).eval()
 
 
-def peer_checkpoint(args: argparse.Namespace, workdir: Path) -> Path:
-    """The checkpoint the dense peer and sentence-transformers load: a run's backbone or ``--backbone``."""
+def peer_checkpoint(quick: bool, run_dir: Path | None, backbone: str, workdir: Path) -> Path:
+    """The checkpoint the dense peer and sentence-transformers load: a tiny random one (``quick``), a
+    run's backbone, or ``backbone``."""
     from training.encoders import resolve_backbone_path
     from training.fit import RECIPE_FILE
     from training.recipes import Recipe
 
-    if args.quick:
+    if quick:
         return tiny_checkpoint(workdir / "tiny-checkpoint")
-    if args.run_dir is not None:
-        recipe = Recipe.model_validate_json((args.run_dir / RECIPE_FILE).read_text(encoding="utf-8"))
+    if run_dir is not None:
+        recipe = Recipe.model_validate_json((run_dir / RECIPE_FILE).read_text(encoding="utf-8"))
         return Path(resolve_backbone_path(recipe.backbone))
-    return Path(resolve_backbone_path(args.backbone))
+    return Path(resolve_backbone_path(backbone))
 
 
 def build_graphs(args: argparse.Namespace, workdir: Path) -> Graphs:
     from training.export import export_onnx
     from training.optimize import build_dense_peer, export_fused_pruned, fused_attention_count
 
-    checkpoint = peer_checkpoint(args, workdir)
+    checkpoint = peer_checkpoint(args.quick, args.run_dir, args.backbone, workdir)
     peer = build_dense_peer(checkpoint, workdir)  # raises unless every layer's attention fused
-    model = our_model(args, checkpoint)
+    model = our_model(args.run_dir, args.recipe, checkpoint)
     ours = workdir / "ours.onnx"
     export_onnx(model, ours, model.backbone.info_vocab_size)
     fused = export_fused_pruned(model, workdir / "ours.fused.onnx", workdir)

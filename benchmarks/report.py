@@ -430,6 +430,39 @@ def retrieval_sections(results_dir: Path) -> list[str]:
     ]
 
 
+FRONTIER_TITLE = "Quality–speed frontier (embeddings)"
+FRONTIER_PLOT = "frontier.png"
+FRONTIER_COMMAND = (
+    "python -m benchmarks.frontier --run-dir runs/minilm-embed-full \\\n"
+    "    --retrieval results/minilm-embed-full-retrieval/retrieval.json \\\n"
+    f"    --out results/bench/frontier.json --plot docs/plots/{FRONTIER_PLOT}"
+)
+
+
+def frontier_section(results_dir: Path, plots: Path) -> list[str]:
+    """How to choose a knob: ``python -m benchmarks.frontier``'s table and plot, once committed."""
+    intro = [
+        "Documents/s on one CPU (256-token documents, batch 8) against retrieval nDCG@10, for every knob",
+        "a user can turn: learned ρ, first-k truncation, layer exit, int8 (dense and with ρ), against the",
+        "faster of the fused dense ONNX peer and torch SDPA. Measured with",
+        "",
+        "```",
+        FRONTIER_COMMAND,
+        "```",
+        "",
+        "(the layer-exit points need a retrieval run with `--layer-exits 1 2 3 4 5`; int8 quality needs",
+        '`--retrieval-int8`, else it reads "not measured").',
+        "",
+    ]
+    md_path = results_dir / "bench" / "frontier.md"
+    if not md_path.is_file():
+        placeholder = "The numbers come from the committed `results/bench/frontier.json` (not measured yet)."
+        return [f"## {FRONTIER_TITLE}", "", *intro, placeholder, ""]
+    title, blank, *rest = markdown_section(md_path, FRONTIER_TITLE, FRONTIER_PLOT, plots)
+    source = "The numbers below come from the committed `results/bench/frontier.json`."
+    return [title, blank, *intro, source, "", *rest]
+
+
 def retrofit_sections(results_dir: Path) -> list[str]:
     """Every ``results/*/comparison.json`` (``python -m benchmarks.retrofit_comparison``): its table."""
     from benchmarks import retrofit_comparison
@@ -474,6 +507,7 @@ def build_report(results_dir: Path = RESULTS, docs_dir: Path = DOCS) -> Path:
     lines += system_sections(results_dir, plots)
     lines += ablation_sections(results_dir, plots)
     lines += retrieval_sections(results_dir)
+    lines += frontier_section(results_dir, plots)
     lines += retrofit_sections(results_dir)
     out = docs_dir / "benchmarks.md"
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -315,14 +315,19 @@ def budget_label(rho: Budget) -> str:
     return f"{rho:g}"
 
 
+def truncated_length(length: int, work: float) -> int:
+    """How many tokens truncation keeps of a [CLS] … [SEP] row of ``length``: round(work · n), half up,
+    at least [CLS] and [SEP]."""
+    return min(length, max(2, math.floor(work * length + 0.5)))
+
+
 def truncated_to_work(row: Any, work: float) -> Any:
-    """The first tokens of a [CLS] … [SEP] row, [SEP] re-appended: round(work · n) tokens in all (at
-    least [CLS] and [SEP]), so the dense pass over them does ``work`` of the full row's token-work."""
+    """The first tokens of a [CLS] … [SEP] row, [SEP] re-appended: ``truncated_length`` tokens in all,
+    so the dense pass over them does ``work`` of the full row's token-work."""
     from training.evaluation import sub_row
 
     length = len(row)
-    keep = min(length, max(2, math.floor(work * length + 0.5)))
-    return sub_row(row, [*range(keep - 1), length - 1])
+    return sub_row(row, [*range(truncated_length(length, work) - 1), length - 1])
 
 
 def weights_fingerprint(model: Any, method: str) -> str:

@@ -56,6 +56,21 @@ def test_dense_peer_fuses_attention_in_every_layer_and_matches_torch(tmp_path: P
     assert float(np.max(np.abs(fused - expected))) <= PARITY_ATOL
 
 
+def test_a_layer_exit_peer_is_the_first_k_layers_of_the_checkpoint(tmp_path: Path) -> None:
+    checkpoint = tiny_checkpoint(tmp_path / "checkpoint")
+    exit_layers = TINY_LAYERS - 1
+    peer = build_dense_peer(checkpoint, tmp_path, num_layers=exit_layers)
+    assert fused_attention_count(peer.counts) == exit_layers
+    feeds = ragged_feeds()
+    (fused,) = open_session(peer.fused).run(None, feeds)
+    inputs = {name: torch.from_numpy(feeds[name]) for name in PEER_INPUTS}
+    with torch.no_grad():  # the whole encoder's state after layer k, mean-pooled over real tokens
+        states = load_eager_encoder(checkpoint)(**inputs, output_hidden_states=True).hidden_states
+    weights = inputs["attention_mask"].unsqueeze(-1).float()  # (B, T, 1)
+    expected = ((states[exit_layers] * weights).sum(1) / weights.sum(1)).numpy()  # (B, d)
+    assert float(np.max(np.abs(fused - expected))) <= PARITY_ATOL
+
+
 def test_pruned_embedding_graph_fuses_attention_and_keeps_parity(tmp_path: Path) -> None:
     model, _ = tiny_model("embedding")
     fused = export_fused_pruned(model, tmp_path / "ours.fused.onnx", tmp_path)

@@ -74,12 +74,28 @@ class SentenceEmbeddingGraph(nn.Module):
         return (states * weights).sum(1) / weights.sum(1).clamp(min=1e-9)  # (B, d)
 
 
-def load_eager_encoder(checkpoint: str | Path) -> Any:
+def load_eager_encoder(checkpoint: str | Path, num_layers: int | None = None) -> Any:
     """The checkpoint's encoder with eager attention: the exported form ORT's optimizer fuses (the SDPA
-    export is a different pattern that the optimizer leaves unfused)."""
+    export is a different pattern that the optimizer leaves unfused). ``num_layers``: only its first
+    ``num_layers`` layers (the layer-exit baseline); None: all of them."""
     from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
 
-    encoder = AutoModel.from_pretrained(str(checkpoint), attn_implementation="eager", local_files_only=True)
+    if num_layers is None:
+        encoder = AutoModel.from_pretrained(
+            str(checkpoint), attn_implementation="eager", local_files_only=True
+        )
+        return encoder.float().eval()
+    # transformers reads keyword arguments it knows as config overrides: a shorter config loads the first
+    # layers' weights. Its load report would list every later layer's weights as unused, which is the point.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        encoder = AutoModel.from_pretrained(
+            str(checkpoint), attn_implementation="eager", local_files_only=True, num_hidden_layers=num_layers
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
     return encoder.float().eval()
 
 
@@ -110,9 +126,10 @@ class PeerGraphs:
     counts: FusionCounts
 
 
-def build_dense_peer(checkpoint: str | Path, workdir: Path) -> PeerGraphs:
-    """Export and optimise the dense peer of ``checkpoint``; raise unless attention fused in every layer."""
-    encoder = load_eager_encoder(checkpoint)
+def build_dense_peer(checkpoint: str | Path, workdir: Path, num_layers: int | None = None) -> PeerGraphs:
+    """Export and optimise the dense peer of ``checkpoint`` (only its first ``num_layers`` layers, when
+    given: the layer-exit baseline) into ``workdir``; raise unless attention fused in every layer."""
+    encoder = load_eager_encoder(checkpoint, num_layers)
     config = encoder.config
     unfused, fused = workdir / "peer.onnx", workdir / "peer.fused.onnx"
     export_sentence_embedding(encoder, unfused)

@@ -1,0 +1,580 @@
+"""The quality–speed frontier for embeddings: documents/s on this CPU against nDCG@10, one point per
+knob a user can turn, so they can choose one.
+
+    python -m benchmarks.frontier --run-dir <embedding run> --retrieval <run's retrieval.json> \\
+        [--retrieval-int8 <int8 retrieval.json>] --out results/bench/frontier.json \\
+        [--plot docs/plots/frontier.png]
+    python -m benchmarks.frontier --quick --retrieval <tiny retrieval.json> --out /tmp/frontier.json
+
+Every variant below embeds the same batch of ``--batch`` documents of ``--seq-len`` tokens
+(``benchmarks.embed_speed.documents``), timed in interleaved paired rounds in one run
+(``benchmarks.encoder_speed.timed_rounds``); each speed is joined with the quality of the same knob in
+the retrieval file (``benchmarks.retrieval``: nDCG@10 and the paired differences vs dense and vs
+truncation, with their standard errors). Families:
+
+- ``dense`` (fp32): the dense peer a user would serve (the model exported as optimum does, fused by
+  onnxruntime's transformer optimizer: ``training.optimize.build_dense_peer``) and ``transformers`` in
+  torch with SDPA attention and mean pooling. The faster of the two in this run is the *reference*:
+  every speed-up is the median of paired ratios against it;
+- ``learned``: our exported graph (``training.export.export_onnx``, what the service serves) at ρ = 1
+  and at every ρ of the retrieval file's learned cells;
+- ``truncation``: the fused dense peer fed each document's first round(work · seq-len) tokens ([SEP]
+  kept last), work = the truncation cell's ``document_token_work`` at that ρ;
+- ``layer-exit``: a fused dense peer of only the first k layers, for every k of the file's
+  ``layer-exit`` cells;
+- ``int8-dense`` and ``int8-learned``: dynamic int8 weights (``training.export.quantize_int8``) of the
+  fused peer and of our graph at every ρ. Their quality comes from ``--retrieval-int8`` (a retrieval
+  file of the same layout: its dense cell for ``int8-dense`` and ρ = 1, its learned cells for ρ < 1);
+  without one it is "not measured".
+
+Quality is measured on the retrieval set's own documents (their own lengths); speed at ``--seq-len``
+tokens. Timings do not depend on the weights, only on shapes and the schedule. ``--quick`` builds a
+tiny random checkpoint (the real MiniLM vocabulary) and times 32-token documents: seconds end to end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.embed_speed import (
+    DEFAULT_RECIPE,
+    documents,
+    int8_graphs,
+    onnx_variants,
+    our_model,
+    peer_checkpoint,
+    token_feeds,
+)
+from benchmarks.encoder_speed import paired_ratios, session, timed_rounds
+from benchmarks.machine import describe, write_result
+from benchmarks.retrieval import CUTOFF, DENSE, LAYER_EXIT, LEARNED, TRUNCATION, file_sha1, truncated_length
+
+MODULE = "benchmarks.frontier"
+METRIC = f"ndcg@{CUTOFF}"
+SEQ_LEN, BATCH = 256, 8  # 256 tokens: the MiniLM embedding model's own max_seq_length
+QUICK_SEQ_LEN, QUICK_BATCH, QUICK_REPEATS = 32, 2, 2
+NOT_MEASURED = "not measured"
+
+# Variant names: the peer and our graph are named as in benchmarks.embed_speed (its onnx_variants).
+PEER, PEER_INT8, OURS, OURS_INT8 = "peer-fused", "peer-fused-int8", "ours-onnx", "ours-onnx-int8"
+TORCH_SDPA = "torch-sdpa"
+REFERENCE_CANDIDATES = (PEER, TORCH_SDPA)  # the fp32 dense variants; the faster one is the reference
+
+# Families, in the order the table lists them.
+DENSE_FAMILY, LEARNED_FAMILY = "dense", "learned"
+TRUNCATION_FAMILY, LAYER_EXIT_FAMILY = "truncation", "layer-exit"
+INT8_DENSE_FAMILY, INT8_LEARNED_FAMILY = "int8-dense", "int8-learned"
+FAMILIES = (
+    DENSE_FAMILY,
+    LEARNED_FAMILY,
+    TRUNCATION_FAMILY,
+    LAYER_EXIT_FAMILY,
+    INT8_DENSE_FAMILY,
+    INT8_LEARNED_FAMILY,
+)
+FAMILY_LABELS = {
+    LEARNED_FAMILY: "learned ρ sweep (fp32)",
+    TRUNCATION_FAMILY: "first-k truncation (fused peer)",
+    LAYER_EXIT_FAMILY: "layer exit k (fused peer)",
+    INT8_DENSE_FAMILY: "int8 dense (fused peer)",
+    INT8_LEARNED_FAMILY: "int8 + learned ρ",
+}
+
+Cell = dict[str, Any]  # one retrieval.json cell
+Run = Callable[[], object]  # one timed call: a batch of documents embedded
+
+
+# ---------------------------------------------------------------------- the points and their quality
+@dataclass(frozen=True)
+class Quality:
+    """The retrieval cell a point is joined with (all None where its quality was not measured)."""
+
+    ndcg_at_10: float | None
+    ndcg_vs_dense: dict[str, float] | None  # {difference, se}, paired over the same queries
+    ndcg_vs_truncation: dict[str, float] | None
+    document_token_work: float | None
+    quality_source: str  # "retrieval", "retrieval-int8" or "not measured"
+
+
+UNMEASURED = Quality(None, None, None, None, NOT_MEASURED)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One variant on the frontier before timing: its knob and the quality joined with it."""
+
+    variant: str
+    family: str
+    precision: str  # fp32 | int8
+    rho: float | None  # learned / truncation budget
+    layers: int | None  # layers run
+    tokens: int  # tokens fed per document
+    quality: Quality
+
+
+@dataclass(frozen=True)
+class Timing:
+    seconds_per_batch: float  # median over rounds
+    documents_per_second: float
+    speedup_vs_reference: float  # median of paired ratios (same round)
+    speedup_min: float
+    speedup_max: float
+
+
+def cell_quality(cell: Cell | None, source: str) -> Quality:
+    """A retrieval cell's nDCG@10, its paired differences (where the file has them) and token-work."""
+    if cell is None:
+        return UNMEASURED
+    return Quality(
+        ndcg_at_10=cell[METRIC],
+        ndcg_vs_dense=cell.get("ndcg_vs_dense"),
+        ndcg_vs_truncation=cell.get("ndcg_vs_truncation"),
+        document_token_work=cell.get("document_token_work"),
+        quality_source=source,
+    )
+
+
+def cells(payload: dict[str, Any], method: str) -> dict[str, Cell]:
+    return payload["results"].get(method, {})
+
+
+def learned_rhos(payload: dict[str, Any]) -> list[float]:
+    """The ρ < 1 of the file's learned cells, largest first."""
+    return sorted((float(key) for key in cells(payload, LEARNED)), reverse=True)
+
+
+def dense_points(payload: dict[str, Any], seq_len: int, num_layers: int) -> list[Point]:
+    dense = cell_quality(cells(payload, DENSE)["1"], "retrieval")
+    return [
+        Point(name, DENSE_FAMILY, "fp32", None, num_layers, seq_len, dense) for name in REFERENCE_CANDIDATES
+    ]
+
+
+def learned_points(
+    payload: dict[str, Any], int8: dict[str, Any] | None, seq_len: int, num_layers: int
+) -> list[Point]:
+    """Our graph at ρ = 1 (quality: the dense cell, as in the retrieval file) and at each learned ρ, in
+    fp32 and int8 (int8 quality from the int8 file, else not measured)."""
+    points = []
+    for rho in [1.0, *learned_rhos(payload)]:
+        key = f"{rho:g}"
+        method = DENSE if rho == 1.0 else LEARNED
+        fp32 = cell_quality(cells(payload, method)[key], "retrieval")
+        quantized = (
+            UNMEASURED if int8 is None else cell_quality(cells(int8, method).get(key), "retrieval-int8")
+        )
+        points.append(Point(f"{OURS}@{key}", LEARNED_FAMILY, "fp32", rho, num_layers, seq_len, fp32))
+        points.append(
+            Point(f"{OURS_INT8}@{key}", INT8_LEARNED_FAMILY, "int8", rho, num_layers, seq_len, quantized)
+        )
+    return points
+
+
+def int8_dense_point(int8: dict[str, Any] | None, seq_len: int, num_layers: int) -> Point:
+    quality = UNMEASURED if int8 is None else cell_quality(cells(int8, DENSE).get("1"), "retrieval-int8")
+    return Point(PEER_INT8, INT8_DENSE_FAMILY, "int8", None, num_layers, seq_len, quality)
+
+
+def truncation_points(payload: dict[str, Any], seq_len: int, num_layers: int) -> list[Point]:
+    """The fused peer on each truncation cell's share of the tokens (same rounding as the retrieval)."""
+    points = []
+    for key, cell in sorted(cells(payload, TRUNCATION).items(), key=lambda item: -float(item[0])):
+        tokens = truncated_length(seq_len, cell["document_token_work"])
+        quality = cell_quality(cell, "retrieval")
+        points.append(
+            Point(f"truncation@{key}", TRUNCATION_FAMILY, "fp32", float(key), num_layers, tokens, quality)
+        )
+    return points
+
+
+def layer_exit_points(payload: dict[str, Any], seq_len: int, num_layers: int) -> list[Point]:
+    points = []
+    for key, cell in sorted(cells(payload, LAYER_EXIT).items(), key=lambda item: int(item[0])):
+        if not 1 <= int(key) <= num_layers:
+            raise SystemExit(f"layer-exit cell k = {key}: the model has {num_layers} layers")
+        quality = cell_quality(cell, "retrieval")
+        points.append(Point(f"layer-exit-{key}", LAYER_EXIT_FAMILY, "fp32", None, int(key), seq_len, quality))
+    return points
+
+
+def frontier_points(
+    payload: dict[str, Any], int8: dict[str, Any] | None, seq_len: int, num_layers: int
+) -> list[Point]:
+    """Every variant to time, in table order (by family), each with the quality of its knob joined
+    from the files."""
+    points = [
+        *dense_points(payload, seq_len, num_layers),
+        *learned_points(payload, int8, seq_len, num_layers),
+        *truncation_points(payload, seq_len, num_layers),
+        *layer_exit_points(payload, seq_len, num_layers),
+        int8_dense_point(int8, seq_len, num_layers),
+    ]
+    return sorted(points, key=lambda point: FAMILIES.index(point.family))
+
+
+# ---------------------------------------------------------------------- the graphs and their runs
+@dataclass(frozen=True)
+class Graphs:
+    checkpoint: Path  # the peers' (and torch's) checkpoint
+    num_layers: int
+    files: dict[str, Path]  # PEER, PEER_INT8, OURS, OURS_INT8, "layer-exit-<k>"
+    schedule: dict[str, Any]  # our graph's keep schedule: power, kept-token floor, merging
+
+
+def measured_schedule(payload: dict[str, Any]) -> dict[str, Any]:
+    """The schedule settings the retrieval ran with, where it records them (its ``--min-kept-tokens``
+    and ``--merge`` may override the run's): the graph we time must be the one whose quality it measured."""
+    recorded = {
+        "min_kept_tokens": payload.get("min_kept_tokens"),
+        "merge_dropped": payload.get("merge_dropped"),
+    }
+    return {name: value for name, value in recorded.items() if value is not None}
+
+
+def build_graphs(
+    args: argparse.Namespace, layer_exits: list[int], schedule: dict[str, Any], workdir: Path
+) -> Graphs:
+    """Our exported graph (with ``schedule``'s settings), the fused dense peer, their int8 forms and a
+    fused peer of each layer exit."""
+    from training.encoders import DEFAULT_BACKBONE
+    from training.export import export_onnx
+    from training.optimize import build_dense_peer
+
+    checkpoint = peer_checkpoint(args.quick, args.run_dir, DEFAULT_BACKBONE, workdir)
+    model = our_model(args.run_dir, DEFAULT_RECIPE, checkpoint)
+    model.config = replace(model.config, **schedule)
+    files = {OURS: workdir / "ours.onnx", PEER: build_dense_peer(checkpoint, workdir).fused}
+    export_onnx(model, files[OURS], model.backbone.info_vocab_size)
+    files.update(int8_graphs(files, workdir))  # PEER_INT8, OURS_INT8
+    for k in layer_exits:
+        (workdir / f"layer-exit-{k}").mkdir()
+        files[f"layer-exit-{k}"] = build_dense_peer(checkpoint, workdir / f"layer-exit-{k}", k).fused
+    config = model.config
+    settings = {
+        "schedule_power": config.schedule_power,
+        "min_kept_tokens": config.min_kept_tokens,
+        "merge_dropped": config.merge_dropped,
+    }
+    return Graphs(checkpoint, model.backbone.info.num_layers, files, settings)
+
+
+def torch_sdpa_run(checkpoint: Path, feeds: dict[str, np.ndarray], threads: int) -> Run:
+    """``transformers`` in torch, SDPA attention, mean pooling (the peer's ``SentenceEmbeddingGraph``),
+    no autograd, ``threads`` threads."""
+    import torch
+    from transformers import AutoModel
+
+    from training.optimize import PEER_INPUTS, SentenceEmbeddingGraph
+
+    torch.set_num_threads(threads)
+    encoder = AutoModel.from_pretrained(str(checkpoint), attn_implementation="sdpa", local_files_only=True)
+    graph = SentenceEmbeddingGraph(encoder.float().eval()).eval()
+    inputs = tuple(torch.from_numpy(feeds[name]) for name in PEER_INPUTS)
+
+    def run() -> object:
+        with torch.inference_mode():
+            return graph(*inputs)
+
+    return run
+
+
+def truncated_feeds(feeds: dict[str, np.ndarray], tokens: int) -> dict[str, np.ndarray]:
+    """The first ``tokens`` − 1 tokens of each row and its last ([SEP]), as the retrieval truncates."""
+    length = feeds["input_ids"].shape[1]
+    keep = [*range(tokens - 1), length - 1]
+    return {name: np.ascontiguousarray(array[:, keep]) for name, array in feeds.items()}
+
+
+def point_runs(
+    points: list[Point], graphs: Graphs, feeds: dict[str, np.ndarray], threads: int
+) -> dict[str, Run]:
+    """One call per point: ORT sessions over ``feeds`` (the peer, our graph at every ρ; truncation and
+    layer exits through their own feeds / graphs) and torch SDPA."""
+    sessions = {name: session(path, threads) for name, path in graphs.files.items()}
+    rhos = [p.rho for p in points if p.family == LEARNED_FAMILY and p.rho is not None and p.rho < 1.0]
+    runs: dict[str, Run] = {name: run for name, (_, run) in onnx_variants(sessions, feeds, rhos).items()}
+    runs[TORCH_SDPA] = torch_sdpa_run(graphs.checkpoint, feeds, threads)
+    for point in points:
+        if point.family == TRUNCATION_FAMILY:
+            runs[point.variant] = partial(sessions[PEER].run, None, truncated_feeds(feeds, point.tokens))
+        elif point.family == LAYER_EXIT_FAMILY:
+            runs[point.variant] = partial(sessions[point.variant].run, None, feeds)
+    missing = {p.variant for p in points} - set(runs)
+    if missing:
+        raise RuntimeError(f"no run for {sorted(missing)}")
+    return {p.variant: runs[p.variant] for p in points}  # only the points, in table order
+
+
+# ---------------------------------------------------------------------- measuring
+def reference_of(rounds: dict[str, list[float]]) -> str:
+    """The faster fp32 dense variant of this run (lower median seconds per batch)."""
+    return min(REFERENCE_CANDIDATES, key=lambda name: statistics.median(rounds[name]))
+
+
+def timing(rounds: dict[str, list[float]], name: str, reference: str, batch: int) -> Timing:
+    paired = paired_ratios(rounds[reference], rounds[name])
+    seconds = statistics.median(rounds[name])
+    return Timing(
+        seconds_per_batch=seconds,
+        documents_per_second=batch / seconds,
+        speedup_vs_reference=statistics.median(paired),
+        speedup_min=min(paired),
+        speedup_max=max(paired),
+    )
+
+
+def read_json(path: Path | None) -> dict[str, Any] | None:
+    return None if path is None else json.loads(path.read_text(encoding="utf-8"))
+
+
+def source_fields(path: Path | None, payload: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the table says about a retrieval file: where it is and what it searched."""
+    if path is None or payload is None:
+        return None
+    keys = ("run", "run_weights_sha1", "model", "dataset", "queries", "documents", "max_length")
+    return {"path": str(path), **{key: payload.get(key) for key in keys}}
+
+
+def check_same_run(run_dir: Path | None, payload: dict[str, Any]) -> None:
+    """Exit unless the retrieval file measured this run's weights (where both say which they are)."""
+    from training.fit import WEIGHTS_FILE
+
+    recorded = payload.get("run_weights_sha1")
+    if run_dir is None or recorded is None:
+        return
+    if file_sha1(run_dir / WEIGHTS_FILE) != recorded:
+        raise SystemExit(f"the retrieval file measured other weights than {run_dir / WEIGHTS_FILE}")
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    retrieval = json.loads(args.retrieval.read_text(encoding="utf-8"))
+    int8 = read_json(args.retrieval_int8)
+    check_same_run(args.run_dir, retrieval)
+    layer_exits = sorted(int(key) for key in cells(retrieval, LAYER_EXIT))
+    with tempfile.TemporaryDirectory(prefix="frontier-") as tmp:
+        graphs = build_graphs(args, layer_exits, measured_schedule(retrieval), Path(tmp))
+        points = frontier_points(retrieval, int8, args.seq_len, graphs.num_layers)
+        tokenizer = AutoTokenizer.from_pretrained(str(graphs.checkpoint), local_files_only=True)
+        texts = documents(tokenizer, args.batch, args.seq_len, np.random.default_rng(0))
+        runs = point_runs(points, graphs, token_feeds(tokenizer, texts, args.seq_len), args.threads)
+        rounds = timed_rounds(runs, args.repeats, args.iterations, args.max_seconds)
+    reference = reference_of(rounds)
+    results = [
+        {**asdict(point), **asdict(timing(rounds, point.variant, reference, args.batch))} for point in points
+    ]
+    return {
+        "settings": {
+            "seq_len": args.seq_len,
+            "batch": args.batch,
+            "threads": args.threads,
+            "repeats": args.repeats,
+            "rounds_run": len(rounds[reference]),
+            "iterations": args.iterations,
+        },
+        "reference": {
+            "variant": reference,
+            "rule": "the faster fp32 dense variant of this run (median seconds per batch)",
+            "candidates": {
+                name: args.batch / statistics.median(rounds[name]) for name in REFERENCE_CANDIDATES
+            },
+        },
+        "retrieval": source_fields(args.retrieval, retrieval),
+        "retrieval_int8": source_fields(args.retrieval_int8, int8),
+        "int8_quality": "measured" if int8 is not None else NOT_MEASURED,
+        "num_layers": graphs.num_layers,
+        "our_schedule": graphs.schedule,
+        "results": results,
+    }
+
+
+# ---------------------------------------------------------------------- output
+def knob(row: dict[str, Any], num_layers: int) -> str:
+    if row["family"] == TRUNCATION_FAMILY:
+        return f"first {row['tokens']} tokens (ρ = {row['rho']:g})"
+    if row["family"] == LAYER_EXIT_FAMILY:
+        return f"k = {row['layers']} of {num_layers} layers"
+    return "—" if row["rho"] is None else f"ρ = {row['rho']:g}"
+
+
+def paired_cell(paired: dict[str, float] | None) -> str:
+    return "—" if paired is None else f"{paired['difference']:+.2f} ± {paired['se']:.2f}"
+
+
+def quality_cell(row: dict[str, Any]) -> str:
+    value = row["quality"]["ndcg_at_10"]
+    return NOT_MEASURED if value is None else f"{value:.2f}"
+
+
+def markdown(payload: dict[str, Any]) -> str:
+    settings, reference, source = payload["settings"], payload["reference"], payload["retrieval"]
+    others = ", ".join(
+        f"{name} {rate:.1f}/s"
+        for name, rate in reference["candidates"].items()
+        if name != reference["variant"]
+    )
+    lines = [
+        f"# Quality–speed frontier (embeddings): {source['model']}, {source['dataset']}",
+        "",
+        f"Speed: documents/s at {settings['seq_len']} tokens, batch {settings['batch']}, "
+        f"{settings['threads']} threads, {settings['rounds_run']} interleaved paired rounds. Reference: "
+        f"**{reference['variant']}**, the faster fp32 dense variant in this run (vs {others}). "
+        f"Quality: nDCG@10 from `{source['path']}` ({source['queries']} queries, {source['documents']} "
+        f"documents); int8 quality: {payload['int8_quality']}"
+        + (f" (`{payload['retrieval_int8']['path']}`)." if payload["retrieval_int8"] else "."),
+        "",
+        "| family | variant | knob | docs/s | speed-up vs reference (min–max) | nDCG@10 | vs dense ± SE "
+        "| vs truncation ± SE |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in payload["results"]:
+        quality = row["quality"]
+        lines.append(
+            f"| {row['family']} | {row['variant']} | {knob(row, payload['num_layers'])} | "
+            f"{row['documents_per_second']:.1f} | {row['speedup_vs_reference']:.2f}× "
+            f"({row['speedup_min']:.2f}–{row['speedup_max']:.2f}) | {quality_cell(row)} | "
+            f"{paired_cell(quality['ndcg_vs_dense'])} | {paired_cell(quality['ndcg_vs_truncation'])} |"
+        )
+    lines += ["", f"Command: `{payload.get('command', '')}` ({payload.get('wall_seconds', '?')} s)."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(payload: dict[str, Any], path: Path) -> None:
+    """nDCG@10 against documents/s: a line per family, the dense variants marked (the reference with a
+    star); families without measured quality as ticks along the bottom (their speed alone)."""
+    from benchmarks.report import _figure, _label
+
+    rows, settings, source = payload["results"], payload["settings"], payload["retrieval"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _figure(path, figsize=(9, 4.5)) as ax:
+        for family, label in FAMILY_LABELS.items():
+            members = [row for row in rows if row["family"] == family]
+            measured = [row for row in members if row["quality"]["ndcg_at_10"] is not None]
+            if measured:
+                family_line(ax, measured, label)
+            if len(measured) < len(members):
+                speed_ticks(ax, [row for row in members if row not in measured], label)
+        dense_markers(ax, [row for row in rows if row["family"] == DENSE_FAMILY], payload["reference"])
+        ax.set_title(f"{source['model']} — {source['dataset']}", fontsize=10)
+        _label(
+            ax,
+            f"documents/s ({settings['seq_len']} tokens, batch {settings['batch']}, "
+            f"{settings['threads']} threads)",
+            "nDCG@10 (%), bars: ± paired SE vs dense",
+            legend_size=None,
+        )
+        # outside the axes: the frontier's corners (fast and good, slow and good) are where points go
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def speed_ticks(ax: Any, rows: list[dict[str, Any]], label: str) -> None:
+    """Variants whose quality was not measured: ticks on the x axis at their documents/s."""
+    xs = [row["documents_per_second"] for row in rows]
+    ax.plot(
+        xs,
+        [0.0] * len(xs),
+        "|",
+        ms=14,
+        mew=2,
+        transform=ax.get_xaxis_transform(),  # y in axes units: along the bottom edge
+        label=f"{label}: nDCG not measured",
+    )
+
+
+def dense_markers(ax: Any, rows: list[dict[str, Any]], reference: dict[str, Any]) -> None:
+    """The fp32 dense variants at the dense nDCG@10: the reference a gold star, the other hollow."""
+    for row in rows:
+        chosen = row["variant"] == reference["variant"]
+        ax.plot(
+            row["documents_per_second"],
+            row["quality"]["ndcg_at_10"],
+            "*" if chosen else "D",
+            ms=14 if chosen else 7,
+            color="black",
+            mfc="gold" if chosen else "none",
+            label=f"dense {row['variant']}" + (" (reference)" if chosen else ""),
+        )
+
+
+def family_line(ax: Any, rows: list[dict[str, Any]], label: str) -> None:
+    """One family's points joined in order of speed, each labelled with its knob, ± SE vs dense."""
+    rows = sorted(rows, key=lambda row: row["documents_per_second"])
+    xs = [row["documents_per_second"] for row in rows]
+    ys = [row["quality"]["ndcg_at_10"] for row in rows]
+    errors = [(row["quality"]["ndcg_vs_dense"] or {}).get("se", 0.0) for row in rows]
+    line = ax.errorbar(xs, ys, yerr=errors, marker="o", ms=4, capsize=2, label=label)
+    for row, x, y in zip(rows, xs, ys, strict=True):
+        ax.annotate(
+            point_label(row),
+            (x, y),
+            textcoords="offset points",
+            xytext=(3, 3),
+            fontsize=6,
+            color=line.lines[0].get_color(),
+        )
+
+
+def point_label(row: dict[str, Any]) -> str:
+    """The knob beside a plotted point: ρ, or k for a layer exit ("" for the one int8 dense point)."""
+    if row["family"] == LAYER_EXIT_FAMILY:
+        return f"k={row['layers']}"
+    return "" if row["rho"] is None else f"{row['rho']:g}"
+
+
+# ---------------------------------------------------------------------- command line
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {MODULE}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--run-dir", type=Path, default=None, help="the embedding run the retrieval measured")
+    parser.add_argument("--retrieval", type=Path, required=True, help="its retrieval.json (quality)")
+    parser.add_argument("--retrieval-int8", type=Path, default=None, help="int8 quality, same layout")
+    parser.add_argument("--out", type=Path, required=True, help="JSON; the markdown table goes beside it")
+    parser.add_argument("--plot", type=Path, default=None, help="PNG (default: --out with .png)")
+    parser.add_argument("--quick", action="store_true", help="tiny random checkpoint, seconds")
+    parser.add_argument("--seq-len", type=int, default=SEQ_LEN)
+    parser.add_argument("--batch", type=int, default=BATCH)
+    parser.add_argument("--repeats", type=int, default=7, help="paired rounds")
+    parser.add_argument("--iterations", type=int, default=3, help="calls per variant per round")
+    parser.add_argument("--max-seconds", type=float, default=900.0, help="no new round after this")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ORT and torch threads")
+    args = parser.parse_args(argv)
+    if args.quick == (args.run_dir is not None):
+        parser.error("give --run-dir, or --quick (a tiny random model) without it")
+    if args.quick:
+        args.seq_len, args.batch, args.repeats, args.iterations = QUICK_SEQ_LEN, QUICK_BATCH, QUICK_REPEATS, 1
+    args.plot = args.plot or args.out.with_suffix(".png")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(argv)
+    started = time.perf_counter()
+    payload = measure(args)
+    payload["plot"] = str(args.plot)
+    payload["machine"] = describe()
+    payload["command"] = f"python -m {MODULE} " + " ".join(argv)
+    payload["wall_seconds"] = round(time.perf_counter() - started, 1)
+    write_result(args.out, payload, markdown(payload))
+    plot(payload, args.plot)
+    print(markdown(payload))
+    return payload
+
+
+if __name__ == "__main__":
+    main()

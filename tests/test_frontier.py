@@ -1,0 +1,154 @@
+"""The quality–speed frontier in quick mode, end to end (real ORT sessions, real torch): every family
+timed, the reference the faster dense variant, and the quality joined exactly as the retrieval files
+say."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import frontier, report
+from benchmarks.retrieval import file_sha1
+from training.fit import WEIGHTS_FILE
+from training.tiny import TINY_LAYERS
+
+LEARNED_RHOS = ("0.7", "0.5")
+TRUNCATION_WORK = {"0.7": 0.8, "0.5": 0.6}  # more token-work than ρ: the schedule keeps more early on
+LAYER_EXITS = ("1",)
+KEPT_TOKEN_FLOOR = 4
+
+
+def retrieval_cell(ndcg: float, work: float, paired: bool = True) -> dict[str, Any]:
+    """A retrieval.json cell with the fields the frontier reads (and none of the others)."""
+    cell: dict[str, Any] = {"ndcg@10": ndcg, "document_token_work": work}
+    if paired:
+        cell["ndcg_vs_dense"] = {"difference": round(ndcg - 80.0, 2), "se": 0.4}
+    return cell
+
+
+def synthetic_retrieval(offset: float = 0.0) -> dict[str, Any]:
+    """A tiny retrieval.json: dense, learned, truncation and layer-exit cells (``offset`` moves every
+    nDCG, so two files cannot be confused)."""
+    results: dict[str, Any] = {
+        "dense": {"1": retrieval_cell(80.0 + offset, 1.0, paired=False)},
+        "learned": {
+            rho: retrieval_cell(79.0 - i + offset, 0.6 - i / 10) for i, rho in enumerate(LEARNED_RHOS)
+        },
+        "truncation": {
+            rho: retrieval_cell(75.0 - i + offset, work)
+            for i, (rho, work) in enumerate(TRUNCATION_WORK.items())
+        },
+        "layer-exit": {k: retrieval_cell(70.0 + offset, int(k) / TINY_LAYERS) for k in LAYER_EXITS},
+    }
+    for rho in LEARNED_RHOS:
+        results["learned"][rho]["ndcg_vs_truncation"] = {"difference": 4.0, "se": 0.5}
+    return {"model": "tiny", "dataset": "synthetic", "queries": 3, "documents": 4, "results": results}
+
+
+def write(path: Path, payload: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(payload), encoding="utf-8")
+    return path
+
+
+def test_quick_frontier_times_every_family_and_joins_the_files_quality(tmp_path: Path) -> None:
+    fp32, int8 = synthetic_retrieval(), synthetic_retrieval(offset=-2.0)
+    fp32["min_kept_tokens"] = KEPT_TOKEN_FLOOR  # as a retrieval run with --min-kept-tokens records it
+    out = tmp_path / "frontier.json"
+    frontier.main(
+        [
+            "--quick",
+            "--retrieval",
+            str(write(tmp_path / "retrieval.json", fp32)),
+            "--retrieval-int8",
+            str(write(tmp_path / "retrieval-int8.json", int8)),
+            "--out",
+            str(out),
+        ]
+    )
+    payload = json.loads(out.read_text())
+    rows = {row["variant"]: row for row in payload["results"]}
+    assert {row["family"] for row in rows.values()} == set(frontier.FAMILIES)
+    assert set(rows) == {
+        "peer-fused",
+        "torch-sdpa",
+        "peer-fused-int8",
+        "layer-exit-1",
+        *(f"truncation@{rho}" for rho in TRUNCATION_WORK),
+        *(f"{graph}@{rho}" for graph in ("ours-onnx", "ours-onnx-int8") for rho in ("1", *LEARNED_RHOS)),
+    }
+    assert all(row["documents_per_second"] > 0 for row in rows.values())
+
+    reference = payload["reference"]["variant"]
+    candidates = payload["reference"]["candidates"]
+    assert set(candidates) == {"peer-fused", "torch-sdpa"}
+    assert candidates[reference] == max(candidates.values()) == rows[reference]["documents_per_second"]
+    assert rows[reference]["speedup_vs_reference"] == 1.0
+
+    def joined(variant: str) -> dict[str, Any]:
+        return rows[variant]["quality"]
+
+    for source, prefix in ((fp32, "ours-onnx"), (int8, "ours-onnx-int8")):
+        results = source["results"]
+        assert joined(f"{prefix}@1")["ndcg_at_10"] == results["dense"]["1"]["ndcg@10"]
+        for rho in LEARNED_RHOS:
+            cell, quality = results["learned"][rho], joined(f"{prefix}@{rho}")
+            assert quality["ndcg_at_10"] == cell["ndcg@10"]
+            assert quality["ndcg_vs_dense"] == cell["ndcg_vs_dense"]
+            assert quality["ndcg_vs_truncation"] == cell["ndcg_vs_truncation"]
+    assert joined("peer-fused-int8")["ndcg_at_10"] == int8["results"]["dense"]["1"]["ndcg@10"]
+    assert joined("torch-sdpa")["ndcg_at_10"] == fp32["results"]["dense"]["1"]["ndcg@10"]
+    for rho, work in TRUNCATION_WORK.items():
+        row = rows[f"truncation@{rho}"]
+        assert row["quality"]["ndcg_at_10"] == fp32["results"]["truncation"][rho]["ndcg@10"]
+        assert row["tokens"] == round(work * frontier.QUICK_SEQ_LEN)  # no half ties at these values
+    assert joined("layer-exit-1")["ndcg_at_10"] == fp32["results"]["layer-exit"]["1"]["ndcg@10"]
+    assert rows["layer-exit-1"]["layers"] == 1
+
+    assert payload["our_schedule"]["min_kept_tokens"] == KEPT_TOKEN_FLOOR  # the graph whose quality it is
+    assert payload["machine"]["cores"] >= 1
+    assert payload["command"].startswith("python -m benchmarks.frontier --quick")
+    assert out.with_suffix(".md").read_text().startswith("# Quality–speed frontier (embeddings)")
+    assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+    assert_report_shows(out)
+
+
+def assert_report_shows(out: Path) -> None:
+    """docs/benchmarks.md's section: the command and a placeholder, then the committed table and plot."""
+    results, plots = out.parent / "results", out.parent / "plots"
+    (results / "bench").mkdir(parents=True)
+    plots.mkdir()
+    placeholder = "\n".join(report.frontier_section(results, plots))
+    assert "python -m benchmarks.frontier" in placeholder and "(not measured yet)" in placeholder
+    for suffix in (".json", ".md"):
+        shutil.copy(out.with_suffix(suffix), results / "bench" / f"frontier{suffix}")
+    shutil.copy(out.with_suffix(".png"), plots / report.FRONTIER_PLOT)
+    section = "\n".join(report.frontier_section(results, plots))
+    assert section.startswith("## Quality–speed frontier (embeddings)")
+    assert "| dense | peer-fused |" in section and f"(plots/{report.FRONTIER_PLOT})" in section
+
+
+def test_int8_quality_is_not_measured_without_an_int8_retrieval_file() -> None:
+    points = frontier.frontier_points(synthetic_retrieval(), None, frontier.SEQ_LEN, TINY_LAYERS)
+    int8 = [point for point in points if point.precision == "int8"]
+    assert {point.family for point in int8} == {"int8-dense", "int8-learned"}
+    assert all(point.quality == frontier.UNMEASURED for point in int8)
+    assert all(point.quality.ndcg_at_10 is not None for point in points if point.precision == "fp32")
+
+
+def test_a_layer_exit_deeper_than_the_model_is_refused() -> None:
+    payload = synthetic_retrieval()
+    payload["results"]["layer-exit"] = {str(TINY_LAYERS + 1): retrieval_cell(70.0, 1.0)}
+    with pytest.raises(SystemExit, match="layers"):
+        frontier.frontier_points(payload, None, frontier.SEQ_LEN, TINY_LAYERS)
+
+
+def test_a_retrieval_file_of_other_weights_is_refused(tmp_path: Path) -> None:
+    (tmp_path / WEIGHTS_FILE).write_bytes(b"these weights")
+    frontier.check_same_run(tmp_path, {"run_weights_sha1": file_sha1(tmp_path / WEIGHTS_FILE)})
+    frontier.check_same_run(tmp_path, {})  # files written before the fingerprint: nothing to check
+    with pytest.raises(SystemExit, match="other weights"):
+        frontier.check_same_run(tmp_path, {"run_weights_sha1": "0" * 40})

@@ -103,14 +103,29 @@ def test_cli_on_a_tiny_model(tmp_path: Path) -> None:
     run_dir, data = tiny_embedding_run(tmp_path), squad_file(tmp_path)
     out, cache = tmp_path / "results" / "tiny-embedding-retrieval", tmp_path / "cache"
     arguments = [str(run_dir), "--out", str(out), "--data", str(data), "--rhos", "1", "0.5", "0.3"]
-    retrieval.main([*arguments, "--cache-dir", str(cache)])
+    retrieval.main([*arguments, "--cache-dir", str(cache), "--layer-exits", "1"])
 
     payload = json.loads((out / "retrieval.json").read_text())
     assert (payload["queries"], payload["documents"]) == (5, 4)
     assert len(payload["run_weights_sha1"]) == 40 and payload["encoder"].startswith("torch forward_pruned")
     results = payload["results"]
-    assert set(results) == {"dense", "learned", "random", "attention", "truncation", "learned+queries"}
+    assert set(results) == {
+        "dense",
+        "learned",
+        "random",
+        "attention",
+        "leading",
+        "truncation",
+        "learned+queries",
+        "layer-exit",
+    }
     assert set(results["learned"]) == {"0.5", "0.3"}
+    # Layer exit after 1 of the tiny model's 2 layers does half the dense token-work.
+    assert results["layer-exit"]["1"]["document_token_work"] == 0.5
+    # Every pruned method is paired with truncation at the same ρ; truncation is not paired with itself.
+    assert {"difference", "se"} <= set(results["learned"]["0.3"]["ndcg_vs_truncation"])
+    assert "ndcg_vs_truncation" not in results["truncation"]["0.3"]
+    assert "minus first-k truncation" in (out / "retrieval.md").read_text()
     dense = results["dense"]["1"]
     assert dense["document_cosine_to_dense"]["min"] == pytest.approx(1.0, abs=1e-4)
     for method in ("learned", "random", "attention", "truncation"):

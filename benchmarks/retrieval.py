@@ -57,6 +57,7 @@ RHOS = (1.0, 0.7, 0.5, 0.3, 0.2)
 # --merge the rest is folded into them). "layer-exit-k": the dense model stopped after layer k.
 METHODS = ("learned", "random", "attention", "leading", "truncation")
 LAYER_EXIT = "layer-exit"
+ORIGINAL = "original"  # the user's original model's dense search (--baselines-from)
 DENSE = "dense"
 LEARNED = "learned"
 TRUNCATION = "truncation"
@@ -486,6 +487,29 @@ def cell(
     }
 
 
+@dataclass
+class DenseSide:
+    """One model's dense pass over a retrieval set: the store that encodes with it, its document and
+    query vectors and the gold ranks they give."""
+
+    store: EmbeddingStore
+    documents: Pass
+    queries: Pass
+    ranks: np.ndarray
+
+    @classmethod
+    def of(cls, store: EmbeddingStore, data: RetrievalSet) -> DenseSide:
+        documents, queries = store.get(data.paragraphs, DENSE, 1.0), store.get(data.questions, DENSE, 1.0)
+        return cls(store, documents, queries, search(queries.vectors, documents.vectors, data.gold))
+
+    def cell(self, method: str, budget: float, data: RetrievalSet, reference: np.ndarray) -> tuple:
+        """(cell, ranks) of a method's documents searched with this side's dense queries; nDCG paired
+        with ``reference`` (the user's original dense model)."""
+        documents = self.store.get(data.paragraphs, method, budget)
+        ranks = search(self.queries.vectors, documents.vectors, data.gold)
+        return cell(ranks, documents, self.queries, self.documents, self.queries, reference), ranks
+
+
 def retrieval_grid(
     store: EmbeddingStore,
     data: RetrievalSet,
@@ -493,58 +517,48 @@ def retrieval_grid(
     rhos: Sequence[float],
     query_rhos: Sequence[float],
     layer_exits: Sequence[int] = (),
+    baseline_store: EmbeddingStore | None = None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """``{"dense": {"1": cell}, "<method>": {"<ρ>": cell}, "learned+queries": {"<ρ>": cell},
     "layer-exit": {"<k>": cell}}``; learned+queries at ``query_rhos`` only (queries pruned with the
-    learned scorers too); layer exit after each of ``layer_exits`` layers."""
-    dense_docs = store.get(data.paragraphs, DENSE, 1.0)
-    dense_queries = store.get(data.questions, DENSE, 1.0)
-    dense_ranks = search(dense_queries.vectors, dense_docs.vectors, data.gold)
-    results: dict[str, dict[str, dict[str, Any]]] = {
-        DENSE: {
-            "1": cell(
-                dense_ranks,
-                dense_docs,
-                dense_queries,
-                dense_docs,
-                dense_queries,
-                dense_ranks,
-            )
-        }
-    }
+    learned scorers too); layer exit after each of ``layer_exits`` layers.
+
+    ``baseline_store``: the user's original model (a retrofit that tuned its backbone is another model):
+    every baseline runs on it, searched with its own dense queries, as the user would cut their text;
+    every cell's ``ndcg_vs_dense`` is then against the original's dense search, and ``original`` holds
+    that search (this run's dense cell pairs with it: the cost at ρ = 1)."""
+    own = DenseSide.of(store, data)
+    base = own if baseline_store is None else DenseSide.of(baseline_store, data)
+    results: dict[str, dict[str, dict[str, Any]]] = {DENSE: {"1": own.cell(DENSE, 1.0, data, base.ranks)[0]}}
+    if baseline_store is not None:
+        results[ORIGINAL] = {"1": base.cell(DENSE, 1.0, data, base.ranks)[0]}
     pruned_rhos = [rho for rho in rhos if rho < 1.0]
     # Truncation first: every other method's cell is paired with it at the same ρ (same token-work).
     ordered = sorted(methods, key=lambda method: method != TRUNCATION)
-    truncation_ranks: dict[str, np.ndarray] = {}
     all_ranks: dict[tuple[str, str], np.ndarray] = {}
     for method in ordered:
+        side = own if method == LEARNED else base
         for rho in pruned_rhos:
-            docs = store.get(data.paragraphs, method, rho)
-            ranks = search(dense_queries.vectors, docs.vectors, data.gold)
             key = f"{rho:g}"
-            results.setdefault(method, {})[key] = cell(
-                ranks, docs, dense_queries, dense_docs, dense_queries, dense_ranks
-            )
+            results.setdefault(method, {})[key], ranks = side.cell(method, rho, data, base.ranks)
             all_ranks[method, key] = ranks
-            if method == TRUNCATION:
-                truncation_ranks[key] = ranks
-            elif key in truncation_ranks:
-                results[method][key]["ndcg_vs_truncation"] = paired_difference(ranks, truncation_ranks[key])
+            if method != TRUNCATION and (TRUNCATION, key) in all_ranks:
+                truncation = all_ranks[TRUNCATION, key]
+                results[method][key]["ndcg_vs_truncation"] = paired_difference(ranks, truncation)
             print(f"{method} ρ={rho:g}: nDCG@10 {results[method][key][f'ndcg@{CUTOFF}']:.2f}", flush=True)
     for num_layers in layer_exits:
-        docs = store.get(data.paragraphs, f"{LAYER_EXIT}-{num_layers}", 1.0)
-        ranks = search(dense_queries.vectors, docs.vectors, data.gold)
-        results.setdefault(LAYER_EXIT, {})[str(num_layers)] = cell(
-            ranks, docs, dense_queries, dense_docs, dense_queries, dense_ranks
+        key = str(num_layers)
+        results.setdefault(LAYER_EXIT, {})[key], ranks = base.cell(
+            f"{LAYER_EXIT}-{key}", 1.0, data, base.ranks
         )
-        all_ranks[LAYER_EXIT, str(num_layers)] = ranks
+        all_ranks[LAYER_EXIT, key] = ranks
     pair_learned_with_baselines(results, all_ranks)
     if LEARNED in methods:
         for rho in [rho for rho in query_rhos if rho < 1.0]:
             docs, queries = store.get(data.paragraphs, LEARNED, rho), store.get(data.questions, LEARNED, rho)
             ranks = search(queries.vectors, docs.vectors, data.gold)
             results.setdefault(f"{LEARNED}+queries", {})[f"{rho:g}"] = cell(
-                ranks, docs, queries, dense_docs, dense_queries, dense_ranks
+                ranks, docs, queries, own.documents, own.queries, base.ranks
             )
     return results
 
@@ -577,7 +591,7 @@ def pair_learned_with_baselines(
 def target_checks(results: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     """The targets settled in advance, each with the measured value and met / missed (None: not run)."""
     metric = f"ndcg@{CUTOFF}"
-    dense = results[DENSE]["1"][metric]
+    dense = results.get(ORIGINAL, results[DENSE])["1"][metric]  # the user's original model
     learned = results.get(LEARNED, {})
     checks: list[dict[str, Any]] = []
     for rho, gap in NDCG_GAP_TARGETS.items():
@@ -644,6 +658,7 @@ def retrieval_benchmark(
     min_kept_tokens: int | None = None,
     layer_exits: Sequence[int] = (),
     merge: bool | None = None,
+    baselines_from: Path | None = None,
 ) -> dict[str, Any]:
     import torch
 
@@ -654,7 +669,12 @@ def retrieval_benchmark(
     data = read_retrieval_set(data_path, limit_queries, dataset)
     store = EmbeddingStore(Encoder(model, tokenizer, recipe.max_length), dataset_cache(cache_dir, dataset))
     query_rhos = list(rhos) if query_rhos is None else list(query_rhos)
-    results = retrieval_grid(store, data, methods, rhos, query_rhos, layer_exits)
+    baseline_store = None
+    if baselines_from is not None:
+        base_model, base_recipe, base_tokenizer = load_embedding_run(baselines_from, min_kept_tokens, merge)
+        encoder = Encoder(base_model, base_tokenizer, base_recipe.max_length)
+        baseline_store = EmbeddingStore(encoder, dataset_cache(cache_dir, dataset))
+    results = retrieval_grid(store, data, methods, rhos, query_rhos, layer_exits, baseline_store)
     paired: dict[str, Any] = {}
     if paired_run is not None:
         other_model, other_recipe, other_tokenizer = load_embedding_run(paired_run, min_kept_tokens, merge)
@@ -672,6 +692,7 @@ def retrieval_benchmark(
         **query_fields(data, limit_queries),
         "max_length": recipe.max_length,
         "min_kept_tokens": recipe.retention.min_kept_tokens,
+        "baselines_from": None if baselines_from is None else str(baselines_from),
         "merge_dropped": bool(model.config.merge_dropped),
         "schedule_power": model.config.schedule_power,
         "encoder": ENCODER,
@@ -733,6 +754,23 @@ def markdown(payload: dict[str, Any]) -> str:
         for rho, values in learned.items():
             paired = values["ndcg_vs_dense"]
             lines.append(f"- ρ = {rho}: {paired['difference']:+.2f} ± {paired['se']:.2f}")
+    if ORIGINAL in payload["results"]:
+        paired = payload["results"][DENSE]["1"]["ndcg_vs_dense"]
+        lines += [
+            "",
+            f"Baselines run on the original model (`{payload['baselines_from']}`), searched with its own "
+            "dense queries; 'dense' is this run at ρ = 1, 'original' the user's model; every "
+            "paired difference to dense is against the original. This run at ρ = 1 minus the original: "
+            f"{paired['difference']:+.2f} ± {paired['se']:.2f}.",
+        ]
+    against = [
+        (rho, rival, values)
+        for rho, cell_values in payload["results"].get(LEARNED, {}).items()
+        for rival, values in cell_values.get("ndcg_vs_baselines", {}).items()
+    ]
+    if against:
+        lines += ["", "Learned minus each baseline at equal token-work, same queries (± paired SE):", ""]
+        lines += [f"- ρ = {r} vs {rival}: {v['difference']:+.2f} ± {v['se']:.2f}" for r, rival, v in against]
     versus = [
         (method, rho, values["ndcg_vs_truncation"])
         for method, rho, values in _ordered_cells(payload["results"])
@@ -793,6 +831,13 @@ def main(argv: list[str] | None = None) -> None:
         help="another embedding run: learned minus its learned, paired",
     )
     parser.add_argument(
+        "--baselines-from",
+        type=Path,
+        default=None,
+        help="run the baselines (and dense reference) on this run's model: the user's original, when "
+        "run_dir tuned its backbone",
+    )
+    parser.add_argument(
         "--layer-exits", type=int, nargs="*", default=[], help="layer-exit baselines: stop after k layers"
     )
     parser.add_argument(
@@ -837,6 +882,7 @@ def main(argv: list[str] | None = None) -> None:
         args.min_kept_tokens,
         args.layer_exits,
         args.merge,
+        args.baselines_from,
     )
     payload["command"] = f"python -m {MODULE} " + " ".join(argv)
     table = markdown(payload)

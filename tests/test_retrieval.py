@@ -180,6 +180,21 @@ def test_pairing_with_another_backbone_searches_each_run_with_its_own_queries(tm
     assert paired["1"]["difference"] == pytest.approx(dense["ours"] - dense["theirs"], abs=0.01)
     assert set(paired) == {"1", "0.5"}
 
+    # Baselines from the other run (the user's original, when ours tuned its backbone): its truncation
+    # is what a run of the benchmark on it alone measures; learned stays ours; ρ = 1 pairs the two.
+    alone, mixed = tmp_path / "theirs-alone", tmp_path / "mixed"
+    common = ["--data", str(data), "--rhos", "1", "0.5", "--methods", "learned", "truncation"]
+    retrieval.main([str(runs["theirs"]), "--out", str(alone), *common])
+    retrieval.main([str(runs["ours"]), "--out", str(mixed), *common, "--baselines-from", str(runs["theirs"])])
+    theirs = json.loads((alone / "retrieval.json").read_text())["results"]
+    both = json.loads((mixed / "retrieval.json").read_text())["results"]
+    assert both["truncation"]["0.5"]["ndcg@10"] == theirs["truncation"]["0.5"]["ndcg@10"]
+    assert both["original"]["1"]["ndcg@10"] == dense["theirs"]
+    assert both["dense"]["1"]["ndcg@10"] == dense["ours"]
+    assert both["dense"]["1"]["ndcg_vs_dense"]["difference"] == pytest.approx(
+        dense["ours"] - dense["theirs"], abs=0.01
+    )
+
 
 def test_report_renders_retrieval_and_embedding_evaluations(tmp_path: Path) -> None:
     """docs/benchmarks.md shows every retrieval.json, and an embedding eval.json (its metric is

@@ -383,8 +383,9 @@ class EmbeddingStore:
             parts.append(f"schedule {self.encoder.model.num_points}^{config.schedule_power}")
             if config.min_kept_tokens:  # keys without a floor stay those of the runs made before it
                 parts.append(f"floor {config.min_kept_tokens}")
-            if config.merge_dropped and method != TRUNCATION and not method.startswith(LAYER_EXIT):
-                parts.append("merge")  # truncation and layer exit run the dense pass: no merging
+            if method != TRUNCATION and not method.startswith(LAYER_EXIT):  # these run the dense pass
+                parts += ["merge"] if config.merge_dropped else []
+                parts += [f"leading {config.leading_share:g}"] if config.leading_share else []
         return hashlib.sha1("|".join(parts).encode()).hexdigest()[:20]
 
     def get(self, texts: Sequence[str], method: str, rho: Budget) -> Pass:
@@ -694,6 +695,7 @@ def retrieval_benchmark(
         "min_kept_tokens": recipe.retention.min_kept_tokens,
         "baselines_from": None if baselines_from is None else str(baselines_from),
         "merge_dropped": bool(model.config.merge_dropped),
+        "leading_share": model.config.leading_share,
         "schedule_power": model.config.schedule_power,
         "encoder": ENCODER,
         "search": search_description(dataset),

@@ -187,7 +187,9 @@ def embedding_recipe(model: str, profile: str) -> Recipe:
         batch_size=sizes["batch_size"],
         steps=sizes["steps"],
         retrofit=sentence_transformers_pooling(model_dir),
-        retention=RetentionSpec(),  # as models/recipes/minilm-embed.yaml
+        # Dropped tokens merged into kept ones (docs/experiments/2026-11-26-embedding-merge.md): as
+        # models/recipes/minilm-embed.yaml
+        retention=RetentionSpec(merge_dropped=True),
         evaluation=EvalSpec(validation_size=VALIDATION_SIZE, rhos=sizes["rhos"]),
         profile=profile,
     )

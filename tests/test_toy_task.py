@@ -235,7 +235,7 @@ def test_a_task_added_in_a_test_trains_exports_evaluates_and_is_served(
         rows = [row for item in encoded for row in item.rows]
         deadline = time.monotonic() + 30
         assert client.portal is not None  # the app's event loop, running while the client is open
-        result = client.portal.call(engine.infer, served, rows, [1.0] * len(rows), deadline)
+        result = client.portal.call(engine.infer, served, rows, 1.0, deadline)
         labels = [
             served.codec.decode(item, [output])["label"]
             for item, output in zip(encoded, result.outputs, strict=True)

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.deps import require_admin_key, require_api_key
+from service.api.deps import LATENCY_TARGET_HEADER, TIMEOUT_HEADER, require_admin_key, require_api_key
 from service.api.faces import EMBEDDING, FACES
 from service.api.routers import admin, explorer, health, models, openai_compat
 from service.api.routers import metrics as metrics_router
@@ -236,7 +236,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             CORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type", "x-request-timeout"],
+            allow_headers=["Authorization", "Content-Type", TIMEOUT_HEADER, LATENCY_TARGET_HEADER],
             expose_headers=[
                 "x-rho-effective",
                 "x-rho-reason",

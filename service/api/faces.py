@@ -10,6 +10,7 @@ nothing of HTTP: the faces live in the service, which alone imports FastAPI.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -67,7 +68,7 @@ class TaskFace(Generic[Body, Reply]):
     path: str  # "/classify"
     request: type[Body]
     response: type[Reply]
-    description: str  # the OpenAPI operation's
+    description: str  # the OpenAPI operation's (``described(respond)``: what the response holds)
     count: Callable[[Body], int]  # the inputs of a body, checked against max_items
     encode: Callable[[Any, Body], Awaitable[list[Encoded]]]  # (the model's codec, the body) -> rows
     respond: Callable[[Answer[Body]], Reply]
@@ -79,6 +80,11 @@ class TaskFace(Generic[Body, Reply]):
 
 
 FACES: dict[str, TaskFace[Any, Any]] = {}
+
+
+def described(respond: Callable[..., BaseModel]) -> str:
+    """A face's OpenAPI description: its ``respond``'s docstring, which says what the response holds."""
+    return inspect.cleandoc(respond.__doc__ or "")
 
 
 def register_face(face: TaskFace[Body, Reply]) -> TaskFace[Body, Reply]:
@@ -108,6 +114,18 @@ async def encode_texts(codec: Any, body: TextsRequest) -> list[Encoded]:
     return await encode_each(codec, [(text,) for text in body.items()])
 
 
+Texts = TypeVar("Texts", bound=TextsRequest)
+
+
+def texts_face(
+    task: str, path: str, bodies: tuple[type[Texts], type[Reply]], respond: Callable[[Answer[Texts]], Reply]
+) -> TaskFace[Texts, Reply]:
+    """The face of a task whose body is one text or several (a ``TextsRequest``), each text one input of
+    its codec's ``encode``."""
+    request, response = bodies
+    return TaskFace(task, path, request, response, described(respond), count_texts, encode_texts, respond)
+
+
 def at_top(results: list[Any], single: bool) -> dict[str, Any]:
     """A request of one input (``text``; ``question`` + ``context``) also gets its result's fields at the
     top of the response; a request of several (``texts``, ``items``) leaves them null."""
@@ -116,23 +134,13 @@ def at_top(results: list[Any], single: bool) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- classification: POST /classify
 def classify_reply(answer: Answer[ClassifyRequest]) -> ClassifyResponse:
+    """Label and per-label scores of one text (``text``) or several (``texts``)."""
     results = [ClassificationResult.model_validate(item) for item in answer.served.decoded()]
     single = at_top(results, answer.body.text is not None)
     return ClassifyResponse(**answer.envelope, **single, results=results)
 
 
-register_face(
-    TaskFace(
-        task="classification",
-        path="/classify",
-        request=ClassifyRequest,
-        response=ClassifyResponse,
-        description="Label and per-label scores of one text (``text``) or several (``texts``).",
-        count=count_texts,
-        encode=encode_texts,
-        respond=classify_reply,
-    )
-)
+register_face(texts_face("classification", "/classify", (ClassifyRequest, ClassifyResponse), classify_reply))
 
 
 # ---------------------------------------------------------------------- qa: POST /qa
@@ -145,6 +153,8 @@ async def encode_pairs(codec: Any, body: QARequest) -> list[Encoded]:
 
 
 def qa_reply(answer: Answer[QARequest]) -> QAResponse:
+    """Extractive answer (text, character offsets ``[start, end)`` in the context, score) of one
+    question (``question`` + ``context``) or several (``items``). Long contexts are read in windows."""
     results = [QAResult.model_validate(item) for item in answer.served.decoded()]
     return QAResponse(**answer.envelope, **at_top(results, answer.body.items is None), results=results)
 
@@ -155,9 +165,7 @@ register_face(
         path="/qa",
         request=QARequest,
         response=QAResponse,
-        description="Extractive answer (text, character offsets ``[start, end)`` in the context, score) "
-        "of one\nquestion (``question`` + ``context``) or several (``items``). Long contexts are read "
-        "in windows.",
+        description=described(qa_reply),
         count=count_pairs,
         encode=encode_pairs,
         respond=qa_reply,
@@ -195,6 +203,8 @@ async def encode_document(codec: Any, body: SummarizeRequest) -> list[Encoded]:
 
 
 def summary_reply(answer: Answer[SummarizeRequest]) -> SummarizeResponse:
+    """Extractive summary: the selected sentences in document order, with their scores. Choose the length
+    with ``max_sentences`` or ``ratio`` (fraction of the document's sentences); default 3 sentences."""
     body = answer.body
     (decoded,) = answer.served.decoded(max_sentences=body.max_sentences, ratio=body.ratio)
     selected = sorted(
@@ -211,9 +221,7 @@ register_face(
         path="/summarize",
         request=SummarizeRequest,
         response=SummarizeResponse,
-        description="Extractive summary: the selected sentences in document order, with their scores. "
-        "Choose the length\nwith ``max_sentences`` or ``ratio`` (fraction of the document's sentences); "
-        "default 3 sentences.",
+        description=described(summary_reply),
         count=one_document,
         encode=encode_document,
         respond=summary_reply,
@@ -231,6 +239,8 @@ def vectors(served: Served, normalize: bool | None) -> list[list[float]]:
 
 
 def embed_reply(answer: Answer[EmbedRequest]) -> EmbedResponse:
+    """The vector of one text (``text``) or of several (``texts``): the model's pooling (mean, or [CLS])
+    of the final token states."""
     embeddings = vectors(answer.served, answer.body.normalize)
     return EmbedResponse(
         **answer.envelope,
@@ -239,16 +249,4 @@ def embed_reply(answer: Answer[EmbedRequest]) -> EmbedResponse:
     )
 
 
-register_face(
-    TaskFace(
-        task=EMBEDDING,
-        path="/embed",
-        request=EmbedRequest,
-        response=EmbedResponse,
-        description="The vector of one text (``text``) or of several (``texts``): the model's pooling "
-        "(mean, or [CLS])\nof the final token states.",
-        count=count_texts,
-        encode=encode_texts,
-        respond=embed_reply,
-    )
-)
+register_face(texts_face(EMBEDDING, "/embed", (EmbedRequest, EmbedResponse), embed_reply))

@@ -34,7 +34,7 @@ from retention_core.contract import BASE_INPUTS, KEPT_COUNTS, Manifest, TensorSp
 from retention_core.tasks import CodecOptions, TaskSpec
 from retention_core.text import pad_token_id
 from service.api import faces
-from service.api.faces import Answer, texts_face
+from service.api.faces import Answer, each_text, item_face
 from service.api.schemas import Explanation, TextsRequest, Usage
 from tests.service.conftest import running, settings_for
 from tests.service.test_metrics import value as metric_value
@@ -103,7 +103,7 @@ def parity_reply(answer: Answer[ParityRequest]) -> ParityResponse:
     return ParityResponse(**answer.envelope, parities=[item["label"] for item in answer.served.decoded()])
 
 
-FACE = texts_face(TASK, PATH, (ParityRequest, ParityResponse), parity_reply)
+FACE = item_face(TASK, PATH, (ParityRequest, ParityResponse), each_text, parity_reply)
 
 
 # ---------------------------------------------------------------------- the training entry

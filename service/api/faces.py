@@ -68,10 +68,14 @@ class TaskFace(Generic[Body, Reply]):
     path: str  # "/classify"
     request: type[Body]
     response: type[Reply]
-    description: str  # the OpenAPI operation's (``described(respond)``: what the response holds)
     count: Callable[[Body], int]  # the inputs of a body, checked against max_items
     encode: Callable[[Any, Body], Awaitable[list[Encoded]]]  # (the model's codec, the body) -> rows
     respond: Callable[[Answer[Body]], Reply]
+
+    @property
+    def description(self) -> str:
+        """The OpenAPI operation's: ``respond``'s docstring, which says what the response holds."""
+        return inspect.cleandoc(self.respond.__doc__ or "")
 
     @property
     def endpoint(self) -> str:
@@ -80,11 +84,6 @@ class TaskFace(Generic[Body, Reply]):
 
 
 FACES: dict[str, TaskFace[Any, Any]] = {}
-
-
-def described(respond: Callable[..., BaseModel]) -> str:
-    """A face's OpenAPI description: its ``respond``'s docstring, which says what the response holds."""
-    return inspect.cleandoc(respond.__doc__ or "")
 
 
 def register_face(face: TaskFace[Body, Reply]) -> TaskFace[Body, Reply]:
@@ -105,25 +104,26 @@ async def encode_each(codec: Any, items: list[tuple[str, ...]]) -> list[Encoded]
     return await off_loop_if_long(chars, lambda: [codec.encode(*item) for item in items])
 
 
-def count_texts(body: TextsRequest) -> int:
-    return len(body.items())
-
-
-async def encode_texts(codec: Any, body: TextsRequest) -> list[Encoded]:
-    """One codec input per text (``text`` or ``texts``)."""
-    return await encode_each(codec, [(text,) for text in body.items()])
-
-
-Texts = TypeVar("Texts", bound=TextsRequest)
-
-
-def texts_face(
-    task: str, path: str, bodies: tuple[type[Texts], type[Reply]], respond: Callable[[Answer[Texts]], Reply]
-) -> TaskFace[Texts, Reply]:
-    """The face of a task whose body is one text or several (a ``TextsRequest``), each text one input of
-    its codec's ``encode``."""
+def item_face(
+    task: str,
+    path: str,
+    bodies: tuple[type[Body], type[Reply]],
+    items_of: Callable[[Body], list[tuple[str, ...]]],
+    respond: Callable[[Answer[Body]], Reply],
+) -> TaskFace[Body, Reply]:
+    """The face of a task whose body lists its inputs: ``items_of(body)`` gives each one's arguments to
+    the codec's ``encode`` (texts), counted against max_items and encoded by ``encode_each``."""
     request, response = bodies
-    return TaskFace(task, path, request, response, described(respond), count_texts, encode_texts, respond)
+
+    async def encode(codec: Any, body: Body) -> list[Encoded]:
+        return await encode_each(codec, items_of(body))
+
+    return TaskFace(task, path, request, response, lambda body: len(items_of(body)), encode, respond)
+
+
+def each_text(body: TextsRequest) -> list[tuple[str, ...]]:
+    """One input per text (``text`` or ``texts``)."""
+    return [(text,) for text in body.items()]
 
 
 def at_top(results: list[Any], single: bool) -> dict[str, Any]:
@@ -140,16 +140,15 @@ def classify_reply(answer: Answer[ClassifyRequest]) -> ClassifyResponse:
     return ClassifyResponse(**answer.envelope, **single, results=results)
 
 
-register_face(texts_face("classification", "/classify", (ClassifyRequest, ClassifyResponse), classify_reply))
+register_face(
+    item_face("classification", "/classify", (ClassifyRequest, ClassifyResponse), each_text, classify_reply)
+)
 
 
 # ---------------------------------------------------------------------- qa: POST /qa
-def count_pairs(body: QARequest) -> int:
-    return len(body.pairs())
-
-
-async def encode_pairs(codec: Any, body: QARequest) -> list[Encoded]:
-    return await encode_each(codec, [(item.question, item.context) for item in body.pairs()])
+def each_pair(body: QARequest) -> list[tuple[str, ...]]:
+    """One input per (question, context)."""
+    return [(item.question, item.context) for item in body.pairs()]
 
 
 def qa_reply(answer: Answer[QARequest]) -> QAResponse:
@@ -159,18 +158,7 @@ def qa_reply(answer: Answer[QARequest]) -> QAResponse:
     return QAResponse(**answer.envelope, **at_top(results, answer.body.items is None), results=results)
 
 
-register_face(
-    TaskFace(
-        task="qa",
-        path="/qa",
-        request=QARequest,
-        response=QAResponse,
-        description=described(qa_reply),
-        count=count_pairs,
-        encode=encode_pairs,
-        respond=qa_reply,
-    )
-)
+register_face(item_face("qa", "/qa", (QARequest, QAResponse), each_pair, qa_reply))
 
 
 # ---------------------------------------------------------------------- summarization: POST /summarize
@@ -221,7 +209,6 @@ register_face(
         path="/summarize",
         request=SummarizeRequest,
         response=SummarizeResponse,
-        description=described(summary_reply),
         count=one_document,
         encode=encode_document,
         respond=summary_reply,
@@ -249,4 +236,4 @@ def embed_reply(answer: Answer[EmbedRequest]) -> EmbedResponse:
     )
 
 
-register_face(texts_face(EMBEDDING, "/embed", (EmbedRequest, EmbedResponse), embed_reply))
+register_face(item_face(EMBEDDING, "/embed", (EmbedRequest, EmbedResponse), each_text, embed_reply))

@@ -8,13 +8,14 @@ only this registry. Adding a task = one ``register`` call plus its codec, no swi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 from tokenizers import Tokenizer
 
-from retention_core.codecs.base import Row, TaskCodec
+from retention_core.codecs.base import TOKEN_FEEDS, Row, TaskCodec, pad_rows
 from retention_core.codecs.classification import ClassificationCodec
 from retention_core.codecs.embedding import EmbeddingCodec
 from retention_core.codecs.qa import QACodec
@@ -36,6 +37,7 @@ from retention_core.contract import (
 # A CLS-pooled model (manifest.embedding.pooling == "cls") pools the final [CLS] state instead; the graph
 # outputs the pooled vector either way, so serving does not depend on the pooling.
 HeadKind = Literal["sequence", "token", "pooled"]
+RHO_INPUT = "rho"  # the graph input that is per row, not per token: the kept fraction (B,)
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,25 @@ class TaskSpec:
     num_outputs: int | None = None  # width of the head; None = one per label
     # A well-formed row of this task's graph from token ids (warm-up, export examples).
     example_row: Callable[[tuple[int, ...]], Row] = plain_row
+
+    def __post_init__(self) -> None:
+        unknown = [spec.name for spec in self.inputs if spec.name not in (*TOKEN_FEEDS, RHO_INPUT)]
+        if unknown:
+            raise ValueError(f"task {self.name!r}: no row field feeds the graph inputs {unknown}")
+
+    @property
+    def token_inputs(self) -> tuple[str, ...]:
+        """The graph inputs read off the rows (every input but rho), in order."""
+        return tuple(spec.name for spec in self.inputs if spec.name != RHO_INPUT)
+
+    def feeds(
+        self, rows: list[Row], rhos: Sequence[float], pad_id: int, length: int | None = None
+    ) -> dict[str, np.ndarray]:
+        """One padded batch of this task's graph: exactly its ``inputs``, the per-token ones from the rows'
+        fields (``codecs.base.TOKEN_FEEDS``), rho one per row (B,)."""
+        feeds = pad_rows(rows, pad_id, length, self.token_inputs)
+        feeds[RHO_INPUT] = np.asarray(rhos, dtype=np.float32)  # (B,)
+        return feeds
 
     @property
     def exported_outputs(self) -> tuple[TensorSpec, ...]:

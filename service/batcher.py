@@ -1,11 +1,12 @@
 """Dynamic micro-batching: one bounded queue and one worker per model.
 
-Requests (jobs) carry one or more rows, each with its own rho (rho is a per-row graph input, so
-requests with different budgets share a batch). The worker waits at most ``max_batch_wait_ms`` after
-the oldest job for the batch to fill up to ``max_batch_tokens``, sorts the rows of the taken jobs by
-length and cuts them into ONNX runs of at most ``max_batch_tokens`` padded tokens where padding would
-cost more than another run (``plan_runs``, with the learned per-run cost). onnxruntime runs in a
-dedicated worker thread so the event loop stays free.
+Requests (jobs) carry one or more rows and one rho (rho is a per-row graph input, so requests with
+different budgets share a batch; a job's rho is spread over its rows only where the feed is built).
+The worker waits at most ``max_batch_wait_ms`` after the oldest job for the batch to fill up to
+``max_batch_tokens``, sorts the rows of the taken jobs by length and cuts them into ONNX runs of at
+most ``max_batch_tokens`` padded tokens where padding would cost more than another run (``plan_runs``,
+with the learned per-run cost). onnxruntime runs in a dedicated worker thread so the event loop stays
+free.
 
 Under load (``service.admission``): a request is admitted only when the work queued ahead of it, at
 the lowest rho each job may still get, leaves time for its own run before its due time (deadline, or
@@ -83,7 +84,7 @@ class JobResult:
     kept_counts: np.ndarray  # (R, L) int64
     queue_time: float  # enqueue -> start of the first run holding its rows
     inference_time: float  # that start -> end of the last run holding its rows
-    rhos: list[float] = field(default_factory=list)  # the rho each row was served at
+    rho: float  # the rho its rows were served at
     rho_reason: RhoReason | None = None  # rho=auto: why that rho
     predicted_wait: float = 0.0  # admission's predicted wait for the work queued ahead
     depths: list[np.ndarray] | None = None  # survival depth (T_i,) per row; None: the graph has none
@@ -96,7 +97,7 @@ RowResult = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 @dataclass
 class Job:
     rows: list[Row]
-    rhos: list[float]  # fixed rho per row; for rho=auto filled in when the batch is formed
+    rho: float  # fixed: the request's; rho=auto: its ceiling until the batch it joins is formed
     future: asyncio.Future[JobResult]
     deadline: float  # time.monotonic()
     auto: AutoBudget | None = None
@@ -110,7 +111,7 @@ class Job:
     @property
     def floor(self) -> float:
         """The lowest rho this job may still get."""
-        return self.auto.floor if self.auto is not None else min(self.rhos)
+        return self.auto.floor if self.auto is not None else self.rho
 
     @property
     def due(self) -> float:
@@ -119,7 +120,7 @@ class Job:
     def pending(self) -> Pending:
         if self.auto is not None:
             return Pending(self.tokens, self.auto.floor, self.auto.ceiling, self.due, True, self.length)
-        return Pending(self.tokens, min(self.rhos), max(self.rhos), self.due, False, self.length)
+        return Pending(self.tokens, self.rho, self.rho, self.due, False, self.length)
 
 
 @dataclass
@@ -169,7 +170,7 @@ class Delivery:
                 np.stack([counts for _, counts, _ in mine]),  # (R, L)
                 self.start - job.enqueued,
                 end - self.start,
-                rhos=job.rhos,
+                rho=job.rho,
                 rho_reason=job.reason,
                 predicted_wait=job.predicted_wait,
                 depths=depths if len(depths) == len(job.rows) else None,
@@ -304,10 +305,10 @@ class Batcher:
         return running + self.tail.value * self.cost.predict(runs_for(through, budget), through, work)
 
     async def submit(
-        self, rows: list[Row], rhos: list[float], deadline: float, auto: AutoBudget | None = None
+        self, rows: list[Row], rho: float, deadline: float, auto: AutoBudget | None = None
     ) -> JobResult:
-        """Queue one request (``rhos``: one per row; ignored for ``auto``, whose rho is chosen when its
-        batch is formed) and wait for its result. Raises ``Overloaded`` (429) when it is shed."""
+        """Queue one request (``rho``: all its rows'; with ``auto`` its ceiling, the rho then chosen when
+        its batch is formed) and wait for its result. Raises ``Overloaded`` (429) when it is shed."""
         if self.closing:
             raise ShuttingDown()
         now = time.monotonic()
@@ -315,7 +316,7 @@ class Batcher:
         if len(self.queue) >= self.settings.max_queue_requests:
             self.last_shed = now
             raise QueueFull(max(self.settings.retry_after_s, math.ceil(self.drain_seconds(now))))
-        job = Job(rows, list(rhos), asyncio.get_running_loop().create_future(), deadline, auto)
+        job = Job(rows, rho, asyncio.get_running_loop().create_future(), deadline, auto)
         job.tokens = self.shaped(rows)
         job.length = round(sum(len(row) for row in rows) / len(rows)) if rows else 0
         self._admit(job, now)
@@ -462,13 +463,11 @@ class Batcher:
             choice = choose_batch_rho(now, batch, queued, self.cost, budget, factor, shedding, ceiling)
             for job, pending, rho in zip(jobs, batch, choice.rhos(batch), strict=True):
                 if job.auto is not None:
-                    job.rhos = [rho] * len(job.rows)
+                    job.rho = rho
                     job.reason = reason_for(pending, rho)
         tokens = sum(job.tokens for job in jobs)
         self.recent_batch_tokens = 0.7 * self.recent_batch_tokens + 0.3 * tokens
-        work = sum(
-            self.fraction(rho, job.length) * job.tokens / len(job.rows) for job in jobs for rho in job.rhos
-        )
+        work = sum(self.fraction(job.rho, job.length) * job.tokens for job in jobs)
         self.batch_predicted = self.cost.predict(
             runs_for(tokens, self.settings.max_batch_tokens), tokens, work
         )
@@ -489,7 +488,7 @@ class Batcher:
 
     async def _run(self, loop: asyncio.AbstractEventLoop, jobs: list[Job]) -> None:
         rows = [row for job in jobs for row in job.rows]
-        rhos = [rho for job in jobs for rho in job.rhos]
+        rhos = [job.rho for job in jobs for _ in job.rows]  # the graph's rho input is per row
         multiple, longest = self.settings.pad_multiple, self.model.manifest.max_length
         lengths = [shape_length(len(row), multiple, longest) for row in rows]
         runs = plan_runs(lengths, self.settings.max_batch_tokens, self.run_overhead_tokens(rhos))

@@ -69,7 +69,7 @@ class Engine(Protocol):
         self,
         model: LoadedModel,
         rows: list[Row],
-        rhos: list[float],
+        rho: float,
         deadline: float,
         auto: AutoBudget | None = None,
     ) -> JobResult: ...
@@ -169,18 +169,18 @@ class RetentionEngine:
         self,
         model: LoadedModel,
         rows: list[Row],
-        rhos: list[float],
+        rho: float,
         deadline: float,
         auto: AutoBudget | None = None,
     ) -> JobResult:
-        """Run ``rows`` at ``rhos`` (or, with ``auto``, at the rho its batch gets). 429 (``Overloaded``)
+        """Run ``rows`` at ``rho`` (or, with ``auto``, at the rho its batch gets). 429 (``Overloaded``)
         when ``max_concurrent_requests`` requests are already in, or admission sheds it."""
         cap = self.settings.max_concurrent_requests
         if cap and self._in_flight >= cap:
             raise Overloaded("concurrency", self.settings.retry_after_s)
         self._in_flight += 1
         try:
-            return await self.batcher(model).submit(rows, rhos, deadline, auto)
+            return await self.batcher(model).submit(rows, rho, deadline, auto)
         finally:
             self._in_flight -= 1
 

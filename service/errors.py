@@ -64,6 +64,14 @@ class InvalidRequest(ServiceError):
     status, code, reason = 422, "invalid_request", "invalid"
 
 
+class InvalidHeader(InvalidRequest):
+    """A header the server reads (``x-request-timeout``, ``x-latency-target``) that is not a positive
+    number of seconds: one rule for every such header, a 422 that names it (its value cut short)."""
+
+    def __init__(self, header: str, value: str) -> None:
+        super().__init__(f"{header} must be a positive number of seconds, got {value[:40]!r}", param=header)
+
+
 class ModelNotFound(ServiceError):
     status, code = 404, "model_not_found"
 

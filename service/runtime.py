@@ -18,7 +18,7 @@ import onnxruntime as ort
 from pydantic import ValidationError
 from tokenizers import Tokenizer
 
-from retention_core.codecs.base import Row, TaskCodec, pad_rows
+from retention_core.codecs.base import Row, TaskCodec
 from retention_core.contract import MANIFEST_FILE, Manifest, TensorSpec
 from retention_core.onnx import open_session
 from retention_core.tasks import CodecOptions, TaskSpec, task_spec
@@ -72,6 +72,7 @@ class LoadedModel:
     session: ort.InferenceSession
     tokenizer: Tokenizer
     codec: Any  # the task's codec (retention_core.tasks)
+    spec: TaskSpec  # the task's registry entry, taken at load: its inputs are the graph's feeds
     pad_id: int
     fingerprint: str
     providers: list[str]
@@ -99,8 +100,7 @@ class LoadedModel:
         """One padded ONNX run (to the longest row, or ``length`` when longer). Returns the first output
         of every row, unpadded, kept counts (B, L) and, when the graph has it, each row's survival depth
         (T_i,) unpadded (None for a directory exported without it)."""
-        feeds = pad_rows(rows, self.pad_id, length)
-        feeds["rho"] = np.asarray(rhos, dtype=np.float32)  # (B,)
+        feeds = self.spec.feeds(rows, rhos, self.pad_id, length)
         main, counts, *optional = self.session.run(self.output_names, feeds)
         if main.ndim == 3:  # token outputs (B, T, k): drop padding per row
             outputs = [main[i, : len(row)] for i, row in enumerate(rows)]
@@ -111,7 +111,7 @@ class LoadedModel:
 
     def warm_up(self) -> None:
         ids = self.tokenizer.encode("warm up the session with a short input").ids[: self.manifest.max_length]
-        row = task_spec(self.task).example_row(tuple(ids))
+        row = self.spec.example_row(tuple(ids))
         for rho in (1.0, self.manifest.default_rho):
             begin = time.perf_counter()
             self.run([row, row], [rho, rho])
@@ -200,6 +200,7 @@ def load_model(directory: Path, settings: Settings, name: str | None = None) -> 
         session=session,
         tokenizer=tokenizer,
         codec=codec,
+        spec=spec,
         pad_id=int(pad_id),
         fingerprint=fingerprint(directory),
         providers=session.get_providers(),

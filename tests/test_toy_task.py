@@ -1,15 +1,21 @@
 """A task added here, in the test, runs the whole pipeline with no edit to fit, export, the CLI, the
-runtime or the test helpers: train → export (validated) → evaluate → served by the real service.
+runtime, the service or the test helpers: train → export (validated) → evaluate → served over HTTP by
+the real service (its own route, in /metrics under its task, in the OpenAPI document).
 
 The toy task: is the first word of a text's token id even? Three labels ("even", "odd", "empty") so
-the head width follows the labels; its own codec; its own output name (``parity_logits``).
+the head width follows the labels; its own codec; its own output name (``parity_logits``); its own
+HTTP face (``POST /toy_parity``, its own request and response bodies).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import re
+import sys
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
 from benchmarks import report as report_module
@@ -26,7 +33,11 @@ from retention_core.codecs.classification import ClassificationCodec
 from retention_core.contract import BASE_INPUTS, KEPT_COUNTS, Manifest, TensorSpec
 from retention_core.tasks import CodecOptions, TaskSpec
 from retention_core.text import pad_token_id
+from service.api import faces
+from service.api.faces import Answer, each_text, item_face
+from service.api.schemas import Explanation, TextsRequest, Usage
 from tests.service.conftest import running, settings_for
+from tests.service.test_metrics import value as metric_value
 from tests.tiny import tiny_model, tiny_recipe, write_rows
 from training import data
 from training import evaluation as E
@@ -70,6 +81,29 @@ SPEC = TaskSpec(
     outputs=(TensorSpec(name="parity_logits", dtype="float32", axes=("batch", "labels")), KEPT_COUNTS),
     make_codec=make_codec,
 )
+
+
+# ---------------------------------------------------------------------- the HTTP face
+PATH = "/toy_parity"
+
+
+class ParityRequest(TextsRequest):
+    """One text (``text``) or several (``texts``)."""
+
+
+class ParityResponse(BaseModel):
+    model: str
+    parities: list[str] = Field(description="the parity label of each text, in input order")
+    usage: Usage
+    explanations: list[Explanation] | None = None
+
+
+def parity_reply(answer: Answer[ParityRequest]) -> ParityResponse:
+    """The parity of each text's first word."""
+    return ParityResponse(**answer.envelope, parities=[item["label"] for item in answer.served.decoded()])
+
+
+FACE = item_face(TASK, PATH, (ParityRequest, ParityResponse), each_text, parity_reply)
 
 
 # ---------------------------------------------------------------------- the training entry
@@ -122,21 +156,30 @@ def examples(tokenizer: Tokenizer, count: int, offset: int = 0) -> list[dict[str
     return [{"text": text, "label": parity_label(text, tokenizer)} for text in texts]
 
 
-@pytest.fixture
-def toy_task(tmp_path: Path) -> Iterator[Path]:
-    """The toy task in both registries and its dataset on disk (removed again afterwards)."""
+@contextmanager
+def toy_registered() -> Iterator[None]:
+    """The toy task in every registry a task needs (docs/architecture.md), removed again afterwards."""
     core_tasks.register(SPEC)
     training_tasks.register_training_task(TASK, TRAINING)
     data.REGISTRY[DATASET] = {
         split: data.SplitSource(f"toy/{split}.jsonl.gz", (DATASET,), split)
         for split in ("validation", "test")
     }
+    faces.register_face(FACE)
     try:
-        yield tmp_path / "data"
+        yield
     finally:
+        faces.FACES.pop(TASK, None)
         core_tasks.TASKS.pop(TASK, None)
         training_tasks.TRAINING_TASKS.pop(TASK, None)
         data.REGISTRY.pop(DATASET, None)
+
+
+@pytest.fixture
+def toy_task(tmp_path: Path) -> Iterator[Path]:
+    """The toy task registered, and where its dataset goes on disk."""
+    with toy_registered():
+        yield tmp_path / "data"
 
 
 def test_a_task_added_in_a_test_trains_exports_evaluates_and_is_served(
@@ -235,11 +278,36 @@ def test_a_task_added_in_a_test_trains_exports_evaluates_and_is_served(
         rows = [row for item in encoded for row in item.rows]
         deadline = time.monotonic() + 30
         assert client.portal is not None  # the app's event loop, running while the client is open
-        result = client.portal.call(engine.infer, served, rows, [1.0] * len(rows), deadline)
+        result = client.portal.call(engine.infer, served, rows, 1.0, deadline)
         labels = [
             served.codec.decode(item, [output])["label"]
             for item, output in zip(encoded, result.outputs, strict=True)
         ]
+        # ... and over HTTP: its own route, its own bodies, the one generic handler of every task.
+        response = client.post(PATH, json={"texts": texts, "rho": 1.0})
+        assert response.status_code == 200, response.text
+        answered = ParityResponse.model_validate(response.json())
+        single = client.post(PATH, json={"text": texts[1]}, headers={"x-latency-target": "20"})
+        assert client.post(PATH, json={"texts": []}).status_code == 422  # its request body's rules
+        metrics = client.get("/metrics").text
+        document = client.get("/openapi.json").json()
+    assert answered.model == recipe.name and answered.parities == labels
+    assert answered.usage.rho_effective == 1.0 and answered.usage.rows == len(rows)
+    assert single.status_code == 200 and single.json()["parities"] == labels[1:]
+    # In /metrics under its task label, whatever the answer (a 422 too), as every task route.
+    route = {"endpoint": PATH.strip("/"), "task": TASK}
+    assert metric_value(metrics, "retention_requests_total", **route, status_class="2xx") == 2
+    assert metric_value(metrics, "retention_requests_total", **route, status_class="4xx") == 1
+    assert metric_value(metrics, "retention_input_tokens_count", **route) == 2
+    # In the OpenAPI document: its path, with its own request and response bodies.
+    operation = document["paths"][PATH]["post"]
+    body_schema = operation["requestBody"]["content"]["application/json"]["schema"]
+    reply_schema = operation["responses"]["200"]["content"]["application/json"]["schema"]
+    assert body_schema["$ref"].endswith("/ParityRequest") and reply_schema["$ref"].endswith("/ParityResponse")
+    assert (
+        operation["tags"] == ["inference"]
+        and "parities" in document["components"]["schemas"]["ParityResponse"]["properties"]
+    )
     # The service's answers are the trained model's answers.
     trained.eval()
     feeds = E.rows_to_tensors(rows, pad_token_id(tokenizer))
@@ -249,3 +317,47 @@ def test_a_task_added_in_a_test_trains_exports_evaluates_and_is_served(
         ).logits
     assert labels == [LABELS[int(i)] for i in logits.argmax(-1)]
     np.testing.assert_allclose(np.stack(result.outputs), logits.numpy(), atol=1e-4)
+
+
+# ---------------------------------------------------------------------- what adding a task takes
+ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+LIST_BEGIN, LIST_END = "<!-- adding-a-task: begin -->", "<!-- adding-a-task: end -->"
+PACKAGES = ("retention_core", "training", "service", "benchmarks")
+
+
+def listed_pieces() -> tuple[list[str], list[str]]:
+    """The registries (``into `x.y.Z```) and registration functions (```x.y.f(...)```) the page's list of
+    what adding a task takes names."""
+    section = ARCHITECTURE.read_text(encoding="utf-8").split(LIST_BEGIN)[1].split(LIST_END)[0]
+    return re.findall(r"into\s+`([\w.]+)`", section), re.findall(r"`([\w.]+)\(", section)
+
+
+def resolve(dotted: str) -> Any:
+    module, _, attribute = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def module_dicts() -> dict[int, tuple[str, dict[Any, Any], set[Any]]]:
+    """Every module-level dict of the project's loaded modules (by identity): a name, it, its keys now."""
+    found: dict[int, tuple[str, dict[Any, Any], set[Any]]] = {}
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] in PACKAGES and module is not None:
+            for attribute, value in vars(module).items():
+                if type(value) is dict:
+                    found.setdefault(id(value), (f"{name}.{attribute}", value, set(value)))
+    return found
+
+
+def test_adding_a_task_takes_what_the_architecture_page_lists() -> None:
+    """The toy task registers exactly the pieces docs/architecture.md lists: each listed registry gains
+    the toy's entry, no other registry of the project changes, and all is gone again afterwards."""
+    registries, functions = listed_pieces()
+    assert registries and functions, "docs/architecture.md lists no registry or registration function"
+    assert all(callable(resolve(function)) for function in functions)
+    listed = {id(resolve(registry)): registry for registry in registries}
+    before = module_dicts()
+    with toy_registered():
+        grown = {key: set(value) - keys for key, (_, value, keys) in before.items() if set(value) != keys}
+    assert set(grown) == set(listed), (sorted(listed.values()), sorted(before[key][0] for key in grown))
+    assert all(len(added) == 1 and added <= {TASK, DATASET} for added in grown.values())
+    assert all(set(value) == keys for _, value, keys in before.values())

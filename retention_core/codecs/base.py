@@ -7,7 +7,7 @@ graph outputs of its own rows, unpadded; the codec turns those into the response
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -100,23 +100,36 @@ def head_spans(encoding: Encoding, max_length: int) -> tuple[TokenSpan, ...]:
     return spans if len(spans) <= max_length else (*spans[: max_length - 1], spans[-1])
 
 
-def pad_rows(rows: list[Row], pad_id: int, length: int | None = None) -> dict[str, np.ndarray]:
+# How each per-token graph input is read off a row: a task's graph inputs (``TaskSpec.inputs``) name
+# which of them its feeds hold. A field the row does not carry is fed as zeros.
+TOKEN_FEEDS: dict[str, Callable[[Row], Sequence[int] | None]] = {
+    "input_ids": lambda row: row.input_ids,
+    "attention_mask": lambda row: (1,) * len(row),  # 1 = real token
+    "token_type_ids": lambda row: row.token_type_ids,
+    "protected_mask": lambda row: row.protected,  # 1 = never dropped
+}
+
+
+def carried_inputs(row: Row) -> tuple[str, ...]:
+    """The per-token inputs a row implies when no task names them (training feeds torch models by
+    keyword): the base two, and the pair's segment ids with their protected mask when it has them."""
+    if row.token_type_ids is None:
+        return ("input_ids", "attention_mask")
+    return ("input_ids", "attention_mask", "token_type_ids", "protected_mask")
+
+
+def pad_rows(
+    rows: list[Row], pad_id: int, length: int | None = None, names: Sequence[str] | None = None
+) -> dict[str, np.ndarray]:
     """Right-pad rows to the longest one (or to ``length``, when longer: the service pads to a few
-    shapes so ORT's arena sees few sizes). Returns int64 feeds keyed by ONNX input name (no rho)."""
+    shapes so ORT's arena sees few sizes). Returns int64 feeds keyed by ONNX input name (no rho): the
+    per-token inputs ``names`` (a task's, ``TaskSpec.feeds``), else those the first row implies."""
     length = max([len(row) for row in rows] + [length or 0])
-    batch = len(rows)
-    input_ids = np.full((batch, length), pad_id, dtype=np.int64)  # (B, T)
-    attention_mask = np.zeros((batch, length), dtype=np.int64)  # (B, T)
-    for i, row in enumerate(rows):
-        input_ids[i, : len(row)] = row.input_ids
-        attention_mask[i, : len(row)] = 1
-    feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
-    if rows[0].token_type_ids is not None:
-        types = np.zeros((batch, length), dtype=np.int64)
-        protected = np.zeros((batch, length), dtype=np.int64)
+    feeds = {}
+    for name in names if names is not None else carried_inputs(rows[0]):
+        values = TOKEN_FEEDS[name]
+        feed = np.full((len(rows), length), pad_id if name == "input_ids" else 0, dtype=np.int64)  # (B, T)
         for i, row in enumerate(rows):
-            types[i, : len(row)] = row.token_type_ids or ()
-            protected[i, : len(row)] = row.protected or ()
-        feeds["token_type_ids"] = types
-        feeds["protected_mask"] = protected
+            feed[i, : len(row)] = values(row) or 0
+        feeds[name] = feed
     return feeds

@@ -16,20 +16,12 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.deps import require_admin_key, require_api_key
-from service.api.routers import (
-    admin,
-    classify,
-    embed,
-    explorer,
-    health,
-    models,
-    openai_compat,
-    qa,
-    summarize,
-)
+from service.api.deps import LATENCY_TARGET_HEADER, TIMEOUT_HEADER, require_admin_key, require_api_key
+from service.api.faces import EMBEDDING, FACES
+from service.api.routers import admin, explorer, health, models, openai_compat
 from service.api.routers import metrics as metrics_router
 from service.api.routers.common import route_task
+from service.api.routers.tasks import task_router
 from service.engine import RetentionEngine
 from service.errors import error_payload, install_error_handlers
 from service.metrics import Metrics, status_class
@@ -165,22 +157,21 @@ def _install_sighup(engine: RetentionEngine) -> bool:
     return True
 
 
+def inference_routers() -> list[APIRouter]:
+    """One route per task with an HTTP face (``service.api.faces``, in registry order), and OpenAI's
+    /v1/embeddings beside the embedding task's: the registered tasks decide which routes mount."""
+    routers = [task_router(face) for face in FACES.values()]
+    if EMBEDDING in FACES:
+        routers.append(openai_compat.router)
+    return routers
+
+
 def mount_routers(app: FastAPI, settings: Settings) -> list[APIRouter]:
     """Mount the routers the settings ask for; returns them. The API routes need the API key only when
     one is set; the admin routes exist only with an admin key (model control is opt-in) and need it."""
     api_auth = [Depends(require_api_key)] if settings.api_key is not None else []
     mounted: list[tuple[APIRouter, list[Any]]] = [
-        *(
-            (router, api_auth)
-            for router in (
-                classify.router,
-                qa.router,
-                summarize.router,
-                embed.router,
-                openai_compat.router,
-                models.router,
-            )
-        ),
+        *((router, api_auth) for router in (*inference_routers(), models.router)),
         (health.router, []),
         (metrics_router.router, []),
         (explorer.router, []),  # a static page: it asks for the API key and sends it with its calls
@@ -245,7 +236,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             CORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type", "x-request-timeout"],
+            allow_headers=["Authorization", "Content-Type", TIMEOUT_HEADER, LATENCY_TARGET_HEADER],
             expose_headers=[
                 "x-rho-effective",
                 "x-rho-reason",

@@ -14,7 +14,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 
 from service.engine import Engine
-from service.errors import InvalidRequest, PayloadTooLarge, Unauthorized
+from service.errors import InvalidHeader, InvalidRequest, PayloadTooLarge, Unauthorized
 from service.metrics import Metrics
 from service.rho import DECIMAL, parse_rho
 from service.runtime import LoadedModel
@@ -121,14 +121,31 @@ async def query_options(
     )
 
 
+def positive_decimal(text: str) -> float | None:
+    """The finite positive number a decimal literal spells (``service.rho.DECIMAL``), else None."""
+    number = float(text) if DECIMAL.fullmatch(text) else math.nan
+    return number if math.isfinite(number) and number > 0 else None
+
+
 def positive_number(text: str | None, name: str) -> float | None:
-    """A positive decimal (query parameter or header), or a 422 naming it."""
+    """A positive decimal query parameter (milliseconds), or a 422 naming it."""
     if text is None:
         return None
-    number = float(text) if DECIMAL.fullmatch(text) else math.nan
-    if not math.isfinite(number) or number <= 0:
+    number = positive_decimal(text)
+    if number is None:
         raise InvalidRequest(f"{name} must be a positive number of milliseconds", param=name)
     return number
+
+
+def header_seconds(text: str | None, header: str) -> float | None:
+    """A header that holds seconds (``x-request-timeout``, ``x-latency-target``): absent, or a positive
+    decimal, else a 422 naming it. One rule for every header the server reads: junk is never ignored."""
+    if text is None:
+        return None
+    seconds = positive_decimal(text)
+    if seconds is None:
+        raise InvalidHeader(header, text)
+    return seconds
 
 
 def parsed_rho(text: str | None, name: str, allow_auto: bool) -> float | str | None:
@@ -155,33 +172,49 @@ async def explain_query(
 ExplainQueryDep = Annotated[bool | None, Depends(explain_query)]
 
 
+TIMEOUT_HEADER = "x-request-timeout"
+LATENCY_TARGET_HEADER = "x-latency-target"
+SECONDS_SCHEMA = {"anyOf": [POSITIVE_SCHEMA]}
+
+
 async def request_deadline(
     request: Request,
     settings: SettingsDep,
     timeout: Annotated[
         str | None,
         Header(
-            alias="x-request-timeout",
+            alias=TIMEOUT_HEADER,
             description="seconds; capped by the server's request_timeout_s",
-            json_schema_extra={"anyOf": [{"type": "number", "exclusiveMinimum": 0}]},
+            json_schema_extra=SECONDS_SCHEMA,
         ),
     ] = None,
 ) -> float:
     """Absolute deadline (time.monotonic) of this request, counted from its arrival."""
     budget = settings.request_timeout_s
-    if timeout is not None:
-        try:
-            asked = float(timeout)
-        except ValueError:
-            raise InvalidRequest("x-request-timeout must be a number of seconds") from None
-        if not math.isfinite(asked) or asked <= 0:
-            raise InvalidRequest("x-request-timeout must be a positive number of seconds")
+    asked = header_seconds(timeout, TIMEOUT_HEADER)
+    if asked is not None:
         budget = min(budget, asked)
     start = getattr(request.state, "start", None) or time.monotonic()
     return float(start) + budget
 
 
 DeadlineDep = Annotated[float, Depends(request_deadline)]
+
+
+async def latency_target(
+    target: Annotated[
+        str | None,
+        # Read, but left out of the OpenAPI document: a second optional header there makes schemathesis
+        # (4.32) expect unknown headers to be refused. ``max_latency_ms`` is the documented way.
+        Header(alias=LATENCY_TARGET_HEADER, include_in_schema=False),
+    ] = None,
+) -> float | None:
+    """The ``x-latency-target`` header: rho=auto's latency target in seconds, capped by the server;
+    ``max_latency_ms`` (body or query) wins over it. None when absent; junk is a 422."""
+    return header_seconds(target, LATENCY_TARGET_HEADER)
+
+
+LatencyTargetDep = Annotated[float | None, Depends(latency_target)]
 
 
 @dataclass(frozen=True)
@@ -195,6 +228,7 @@ class InferenceContext:
     metrics: Metrics
     response: Response  # where the x-* headers go
     arrival: float = 0.0  # time.monotonic() the request arrived: rho=auto targets count from it
+    latency_target_s: float | None = None  # the x-latency-target header (body and query win over it)
 
     def model_for(self, task: str, named: str | None = None) -> LoadedModel:
         """The model ``named`` (a body field, which wins) or the query names, checked against ``task``;
@@ -212,13 +246,14 @@ async def inference_context(
     request: Request,
     query: QueryDep,
     deadline: DeadlineDep,
+    target: LatencyTargetDep,
     engine: EngineDep,
     settings: SettingsDep,
     metrics: MetricsDep,
     response: Response,
 ) -> InferenceContext:
     arrival = float(getattr(request.state, "start", None) or time.monotonic())
-    return InferenceContext(query, deadline, engine, settings, metrics, response, arrival)
+    return InferenceContext(query, deadline, engine, settings, metrics, response, arrival, target)
 
 
 InferenceDep = Annotated[InferenceContext, Depends(inference_context)]

@@ -3,9 +3,9 @@ usage accounting, metrics and response headers."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 from starlette.concurrency import run_in_threadpool
@@ -77,31 +77,47 @@ def explanations(model: LoadedModel, encoded: list[Encoded], outcome: Outcome) -
 
 @dataclass(frozen=True)
 class Options:
-    """The request's options; a body value wins over the query parameter of the same name."""
+    """The request's options; a body value wins over the query parameter of the same name (and the
+    ``x-latency-target`` header, which comes last)."""
 
     requested: float | str | None  # a number, "auto", or None (the model's default_rho)
     truncate: bool | None
     min_rho: float | None
-    max_latency_ms: float | None = None  # rho=auto's own target (body, else query)
+    max_latency_ms: float | None = None  # rho=auto's own target (body, else query, else header)
 
     @classmethod
     def of(cls, body: InferenceOptions, ctx: InferenceContext) -> Options:
         query = ctx.query
+        header_ms = ctx.latency_target_s * 1000.0 if ctx.latency_target_s is not None else None
         return cls(
             requested=body.rho if body.rho is not None else query.rho,
             truncate=body.truncate if body.truncate is not None else query.truncate,
             min_rho=body.min_rho if body.min_rho is not None else query.min_rho,
-            max_latency_ms=body.max_latency_ms if body.max_latency_ms is not None else query.max_latency_ms,
+            max_latency_ms=first_set(body.max_latency_ms, query.max_latency_ms, header_ms),
         )
 
 
-@dataclass(frozen=True)
-class RhoChoice:
-    """What the request asks of the batcher: a fixed rho, or (rho=auto) a budget decided at batch time."""
+def first_set(*values: float | None) -> float | None:
+    return next((value for value in values if value is not None), None)
 
+
+@dataclass(frozen=True)
+class Budget:
+    """The request's one rho decision (``decide``), made once from its query and body and read by early
+    shedding, the batcher and usage: a fixed rho, or rho=auto's floor, ceiling and due time."""
+
+    requested: float | str | None  # what the client asked: a number, "auto", None (the model's default)
     rho: float  # fixed: what the graph gets; auto: the ceiling
     auto: AutoBudget | None = None
     target_s: float | None = None  # rho=auto: its latency target
+
+    def due(self, deadline: float) -> float:
+        """By when the request should be answered: its deadline, or its rho=auto target when sooner."""
+        return min(deadline, self.auto.due) if self.auto is not None else deadline
+
+    def by_target(self, deadline: float) -> bool:
+        """Whether the rho=auto target, not the deadline, is what a late answer would miss."""
+        return self.auto is not None and self.auto.due < deadline
 
 
 def check_truncation(model: LoadedModel, encoded: list[Encoded], options: Options) -> None:
@@ -113,28 +129,26 @@ def check_truncation(model: LoadedModel, encoded: list[Encoded], options: Option
         )
 
 
-def choose_rho(ctx: InferenceContext, model: LoadedModel, options: Options) -> RhoChoice:
+def decide(ctx: InferenceContext, model: LoadedModel, options: Options) -> Budget:
     """A fixed rho (the client's, else the model's default), or rho=auto's floor, ceiling and due time:
     its own target (capped by ``max_latency_target_s``) or the server's, counted from arrival."""
-    if options.requested == "auto":
+    requested = options.requested
+    if requested == "auto":
         settings = ctx.settings
         floor = options.min_rho if options.min_rho is not None else settings.auto_min_rho
         ceiling = max(settings.auto_max_rho, floor)
         target = settings.auto_latency_target_s
         if options.max_latency_ms is not None:
             target = min(options.max_latency_ms / 1000.0, settings.max_latency_target_s)
-        return RhoChoice(ceiling, AutoBudget(floor, ceiling, ctx.arrival + target), target)
-    rho = float(options.requested) if options.requested is not None else model.manifest.default_rho
-    return RhoChoice(rho)
+        return Budget(requested, ceiling, AutoBudget(floor, ceiling, ctx.arrival + target), target)
+    rho = float(requested) if requested is not None else model.manifest.default_rho
+    return Budget(requested, rho)
 
 
-def shed_early(ctx: InferenceContext, model: LoadedModel, body: InferenceOptions) -> None:
+def shed_early(ctx: InferenceContext, model: LoadedModel, budget: Budget) -> None:
     """Before tokenizing: 429 when the work already queued for ``model`` ends after this request's due
-    time (its rho=auto target, else its deadline). Routers call it first thing."""
-    choice = choose_rho(ctx, model, Options.of(body, ctx))
-    auto = choice.auto
-    by_target = auto is not None and auto.due < ctx.deadline
-    ctx.engine.shed_early(model, min(ctx.deadline, auto.due) if auto is not None else ctx.deadline, by_target)
+    time (its rho=auto target, else its deadline)."""
+    ctx.engine.shed_early(model, budget.due(ctx.deadline), budget.by_target(ctx.deadline))
 
 
 def per_item(encoded: list[Encoded], outputs: list[np.ndarray]) -> list[list[np.ndarray]]:
@@ -147,12 +161,9 @@ def per_item(encoded: list[Encoded], outputs: list[np.ndarray]) -> list[list[np.
     return grouped
 
 
-def usage_of(
-    encoded: list[Encoded], options: Options, choice: RhoChoice, result: JobResult, work: Work
-) -> Usage:
-    requested = options.requested
-    rho = result.rhos[0] if result.rhos else choice.rho
-    auto = choice.auto
+def usage_of(encoded: list[Encoded], budget: Budget, result: JobResult, work: Work) -> Usage:
+    requested, auto = budget.requested, budget.auto
+    rho = result.rho
     reason = result.rho_reason or (REASON_DEFAULT if requested is None else REASON_REQUESTED)
     return Usage(
         input_tokens=sum(item.input_tokens for item in encoded),
@@ -168,7 +179,7 @@ def usage_of(
         rows_at_floor=work.rows_at_floor,
         degraded=auto is not None and rho < auto.ceiling,
         rho_reason=reason,
-        latency_target_s=choice.target_s,
+        latency_target_s=budget.target_s,
         truncated=any(item.truncated for item in encoded),
         queue_time_s=result.queue_time,
         inference_time_s=result.inference_time,
@@ -176,12 +187,12 @@ def usage_of(
 
 
 def record(
-    ctx: InferenceContext, endpoint: str, model: LoadedModel, usage: Usage, options: Options, work: Work
+    ctx: InferenceContext, endpoint: str, model: LoadedModel, usage: Usage, budget: Budget, work: Work
 ) -> None:
     """Metrics of one served request (labelled with the model's task), and its x-* response headers."""
     metrics, name, task, rho = ctx.metrics, model.name, model.task, usage.rho_effective
     metrics.input_tokens.labels(endpoint=endpoint, task=task).observe(usage.input_tokens)
-    if options.requested != "auto":
+    if budget.requested != "auto":
         metrics.requested_rho.labels(endpoint=endpoint, task=task).observe(rho)
     metrics.effective_rho.labels(endpoint=endpoint, task=task).observe(rho)
     metrics.served_rho.labels(model=name, task=task, reason=usage.rho_reason).observe(rho)
@@ -200,18 +211,56 @@ def record(
 
 
 async def infer(
-    ctx: InferenceContext, endpoint: str, model: LoadedModel, encoded: list[Encoded], body: InferenceOptions
+    ctx: InferenceContext,
+    endpoint: str,
+    model: LoadedModel,
+    encoded: list[Encoded],
+    options: Options,
+    budget: Budget,
 ) -> Outcome:
-    """Run the encoded inputs of one request through the model's batcher at the request's rho."""
-    options = Options.of(body, ctx)
+    """Run the encoded inputs of one request through the model's batcher at the request's budget."""
     check_truncation(model, encoded, options)
     rows = [row for item in encoded for row in item.rows]
     if not rows:
         raise InvalidRequest("the input produced no tokens")
-    choice = choose_rho(ctx, model, options)
-    result = await ctx.engine.infer(model, rows, [choice.rho] * len(rows), ctx.deadline, choice.auto)
+    result = await ctx.engine.infer(model, rows, budget.rho, ctx.deadline, budget.auto)
     work = token_work(model.manifest, [len(row) for row in rows], result.kept_counts)
-    usage = usage_of(encoded, options, choice, result, work)
-    record(ctx, endpoint, model, usage, options, work)
+    usage = usage_of(encoded, budget, result, work)
+    record(ctx, endpoint, model, usage, budget, work)
     depths = per_item(encoded, result.depths) if result.depths is not None else None
     return Outcome(per_item(encoded, result.outputs), usage, depths)
+
+
+@dataclass(frozen=True)
+class Served:
+    """One request served: its model, every input's rows and the graph's outputs for them."""
+
+    model: LoadedModel
+    encoded: list[Encoded]
+    outcome: Outcome
+
+    def decoded(self, **options: Any) -> list[dict[str, Any]]:
+        """Every input's answer from the task's codec (``options``: its decode's), in input order."""
+        decode = self.model.codec.decode
+        return [
+            decode(item, outputs, **options)
+            for item, outputs in zip(self.encoded, self.outcome.outputs, strict=True)
+        ]
+
+    def explanations(self) -> list[Explanation]:
+        return explanations(self.model, self.encoded, self.outcome)
+
+
+Encode = Callable[[], Awaitable[list[Encoded]]]
+
+
+async def run(
+    ctx: InferenceContext, endpoint: str, model: LoadedModel, body: InferenceOptions, encode: Encode
+) -> Served:
+    """The pipeline of every inference route: the request's budget (decided once, here), early
+    shedding, ``encode()`` (the route's inputs to codec rows), inference, usage, metrics and headers."""
+    options = Options.of(body, ctx)
+    budget = decide(ctx, model, options)
+    shed_early(ctx, model, budget)
+    encoded = await encode()
+    return Served(model, encoded, await infer(ctx, endpoint, model, encoded, options, budget))

@@ -234,3 +234,28 @@ def test_sessions_open_and_serve_without_the_cpu_arena(models_root: Path) -> Non
         session = engine_of(app).get(MODEL).session
         assert session.get_session_options().enable_cpu_mem_arena is False
         assert client.post("/classify?rho=auto", json={"text": TEXT}).status_code == 200
+
+
+def test_one_rho_decision_per_request(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budget is decided once per request, and early shedding and the batcher read that one."""
+    from service.api import inference
+
+    decided: list[inference.Budget] = []
+    decide = inference.decide
+
+    def counted(*args: Any) -> inference.Budget:
+        decided.append(decide(*args))
+        return decided[-1]
+
+    monkeypatch.setattr(inference, "decide", counted)
+    for path, body in (
+        ("/classify?rho=auto&max_latency_ms=500", {"text": TEXT}),
+        ("/embed", {"text": TEXT, "rho": 0.5}),
+        ("/v1/embeddings", {"input": TEXT}),
+    ):
+        before = len(decided)
+        response = client.post(path, json=body)
+        assert response.status_code == 200, response.text
+        assert len(decided) == before + 1
+    assert decided[0].auto is not None and decided[0].target_s == pytest.approx(0.5)
+    assert decided[1].rho == 0.5 and decided[1].auto is None

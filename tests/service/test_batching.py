@@ -94,14 +94,10 @@ def test_batched_equals_unbatched(tiny_models: dict[str, Path], task: str) -> No
         deadline = time.monotonic() + 60
         try:
             together = await asyncio.gather(
-                *(
-                    batcher.submit(e.rows, [rho] * len(e.rows), deadline)
-                    for e, rho in zip(encoded, RHOS, strict=True)
-                )
+                *(batcher.submit(e.rows, rho, deadline) for e, rho in zip(encoded, RHOS, strict=True))
             )
             alone = [
-                await batcher.submit(e.rows, [rho] * len(e.rows), deadline)
-                for e, rho in zip(encoded, RHOS, strict=True)
+                await batcher.submit(e.rows, rho, deadline) for e, rho in zip(encoded, RHOS, strict=True)
             ]
         finally:
             await batcher.close(5)
@@ -185,10 +181,10 @@ def test_shutdown_drains_in_flight_requests(models_root: Path) -> None:
         blocker = batcher.executor.submit(release.wait, 30)
         deadline = time.monotonic() + 60
         rows = [model.codec.encode(text).rows for text in TEXTS[:3]]
-        jobs = [asyncio.create_task(engine.infer(model, rows[0], [0.5], deadline))]
+        jobs = [asyncio.create_task(engine.infer(model, rows[0], 0.5, deadline))]
         while not batcher.busy:  # the first batch waits on the blocked onnxruntime thread
             await asyncio.sleep(0.005)
-        jobs += [asyncio.create_task(engine.infer(model, r, [0.5], deadline)) for r in rows[1:]]
+        jobs += [asyncio.create_task(engine.infer(model, r, 0.5, deadline)) for r in rows[1:]]
         while len(batcher.queue) < 2:
             await asyncio.sleep(0.005)
         closing = asyncio.create_task(engine.close())
@@ -219,7 +215,7 @@ def test_a_request_is_answered_when_its_run_ends_not_the_batch(tiny_models: dict
         deadline = time.monotonic() + 60
         try:
             first, second = await asyncio.gather(
-                batcher.submit(short, [1.0], deadline), batcher.submit(long, [1.0], deadline)
+                batcher.submit(short, 1.0, deadline), batcher.submit(long, 1.0, deadline)
             )
             return first, second, metrics
         finally:
@@ -249,7 +245,7 @@ def test_a_batch_of_auto_requests_stops_at_a_share_of_their_latency_target(
         now = time.monotonic()
         for _ in range(50):
             budget = AutoBudget(0.1, 1.0, now + target) if auto else None
-            job = Job(rows, [0.1], loop.create_future(), now + 30, budget, enqueued=now)
+            job = Job(rows, 0.1, loop.create_future(), now + 30, budget, enqueued=now)
             job.tokens, job.length = batcher.shaped(rows), len(rows[0])
             batcher.queue.append(job)
             batcher._count(job, +1)
@@ -283,8 +279,8 @@ def test_a_failing_batch_fails_its_requests_and_the_worker_survives(tiny_models:
         deadline = time.monotonic() + 60
         try:
             with pytest.raises(InferenceFailed):  # token id far outside the vocabulary: onnxruntime raises
-                await batcher.submit([Row((101, 10**9, 102))], [0.5], deadline)
-            return await batcher.submit(model.codec.encode("still serving").rows, [0.5], deadline)
+                await batcher.submit([Row((101, 10**9, 102))], 0.5, deadline)
+            return await batcher.submit(model.codec.encode("still serving").rows, 0.5, deadline)
         finally:
             await batcher.close(5)
 

@@ -10,8 +10,9 @@ import numpy as np
 from fastapi import APIRouter
 
 from service.api.deps import InferenceDep
+from service.api.faces import EMBEDDING, encode_each, vectors
+from service.api.inference import run
 from service.api.routers.common import OPENAI_ERROR_RESPONSES, serving
-from service.api.routers.embed import EMBEDDING, embed_texts
 from service.api.schemas import (
     OpenAIEmbedding,
     OpenAIEmbeddingRequest,
@@ -56,11 +57,14 @@ async def create_embeddings(body: OpenAIEmbeddingRequest, ctx: InferenceDep) -> 
     ctx.check_items(len(texts), param="input")
     model = ctx.model_for(EMBEDDING, body.model)
     check_dimensions(model, body.dimensions)
-    vectors, usage, _ = await embed_texts(ctx, "v1/embeddings", model, texts, body, normalize=True)
+    served = await run(
+        ctx, "v1/embeddings", model, body, lambda: encode_each(model.codec, [(text,) for text in texts])
+    )
+    usage = served.outcome.usage
     return OpenAIEmbeddingResponse(
         data=[
             OpenAIEmbedding(index=index, embedding=encoded_vector(vector, body.encoding_format))
-            for index, vector in enumerate(vectors)
+            for index, vector in enumerate(vectors(served, normalize=True))
         ],
         model=model.name,
         usage=OpenAIUsage(

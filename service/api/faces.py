@@ -1,0 +1,239 @@
+"""The HTTP face of each task: its route, request and response bodies, how a body becomes codec rows and
+how the graph's answers become the response.
+
+The task registry (``retention_core.tasks``) says what a task is; this registry, beside it and keyed by
+the same name, says how clients reach it. ONE generic handler (``service.api.routers.tasks``) serves
+every face, so a task registered in both (a test may do it) is served over HTTP, counted in the metrics
+under its ``task`` label and listed in the OpenAPI document with no route of its own. The core knows
+nothing of HTTP: the faces live in the service, which alone imports FastAPI.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from retention_core.codecs.base import Encoded
+from retention_core.tasks import task_spec
+from retention_core.text import split_sentences
+from service.api.inference import Served, off_loop_if_long
+from service.api.schemas import (
+    ClassificationResult,
+    ClassifyRequest,
+    ClassifyResponse,
+    EmbedRequest,
+    EmbedResponse,
+    ExplainOptions,
+    Explanation,
+    QARequest,
+    QAResponse,
+    QAResult,
+    SelectedSentence,
+    SummarizeRequest,
+    SummarizeResponse,
+    TextsRequest,
+)
+from service.errors import InvalidRequest, PayloadTooLarge
+
+Body = TypeVar("Body", bound=ExplainOptions)
+Reply = TypeVar("Reply", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Answer(Generic[Body]):
+    """What a face turns into its response: the request, what serving it produced, its explanations
+    (``explain=true`` only)."""
+
+    body: Body
+    served: Served
+    explanations: list[Explanation] | None
+
+    @property
+    def envelope(self) -> dict[str, Any]:
+        """The fields every inference response carries: the model, the usage, the explanations."""
+        usage = self.served.outcome.usage
+        return {"model": self.served.model.name, "usage": usage, "explanations": self.explanations}
+
+
+@dataclass(frozen=True)
+class TaskFace(Generic[Body, Reply]):
+    """How clients reach one task of the registry over HTTP (``POST path``)."""
+
+    task: str  # its name in retention_core.tasks
+    path: str  # "/classify"
+    request: type[Body]
+    response: type[Reply]
+    count: Callable[[Body], int]  # the inputs of a body, checked against max_items
+    encode: Callable[[Any, Body], Awaitable[list[Encoded]]]  # (the model's codec, the body) -> rows
+    respond: Callable[[Answer[Body]], Reply]
+
+    @property
+    def description(self) -> str:
+        """The OpenAPI operation's: ``respond``'s docstring, which says what the response holds."""
+        return inspect.cleandoc(self.respond.__doc__ or "")
+
+    @property
+    def endpoint(self) -> str:
+        """The route's name: the metrics' ``endpoint`` label and the OpenAPI operation's."""
+        return self.path.strip("/")
+
+
+FACES: dict[str, TaskFace[Any, Any]] = {}
+
+
+def register_face(face: TaskFace[Body, Reply]) -> TaskFace[Body, Reply]:
+    """Add (or replace) a task's face. A KeyError for a task the core registry does not know; a
+    ValueError for a path another task's face already serves."""
+    task_spec(face.task)
+    taken = {other.path: other.task for other in FACES.values() if other.task != face.task}
+    if face.path in taken:
+        raise ValueError(f"{face.path} already serves task {taken[face.path]!r}")
+    FACES[face.task] = face
+    return face
+
+
+async def encode_each(codec: Any, items: list[tuple[str, ...]]) -> list[Encoded]:
+    """``codec.encode(*item)`` for every input: on the event loop when the texts are short, else in the
+    thread pool (``off_loop_if_long``)."""
+    chars = sum(len(text) for item in items for text in item)
+    return await off_loop_if_long(chars, lambda: [codec.encode(*item) for item in items])
+
+
+def item_face(
+    task: str,
+    path: str,
+    bodies: tuple[type[Body], type[Reply]],
+    items_of: Callable[[Body], list[tuple[str, ...]]],
+    respond: Callable[[Answer[Body]], Reply],
+) -> TaskFace[Body, Reply]:
+    """The face of a task whose body lists its inputs: ``items_of(body)`` gives each one's arguments to
+    the codec's ``encode`` (texts), counted against max_items and encoded by ``encode_each``."""
+    request, response = bodies
+
+    async def encode(codec: Any, body: Body) -> list[Encoded]:
+        return await encode_each(codec, items_of(body))
+
+    return TaskFace(task, path, request, response, lambda body: len(items_of(body)), encode, respond)
+
+
+def each_text(body: TextsRequest) -> list[tuple[str, ...]]:
+    """One input per text (``text`` or ``texts``)."""
+    return [(text,) for text in body.items()]
+
+
+def at_top(results: list[Any], single: bool) -> dict[str, Any]:
+    """A request of one input (``text``; ``question`` + ``context``) also gets its result's fields at the
+    top of the response; a request of several (``texts``, ``items``) leaves them null."""
+    return dict(results[0]) if single else {}
+
+
+# ---------------------------------------------------------------------- classification: POST /classify
+def classify_reply(answer: Answer[ClassifyRequest]) -> ClassifyResponse:
+    """Label and per-label scores of one text (``text``) or several (``texts``)."""
+    results = [ClassificationResult.model_validate(item) for item in answer.served.decoded()]
+    single = at_top(results, answer.body.text is not None)
+    return ClassifyResponse(**answer.envelope, **single, results=results)
+
+
+register_face(
+    item_face("classification", "/classify", (ClassifyRequest, ClassifyResponse), each_text, classify_reply)
+)
+
+
+# ---------------------------------------------------------------------- qa: POST /qa
+def each_pair(body: QARequest) -> list[tuple[str, ...]]:
+    """One input per (question, context)."""
+    return [(item.question, item.context) for item in body.pairs()]
+
+
+def qa_reply(answer: Answer[QARequest]) -> QAResponse:
+    """Extractive answer (text, character offsets ``[start, end)`` in the context, score) of one
+    question (``question`` + ``context``) or several (``items``). Long contexts are read in windows."""
+    results = [QAResult.model_validate(item) for item in answer.served.decoded()]
+    return QAResponse(**answer.envelope, **at_top(results, answer.body.items is None), results=results)
+
+
+register_face(item_face("qa", "/qa", (QARequest, QAResponse), each_pair, qa_reply))
+
+
+# ---------------------------------------------------------------------- summarization: POST /summarize
+MAX_SENTENCES = 2048
+
+
+def document_sentences(body: SummarizeRequest) -> list[str]:
+    """The client's sentences, or the server's rule-based split of ``text`` (``retention_core.text``).
+    A text the splitter finds no sentence in (only whitespace, e.g. a no-break space) is one sentence:
+    the schema accepts any non-empty text, so the server answers it (an empty summary) rather than
+    refuse it."""
+    if body.sentences is not None:
+        return list(body.sentences)
+    text = body.text or ""
+    return split_sentences(text) or [text]
+
+
+def one_document(body: SummarizeRequest) -> int:
+    return 1
+
+
+async def encode_document(codec: Any, body: SummarizeRequest) -> list[Encoded]:
+    """The document's sentences (split in the thread pool: a document may be long), one input."""
+    sentences = await run_in_threadpool(document_sentences, body)
+    if not sentences:
+        raise InvalidRequest("the document has no sentences")
+    if len(sentences) > MAX_SENTENCES:
+        raise PayloadTooLarge(f"at most {MAX_SENTENCES} sentences per request")
+    return [await run_in_threadpool(codec.encode, sentences)]
+
+
+def summary_reply(answer: Answer[SummarizeRequest]) -> SummarizeResponse:
+    """Extractive summary: the selected sentences in document order, with their scores. Choose the length
+    with ``max_sentences`` or ``ratio`` (fraction of the document's sentences); default 3 sentences."""
+    body = answer.body
+    (decoded,) = answer.served.decoded(max_sentences=body.max_sentences, ratio=body.ratio)
+    selected = sorted(
+        (SelectedSentence.model_validate(s) for s in decoded["sentences"]), key=lambda s: s.index
+    )
+    return SummarizeResponse(
+        **answer.envelope, summary=" ".join(s.text for s in selected), sentences=selected
+    )
+
+
+register_face(
+    TaskFace(
+        task="summarization",
+        path="/summarize",
+        request=SummarizeRequest,
+        response=SummarizeResponse,
+        count=one_document,
+        encode=encode_document,
+        respond=summary_reply,
+    )
+)
+
+
+# ---------------------------------------------------------------------- embedding: POST /embed
+EMBEDDING = "embedding"  # also served by OpenAI's POST /v1/embeddings (routers/openai_compat.py)
+
+
+def vectors(served: Served, normalize: bool | None) -> list[list[float]]:
+    """One vector per input, in order (``normalize`` None: the model's default)."""
+    return [list(item["embedding"]) for item in served.decoded(normalize=normalize)]
+
+
+def embed_reply(answer: Answer[EmbedRequest]) -> EmbedResponse:
+    """The vector of one text (``text``) or of several (``texts``): the model's pooling (mean, or [CLS])
+    of the final token states."""
+    embeddings = vectors(answer.served, answer.body.normalize)
+    return EmbedResponse(
+        **answer.envelope,
+        embedding=embeddings[0] if answer.body.text is not None else None,
+        embeddings=embeddings,
+    )
+
+
+register_face(item_face(EMBEDDING, "/embed", (EmbedRequest, EmbedResponse), each_text, embed_reply))

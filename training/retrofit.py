@@ -84,6 +84,7 @@ CLASSIFICATION_PROFILES: dict[str, dict[str, Any]] = {
 }
 CLASSIFICATION_SCHEDULE_POWER = 0.5  # as the classification recipes (imdb.yaml, sst2.yaml): front-loaded
 VALIDATION_SIZE = 200
+EMBEDDING_LEADING_SHARE = 0.5  # of each point's kept count, to the earliest tokens (minilm-embed.yaml)
 
 
 def _read_json(path: Path) -> Any:
@@ -189,7 +190,7 @@ def embedding_recipe(model: str, profile: str) -> Recipe:
         retrofit=sentence_transformers_pooling(model_dir),
         # Dropped tokens merged into kept ones (docs/experiments/2026-11-26-embedding-merge.md): as
         # models/recipes/minilm-embed.yaml
-        retention=RetentionSpec(merge_dropped=True),
+        retention=RetentionSpec(merge_dropped=True, leading_share=EMBEDDING_LEADING_SHARE),
         evaluation=EvalSpec(validation_size=VALIDATION_SIZE, rhos=sizes["rhos"]),
         profile=profile,
     )

@@ -59,10 +59,25 @@ def test_a_dropped_token_goes_to_its_most_similar_kept_token() -> None:
     """Four tokens on two directions; keeping tokens 0 and 2 sends 1 to 0 and 3 to 2."""
     hidden = torch.tensor([[[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.2, 0.8]]])  # (1, 4, 2)
     index, kept = torch.tensor([[0, 2]]), torch.tensor([[True, True]])
-    assert R.merge_destinations(hidden, index, kept).tolist() == [[0, 0, 1, 1]]
+    drop_index, drop_valid = R.dropped_tokens(torch.ones(1, 4), index, kept)
+    assert drop_index.tolist() == [[1, 3]] and drop_valid.all()
+    assert R.nearest_kept(
+        R.gather_tokens(hidden, drop_index), R.gather_tokens(hidden, index), kept
+    ).tolist() == [[0, 1]]
     merged, mass = R.merge_dropped(hidden, torch.ones(1, 4), index, kept)
     assert mass.tolist() == [[2.0, 2.0]]
     torch.testing.assert_close(merged, torch.tensor([[[0.95, 0.05], [0.1, 0.9]]]))
+
+
+def test_nothing_dropped_means_nothing_to_compare() -> None:
+    """At ρ = 1 no token is dropped: zero dropped slots, and the kept states come back unchanged."""
+    hidden = torch.randn(2, 5, 4)
+    sizes = torch.ones(2, 5)
+    index, kept = torch.arange(5).expand(2, -1), torch.ones(2, 5, dtype=torch.bool)
+    drop_index, _ = R.dropped_tokens(sizes, index, kept)
+    assert drop_index.shape == (2, 0)
+    merged, mass = R.merge_dropped(hidden, sizes, index, kept)
+    assert torch.equal(merged, hidden) and torch.equal(mass, sizes)
 
 
 def test_proportional_bias_adds_log_size_to_valid_keys_only() -> None:

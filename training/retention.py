@@ -356,21 +356,26 @@ def gather_tokens(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 MERGE_NORM_FLOOR = 1e-6  # cosine of a zero state stays finite
 
 
-def merge_destinations(hidden: torch.Tensor, index: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
-    """The kept slot every token goes to: its own if kept, else the kept slot of highest cosine.
+def dropped_tokens(
+    sizes: torch.Tensor, index: torch.Tensor, kept: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The real tokens a pruning point drops, gathered: sizes (B, T) (> 0 marks a real token), index /
+    kept (B, K) the kept slots → positions (B, D) in original order and which are valid (B, D), D the
+    most any row drops (0 at ρ = 1, so merging then costs nothing)."""
+    is_kept = torch.zeros_like(sizes).scatter(1, index, kept.to(sizes.dtype)) > 0  # (B, T)
+    dropped = (sizes > 0) & ~is_kept  # (B, T)
+    order = torch.where(dropped, torch.zeros_like(sizes), torch.full_like(sizes, EXCLUDED_SCORE))  # (B, T)
+    return select_top_tokens(order, dropped.sum(1))
 
-    hidden (B, T, d) states entering the layer, index (B, K) kept positions (``select_top_tokens``),
-    kept (B, K) bool which slots are valid → (B, T) int64 slot in [0, K). Positions in ``index`` are
-    distinct per row (top-k), so a kept token's own slot is unambiguous.
-    """
-    unit = hidden / hidden.norm(dim=-1, keepdim=True).clamp(min=MERGE_NORM_FLOOR)  # (B, T, d)
-    similarity = torch.matmul(unit, gather_tokens(unit, index).transpose(1, 2))  # (B, T, K)
+
+def nearest_kept(dropped: torch.Tensor, kept_states: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """The kept slot of highest cosine for every dropped token: dropped (B, D, d), kept_states (B, K, d),
+    kept (B, K) bool which slots are valid → (B, D) int64 slot in [0, K)."""
+    unit = dropped / dropped.norm(dim=-1, keepdim=True).clamp(min=MERGE_NORM_FLOOR)  # (B, D, d)
+    targets = kept_states / kept_states.norm(dim=-1, keepdim=True).clamp(min=MERGE_NORM_FLOOR)  # (B, K, d)
+    similarity = torch.matmul(unit, targets.transpose(1, 2))  # (B, D, K)
     similarity = torch.where(kept.unsqueeze(1), similarity, torch.full_like(similarity, EXCLUDED_SCORE))
-    nearest = similarity.argmax(dim=-1)  # (B, T)
-    slots = torch.arange(index.shape[1], device=index.device).unsqueeze(0).expand_as(index)  # (B, K)
-    own_slot = torch.zeros_like(nearest).scatter(1, index, slots)  # (B, T); garbage where not indexed
-    is_kept = torch.zeros_like(nearest).scatter(1, index, kept.to(nearest.dtype)) > 0  # (B, T)
-    return torch.where(is_kept, own_slot, nearest)
+    return similarity.argmax(dim=-1)
 
 
 def merge_dropped(
@@ -380,17 +385,22 @@ def merge_dropped(
 
     hidden (B, T, d), sizes (B, T) ≥ 0 (how many original tokens a slot holds; 0 for pads and invalid
     slots), index/kept (B, K) from ``select_top_tokens`` → merged states (B, K, d) and sizes (B, K):
-    x_k ← Σ_{t→k} s_t·x_t / Σ_{t→k} s_t. Invalid slots hold no mass and keep their gathered state.
+    x_k ← (s_k·x_k + Σ_{t→k} s_t·x_t) / (s_k + Σ_{t→k} s_t). Only the D dropped tokens are compared
+    and scattered (D ≪ T at most points), never the whole sequence. Invalid slots hold no mass.
     """
-    destination = merge_destinations(hidden, index, kept)  # (B, T)
-    mass = torch.zeros_like(kept, dtype=sizes.dtype).scatter_add(1, destination, sizes)  # (B, K)
-    spread = destination.unsqueeze(-1).expand_as(hidden)  # (B, T, d)
-    total = torch.zeros_like(gather_tokens(hidden, index)).scatter_add(
-        1, spread, hidden * sizes.unsqueeze(-1)
-    )  # (B, K, d)
+    kept_states = gather_tokens(hidden, index)  # (B, K, d)
+    kept_sizes = gather_tokens(sizes, index) * kept.to(sizes.dtype)  # (B, K)
+    drop_index, drop_valid = dropped_tokens(sizes, index, kept)  # (B, D)
+    drop_states = gather_tokens(hidden, drop_index)  # (B, D, d)
+    drop_sizes = gather_tokens(sizes, drop_index) * drop_valid.to(sizes.dtype)  # (B, D)
+    destination = nearest_kept(drop_states, kept_states, kept)  # (B, D)
+    mass = kept_sizes.scatter_add(1, destination, drop_sizes)  # (B, K)
+    spread = destination.unsqueeze(-1).expand_as(drop_states)  # (B, D, d)
+    total = (kept_states * kept_sizes.unsqueeze(-1)).scatter_add(
+        1, spread, drop_states * drop_sizes.unsqueeze(-1)
+    )
     merged = total / mass.clamp(min=1.0).unsqueeze(-1)  # a real slot holds at least itself: mass ≥ 1
-    has_mass = (mass > 0).unsqueeze(-1)  # (B, K, 1)
-    return torch.where(has_mass, merged, gather_tokens(hidden, index)), mass
+    return torch.where((mass > 0).unsqueeze(-1), merged, kept_states), mass
 
 
 def proportional_bias(valid: torch.Tensor, sizes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -468,7 +478,8 @@ __all__ = [
     "lagrangian_penalty",
     "leading_span",
     "masked_scores",
-    "merge_destinations",
+    "dropped_tokens",
+    "nearest_kept",
     "merge_dropped",
     "proportional_bias",
     "quantile_shift",

@@ -463,6 +463,61 @@ def frontier_section(results_dir: Path, plots: Path) -> list[str]:
     return [title, blank, *intro, source, "", *rest]
 
 
+GPU_TITLE = "GPU"
+GPU_PREPARE = (
+    "scripts/gpu_wheel.sh download   # onnxruntime-gpu (cp312, CUDA 13), pydantic & co → .gpu/\n"
+    "scripts/gpu_wheel.sh split      # .gpu/pieces: 5 pieces ≤ 50 MiB + .sha256; prints each call's carry\n"
+    "python -m benchmarks.gpu --write-assets .gpu/assets   # tokenizer + the fit recipe's texts"
+)
+GPU_RUN = (
+    "scripts/gpu_wheel.sh join && export PYTHONPATH=/tmp/site HF_HUB_OFFLINE=1 \\\n"
+    "    PYTHONUNBUFFERED=1 GIT_COMMIT=<this checkout's short commit> && \\\n"
+    "    python3 -m benchmarks.gpu --out $OUT/gpu --assets .gpu/assets"
+)
+
+
+def gpu_section(results_dir: Path, plots: Path) -> list[str]:
+    """How to measure the GPU path on a lent device (``python -m benchmarks.gpu``), and its table once
+    committed as ``results/bench/gpu.json``."""
+    intro = [
+        "`python -m benchmarks.gpu --out <dir>` measures the GPU path in one command (a few minutes on one",
+        "NVIDIA GPU): our retention encoder in torch on CUDA against Hugging Face with SDPA (fp32 and bf16,",
+        "batch 32 and 8 × 512, ρ 1 / 0.5 / 0.3, sequences/s and `torch.cuda.max_memory_allocated`), the",
+        "exported graph on onnxruntime's CUDA provider through `retention_core.onnx` with I/O binding and",
+        "parity against the CPU provider, and `fit` of `minilm-embed.yaml` on CUDA against the CPU, seconds",
+        "per step. `--dry-run` runs the same code paths on the CPU in seconds, labelled `cpu dry run`",
+        "(`tests/test_gpu_benchmark.py`).",
+        "",
+        "On a lent device (the `run` tool: the machine reaches no package index, its image has torch but",
+        "neither onnxruntime-gpu nor pydantic, and a call carries at most 64 MiB with the working tree):",
+        "",
+        "1. Here, once, in the checkout the device calls send:",
+        "",
+        "   ```",
+        *(f"   {line}" for line in GPU_PREPARE.splitlines()),
+        "   ```",
+        "",
+        "2. Device calls back to back (the machine is given back 30 s after a call; carried pieces stay on",
+        "   it while it is warm). Call 1 carries `.gpu/wheels`, `.gpu/assets`, `.gpu/pieces/<wheel>.sha256`",
+        "   and `.gpu/pieces/<wheel>.part-00` with the command `ls -l .gpu/pieces`; calls 2–4 carry",
+        "   `part-01` … `part-03` each, same command; call 5 carries `part-04` and runs, with `timeout_s`",
+        "   480 (the benchmark itself needs a few minutes):",
+        "",
+        "   ```",
+        *(f"   {line}" for line in GPU_RUN.splitlines()),
+        "   ```",
+        "",
+        "3. Copy the reply's `gpu/gpu.json` and `gpu/gpu.md` to `results/bench/`, rerun",
+        "   `python -m benchmarks report`, and give the machine back.",
+        "",
+    ]
+    md_path = results_dir / "bench" / "gpu.md"
+    if not md_path.is_file():
+        return [f"## {GPU_TITLE}", "", *intro, "Not measured yet: pending a device.", ""]
+    title, blank, *rest = markdown_section(md_path, GPU_TITLE, None, plots)
+    return [title, blank, *intro, *rest]
+
+
 def retrofit_sections(results_dir: Path) -> list[str]:
     """Every ``results/*/comparison.json`` (``python -m benchmarks.retrofit_comparison``): its table."""
     from benchmarks import retrofit_comparison
@@ -505,6 +560,7 @@ def build_report(results_dir: Path = RESULTS, docs_dir: Path = DOCS) -> Path:
     ]
     lines += reference_sections(results_dir, plots)
     lines += system_sections(results_dir, plots)
+    lines += gpu_section(results_dir, plots)
     lines += ablation_sections(results_dir, plots)
     lines += retrieval_sections(results_dir)
     lines += frontier_section(results_dir, plots)

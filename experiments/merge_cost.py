@@ -2,7 +2,8 @@
 minilm-embed run exported twice, with and without ``merge_dropped``, timed interleaved (9 paired rounds,
 8 documents x 256 tokens, this CPU); the median of merge time / drop time per rho.
 
-    python -m experiments.merge_cost --run-dir /root/retention-runs/minilm-embed-full --out results/experiments/embedding-merge/merge_cost.json
+    python -m experiments.merge_cost --run-dir /root/retention-runs/minilm-embed-full \
+        --out results/experiments/embedding-merge/merge_cost.json
 """
 
 from __future__ import annotations
@@ -53,12 +54,12 @@ def main(argv: list[str] | None = None) -> None:
     names = {graph_input.name for graph_input in drop.get_inputs()}
     results = {}
     for rho in RHOS:
-        feeds = {
+        every: dict[str, np.ndarray] = {
             "input_ids": ids,
             "attention_mask": np.ones_like(ids),
             "rho": np.full(BATCH, rho, np.float32),
         }
-        feeds = {name: value for name, value in feeds.items() if name in names}
+        feeds = {name: value for name, value in every.items() if name in names}
         drop.run(None, feeds), merge.run(None, feeds)  # warm-up
         ratios = paired_ratios(drop, merge, feeds)
         results[f"{rho:g}"] = {"median": float(np.median(ratios)), "min": min(ratios), "max": max(ratios)}

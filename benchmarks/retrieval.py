@@ -503,7 +503,9 @@ class DenseSide:
         documents, queries = store.get(data.paragraphs, DENSE, 1.0), store.get(data.questions, DENSE, 1.0)
         return cls(store, documents, queries, search(queries.vectors, documents.vectors, data.gold))
 
-    def cell(self, method: str, budget: float, data: RetrievalSet, reference: np.ndarray) -> tuple:
+    def cell(
+        self, method: str, budget: float, data: RetrievalSet, reference: np.ndarray
+    ) -> tuple[dict[str, Any], np.ndarray]:
         """(cell, ranks) of a method's documents searched with this side's dense queries; nDCG paired
         with ``reference`` (the user's original dense model)."""
         documents = self.store.get(data.paragraphs, method, budget)

@@ -116,14 +116,9 @@ class BudgetRule:
         batch's ρ alone (one top-M pass, as before the sandwich existed)."""
         if random_budgets <= 0:
             return [rho]
-        widest, narrowest = torch.ones_like(rho), torch.full_like(rho, self.rho_low)
-        fresh = [
-            R.sample_rho(rho.shape[0], self.rho_low, self.rho_high, generator).to(rho.device)
-            if generator is not None
-            else self.rho_low + (self.rho_high - self.rho_low) * torch.rand_like(rho)
-            for _ in range(random_budgets - 1)
-        ]
-        return [widest, narrowest, rho, *fresh]
+        draws = generator or torch.Generator(device=rho.device)  # training always passes its own
+        fresh = [self.sample_rho(rho.shape[0], draws).to(rho.device) for _ in range(random_budgets - 1)]
+        return [torch.ones_like(rho), torch.full_like(rho, self.rho_low), rho, *fresh]
 
     def initial_lambda(self, lam: torch.Tensor) -> torch.Tensor:
         """λ to start from: the given one (zeros, or a parent run's), or the frozen value."""

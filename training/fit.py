@@ -124,6 +124,7 @@ class StepLog:
     seconds: float
     salient_loss: float | None = None  # −log P(gate open) of the salient tokens, when trained on
     soft_distill_loss: float | None = None  # a retention stage: divergence of the soft pass from the teacher
+    rank_loss: float | None = None  # the scorers' divergence from the dense attention ranking
 
 
 @dataclass
@@ -183,6 +184,7 @@ class StepResult:
             seconds=seconds,
             salient_loss=_item(extra.salient),
             soft_distill_loss=_item(extra.soft_distill),
+            rank_loss=_item(extra.rank),
         )
 
     def kept_fraction(self) -> float:

@@ -317,6 +317,26 @@ class RetentionModel(nn.Module):
         logits = self._head(hidden, attention_mask if self.spec.restores_tokens else gate_product)
         return SoftOutput(logits, torch.stack(expected, dim=1), target, num_real, open_prob)
 
+    @torch.no_grad()
+    def dense_attention(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The dense pass (ρ = 1) with its attention, without gradient: the hidden state entering every
+        layer (B, P, T, d) and the attention each token receives in that layer (B, P, T) — what the
+        attention top-k baseline ranks by, and the target the scorers can be distilled from."""
+        valid = attention_mask.bool()  # (B, T)
+        hidden = self.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
+        bias = R.attention_bias(valid, hidden.dtype)
+        states, received = [], []
+        for layer in self.backbone.views:
+            states.append(hidden)
+            received.append(R.attention_received(layer.attention_probs(hidden, bias), valid))
+            hidden = layer(hidden, bias)
+        return torch.stack(states, dim=1), torch.stack(received, dim=1)
+
     # ------------------------------------------------------------------ inference
     def forward_pruned(
         self,
@@ -458,8 +478,7 @@ def attention_selector() -> Selector:
 
     def select(point: int, layer: LayerView, hidden: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         probs = layer.attention_probs(hidden, R.attention_bias(valid, hidden.dtype))  # (B, H, T, T)
-        query_weight = valid.to(probs.dtype)[:, None, :, None]  # (B, 1, T, 1)
-        return (probs * query_weight).sum(dim=(1, 2))  # (B, T)
+        return R.attention_received(probs, valid)  # (B, T)
 
     return select
 

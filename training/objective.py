@@ -142,6 +142,7 @@ class LossWeights:
     salient: float = 0.0  # −log P(gate open) of the task's salient tokens
     soft: float = 1.0  # task loss of the soft (gated) pass; 0 skips the pass
     sandwich_random: int = 0  # random budgets of a multi-budget top-M term (0: the batch's ρ only)
+    rank: float = 0.0  # the scorers' divergence from the dense pass's attention-received ranking
 
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> LossWeights:
@@ -153,6 +154,7 @@ class LossWeights:
             spec.salient_keep_weight,
             spec.soft_loss_weight,
             spec.sandwich_random_budgets,
+            spec.attention_rank_weight,
         )
 
     @property
@@ -169,6 +171,7 @@ class ExtraTerms:
     distill: torch.Tensor | None = None  # divergence of the top-M pass from the dense pass (or the teacher)
     salient: torch.Tensor | None = None  # −log P(gate open) of the task's salient tokens
     soft_distill: torch.Tensor | None = None  # a retention stage: the soft pass's divergence from the teacher
+    rank: torch.Tensor | None = None  # the scorers' divergence from the attention-received ranking
 
 
 @dataclass
@@ -206,8 +209,11 @@ class Objective:
             raise ValueError(f"task {recipe.task!r} has no distillation loss")
         if not weights.soft_pass and weights.salient > 0.0:
             raise ValueError("objective.salient_keep_weight needs the soft pass (soft_loss_weight > 0)")
-        if not weights.soft_pass and weights.pruned <= 0.0 and weights.distill <= 0.0:
-            raise ValueError("objective.soft_loss_weight 0 needs pruned_loss_weight > 0: nothing would train")
+        if not weights.soft_pass and weights.pruned <= 0.0 and weights.distill <= 0.0 and weights.rank <= 0.0:
+            raise ValueError(
+                "objective.soft_loss_weight 0 needs pruned_loss_weight or attention_rank_weight > 0: "
+                "nothing would train"
+            )
         target: DistillTarget = "dense_pass"
         if recipe.retention_stage is not None:
             target = "teacher"
@@ -219,8 +225,11 @@ class Objective:
         """A retention stage trains the scorers through the soft pass; with a frozen backbone and head
         the top-M pass has no gradient at all (top-M is not differentiable), so asking for it is an error
         rather than a silent cost."""
-        if not weights.soft_pass:
-            raise ValueError("a retention stage trains its scorers on the soft pass: soft_loss_weight > 0")
+        if not weights.soft_pass and weights.rank <= 0.0:
+            raise ValueError(
+                "a retention stage trains its scorers on the soft pass (soft_loss_weight > 0) or on the "
+                "attention ranking (attention_rank_weight > 0)"
+            )
         if frozen and weights.pruned > 0.0:
             raise ValueError(
                 "retention_stage with freeze_backbone: the top-M pass trains nothing (backbone and head "
@@ -246,7 +255,9 @@ class Objective:
         if self.task.teacher is not None:
             batch = replace(batch, targets=self.task.teacher(teacher_model, batch))
         if not self.weights.soft_pass:
-            return self.hard_pass_terms(model, batch, rho, lam, generator)
+            step = self.hard_pass_terms(model, batch, rho, lam, generator)
+            step.extra.rank = self.rank_loss(model, batch)
+            return step
         teacher_logits = self.teacher_logits(teacher_model, batch)
         soft = model.forward_soft(**batch.encoder_inputs(), rho=rho, generator=generator, gates=self.gates)
         task_loss = self.task.loss(soft.logits, batch)
@@ -258,6 +269,7 @@ class Objective:
             extra = self.stage_hard_pass_losses(model, batch, rho, teacher_logits, generator)
             extra.soft_distill = self.divergence(soft.logits, teacher_logits, batch)
         extra.salient = self.salient_loss(soft, batch)
+        extra.rank = self.rank_loss(model, batch)
         return StepTerms(soft, gap, task_loss, budget, extra)
 
     def teacher_logits(self, teacher: RetentionModel, batch: Batch) -> torch.Tensor | None:
@@ -340,6 +352,8 @@ class Objective:
         distill = self.weights.distill > 0.0
         if self.weights.pruned <= 0.0 and not distill:
             return ExtraTerms()
+        if distill and self.weights.sandwich_random > 0:
+            return self.sandwich_distill_losses(model, batch, rho, generator)
         inputs = batch.encoder_inputs()
         passes = self.top_m_passes(model, batch, rho, generator)
         pruned_logits = passes[0]  # the batch's ρ: the in-place distillation's student
@@ -352,6 +366,47 @@ class Objective:
             pruned=pruned,
             dense=self.task.loss(dense_logits, batch),
             distill=self.task.distill(pruned_logits, dense_logits.detach(), batch),
+        )
+
+    def sandwich_distill_losses(
+        self, model: RetentionModel, batch: Batch, rho: torch.Tensor, generator: torch.Generator | None
+    ) -> ExtraTerms:
+        """LengthDrop with in-place distillation (the Length-Adaptive Transformer): the sandwich's widest
+        pass (ρ = 1) learns from the gold targets, every narrower one from the widest pass's detached
+        outputs (and, with pruned_loss_weight > 0, from the gold targets too)."""
+        assert self.task.distill is not None  # from_recipe refuses distillation without it
+        inputs = batch.encoder_inputs()
+        widest, *narrower = self.budget.sandwich(rho, self.weights.sandwich_random, generator)
+        dense_logits = model.forward_pruned(**inputs, rho=widest).logits
+        students = [model.forward_pruned(**inputs, rho=budget).logits for budget in narrower]
+        teacher = dense_logits.detach()
+        return ExtraTerms(
+            pruned=_mean([self.task.loss(logits, batch) for logits in students])
+            if self.weights.pruned > 0.0
+            else None,
+            dense=self.task.loss(dense_logits, batch),
+            distill=_mean([self.task.distill(logits, teacher, batch) for logits in students]),
+        )
+
+    def rank_loss(self, model: RetentionModel, batch: Batch) -> torch.Tensor | None:
+        """The scorers' divergence from the model's own dense attention ranking, averaged over the
+        pruning points; None when not trained on. The scorers read the dense pass's (detached) states,
+        so only they learn from it; protected tokens are never ranked (they are never dropped)."""
+        if self.weights.rank <= 0.0:
+            return None
+        states, received = model.dense_attention(
+            batch.input_ids, batch.attention_mask, batch.token_type_ids
+        )  # (B, P, T, d), (B, P, T)
+        valid = batch.attention_mask.bool()  # (B, T)
+        protected = batch.protected
+        if protected is None:
+            protected = model.default_protected(batch.attention_mask)
+        candidates = valid & ~protected  # (B, T)
+        return _mean(
+            [
+                R.rank_distill_loss(scorer(states[:, point], valid), received[:, point], candidates)
+                for point, scorer in enumerate(model.scorers)
+            ]
         )
 
     def salient_loss(self, soft: SoftOutput, batch: Batch) -> torch.Tensor | None:
@@ -368,6 +423,7 @@ class Objective:
             (self.weights.distill, extra.distill),
             (self.weights.salient, extra.salient),
             (self.weights.distill, extra.soft_distill),
+            (self.weights.rank, extra.rank),
         ]
         return sum((weight * value for weight, value in weighted if value is not None), 0.0)
 

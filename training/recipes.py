@@ -189,6 +189,16 @@ class ObjectiveSpec(Strict):
             "sets how many tokens survive. Needs a task adapter with a salient-token mask"
         ),
     )
+    attention_rank_weight: float = Field(
+        default=0.0,
+        ge=0.0,
+        description=(
+            "add this weight × the KL divergence, at every pruning point, from the attention each "
+            "droppable token receives in the model's own dense pass (normalised over the row) to the "
+            "softmax of the scorer's scores on that pass's states: the scorers start from (and stay "
+            "tied to) the ranking attention top-k uses. Trains only the scorers; may be the only term"
+        ),
+    )
     sandwich_random_budgets: int = Field(
         default=0,
         ge=0,

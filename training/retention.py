@@ -279,6 +279,34 @@ def salient_keep_loss(open_prob: torch.Tensor, salient: torch.Tensor) -> torch.T
     return -torch.log(open_prob[mask].clamp(min=LOGIT_CLAMP)).mean()
 
 
+RANK_TARGET_FLOOR = 1e-12  # log() of a candidate that received no attention stays finite
+
+
+def attention_received(probs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The attention each token receives, summed over heads and valid queries (PoWER-BERT, H2O, the
+    Length-Adaptive Transformer's ranking): probs (B, H, T, T), valid (B, T) bool → (B, T)."""
+    query_weight = valid.to(probs.dtype)[:, None, :, None]  # (B, 1, T, 1)
+    return (probs * query_weight).sum(dim=(1, 2))  # (B, T)
+
+
+def rank_distill_loss(scores: torch.Tensor, received: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """KL(p ‖ softmax(scores)) over each row's candidates, p = the received attention normalised over
+    them: (B, T), (B, T), (B, T) bool → (). A listwise ranking target (ToP distils the dense model's
+    token ranking this way): the scorer learns scores ∝ log(received) + c, so its top-M is attention's
+    top-M, while the per-row score shift keeps the budget out of it. Rows with fewer than two candidates
+    rank nothing and are left out; 0 when no row ranks."""
+    ranked = candidates.sum(1) >= 2  # (B,)
+    if not bool(ranked.any()):
+        return scores.sum() * 0.0  # keeps the graph (and the device) of a normal loss
+    mass = torch.where(candidates, received.clamp(min=0.0), torch.zeros_like(received))  # (B, T)
+    target = mass / mass.sum(1, keepdim=True).clamp(min=RANK_TARGET_FLOOR)  # (B, T)
+    masked = torch.where(candidates, scores, torch.full_like(scores, EXCLUDED_SCORE))  # (B, T)
+    log_student = torch.log_softmax(masked, dim=1)  # (B, T)
+    log_target = torch.log(target.clamp(min=RANK_TARGET_FLOOR))
+    per_token = torch.where(candidates, target * (log_target - log_student), torch.zeros_like(scores))
+    return per_token.sum(1)[ranked].mean()
+
+
 # --------------------------------------------------------------------------------------------
 # Lagrangian budget
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The QA LengthDrop study's runs, in order, each resumable (docs/experiments/2026-11-26-qa-lengthdrop.md):
+# a stage with weights is skipped, one with a checkpoint resumes, then each is evaluated on the same
+# 2,000 SQuAD dev questions (paired with the teacher's dense scores). Long on 2 CPU cores: run it nice'd,
+# RETENTION_RUNS_DIR outside the work tree; rerun the same command after an interruption.
+#   RETENTION_RUNS_DIR=/root/retention-runs nice -n 19 bash experiments/squad_lengthdrop.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RECIPE=experiments/recipes/squad-lengthdrop.yaml
+RUNS=${RETENTION_RUNS_DIR:?set RETENTION_RUNS_DIR (outside the work tree)}
+OUT=${OUT:-results/experiments/qa-lengthdrop}
+PY=${PYTHON:-python}
+LIMIT=2000
+
+fit() {  # fit <profile>: skip a finished run, resume an interrupted one
+  local run="$RUNS/squad-minilm-$1"
+  if [ -f "$run/weights.safetensors" ]; then return; fi
+  local resume=()
+  if [ -f "$run/checkpoint.pt" ]; then resume=(--resume); fi
+  HF_HUB_OFFLINE=1 "$PY" -m training fit "$RECIPE" --profile "$1" "${resume[@]}"
+}
+
+evaluate() {  # evaluate <profile> <out name> <args...>: once per output directory
+  local profile=$1 name=$2
+  shift 2
+  if [ -f "$OUT/$name/eval.json" ]; then return; fi
+  HF_HUB_OFFLINE=1 "$PY" -m training evaluate "$RUNS/squad-minilm-$profile" --split test --limit "$LIMIT" \
+    --out "$OUT/$name" "$@"
+}
+
+fit teacher
+evaluate teacher teacher --rhos 1.0 --methods learned
+fit warmup
+evaluate warmup warmup --rhos 1.0 0.5 0.3 --methods learned attention \
+  --paired-reference "$OUT/teacher"
+fit lengthdrop-pilot
+evaluate lengthdrop-pilot lengthdrop-pilot --rhos 1.0 0.7 0.5 0.3 0.2 --methods learned attention random truncation \
+  --paired-reference "$OUT/teacher"

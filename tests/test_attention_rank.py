@@ -3,6 +3,7 @@ distillation target for the scorers, and LengthDrop's in-place distillation over
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,31 @@ def test_every_narrower_sandwich_pass_learns_from_the_widest() -> None:
     assert extra.dense.item() == pytest.approx(objective.task.loss(widest, batch).item(), rel=1e-5)
     expected = torch.stack([objective.task.distill(s, widest, batch) for s in students]).mean()
     assert extra.distill.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+# ---------------------------------------------------------------------- Block-Skim's answer blocks
+def test_answer_block_loss_pushes_the_answer_block_open_and_leaves_unscored_blocks_out() -> None:
+    length, block = 8, 4  # two blocks: the answer sits in the second
+    salient = torch.tensor([[False] * 5 + [True] + [False] * 2])  # (1, T)
+    candidates = torch.ones(1, length, dtype=torch.bool)
+    logits = torch.zeros(1, 2, length, requires_grad=True)  # (B, P, T)
+    loss = R.answer_block_loss(torch.sigmoid(logits), candidates, salient, block, positive_weight=20.0)
+    # every block at p = 0.5: the answer block costs 20·log 2, the other log 2, at both points
+    assert loss.item() == pytest.approx(21.0 * math.log(2.0) / 2.0, rel=1e-5)
+    loss.backward()
+    assert logits.grad is not None
+    assert torch.all(logits.grad[0, :, 4:] < 0) and torch.all(logits.grad[0, :, :4] > 0)
+    first_block_only = torch.tensor([[True] * 4 + [False] * 4])  # the answer block has no droppable token
+    alone = R.answer_block_loss(torch.full((1, 2, length), 0.5), first_block_only, salient, block)
+    assert alone.item() == pytest.approx(math.log(2.0), rel=1e-5)
+
+
+def test_answer_block_term_trains_on_the_soft_pass_of_a_qa_stage(runs: Path) -> None:  # noqa: F811
+    spec = ObjectiveSpec(pruned_loss_weight=0.0, distill_weight=1.0, answer_block_weight=0.1)
+    recipe = stage_recipe(True, objective=spec)
+    state, objective = stage_state(recipe, runs)
+    log = train_step(state, objective, qa_batch(4), StepSchedule(2, 0, 1.0)).log(0.0)
+    assert log.answer_block_loss is not None and log.answer_block_loss > 0.0
+    no_soft = stage_recipe(True, objective=spec.model_copy(update={"soft_loss_weight": 0.0}))
+    with pytest.raises(ValueError, match="answer_block_weight needs the soft pass"):
+        Objective.from_recipe(no_soft)

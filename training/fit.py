@@ -125,6 +125,7 @@ class StepLog:
     salient_loss: float | None = None  # −log P(gate open) of the salient tokens, when trained on
     soft_distill_loss: float | None = None  # a retention stage: divergence of the soft pass from the teacher
     rank_loss: float | None = None  # the scorers' divergence from the dense attention ranking
+    answer_block_loss: float | None = None  # Block-Skim's answer-block loss on the soft gates
 
 
 @dataclass
@@ -185,6 +186,7 @@ class StepResult:
             salient_loss=_item(extra.salient),
             soft_distill_loss=_item(extra.soft_distill),
             rank_loss=_item(extra.rank),
+            answer_block_loss=_item(extra.answer_block),
         )
 
     def kept_fraction(self) -> float:

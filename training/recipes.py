@@ -189,6 +189,16 @@ class ObjectiveSpec(Strict):
             "sets how many tokens survive. Needs a task adapter with a salient-token mask"
         ),
     )
+    answer_block_weight: float = Field(
+        default=0.0,
+        ge=0.0,
+        description=(
+            "add this weight × Block-Skim's auxiliary loss on the soft pass's gates: every block of 32 "
+            "tokens predicts whether it holds a salient token (QA: the answer) with its mean P(gate open), "
+            "binary cross-entropy with the positives weighted 20×. Needs the soft pass and a task adapter "
+            "with a salient-token mask"
+        ),
+    )
     attention_rank_weight: float = Field(
         default=0.0,
         ge=0.0,

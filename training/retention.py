@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 # Numerical guards, named so their role is clear where they are used.
@@ -277,6 +278,37 @@ def salient_keep_loss(open_prob: torch.Tensor, salient: torch.Tensor) -> torch.T
     if not bool(mask.any()):
         return open_prob.sum() * 0.0  # keeps the graph (and the device) of a normal loss
     return -torch.log(open_prob[mask].clamp(min=LOGIT_CLAMP)).mean()
+
+
+ANSWER_BLOCK_TOKENS = 32  # Block-Skim's block: "does this block hold the answer?"
+ANSWER_BLOCK_POSITIVE_WEIGHT = 20.0  # few blocks hold the answer: their errors weigh this much more
+
+
+def answer_block_loss(
+    open_prob: torch.Tensor,
+    candidates: torch.Tensor,
+    salient: torch.Tensor,
+    block: int = ANSWER_BLOCK_TOKENS,
+    positive_weight: float = ANSWER_BLOCK_POSITIVE_WEIGHT,
+) -> torch.Tensor:
+    """Block-Skim's auxiliary loss on the gates: (B, P, T), (B, T) bool, (B, T) bool → ().
+
+    Each block of ``block`` consecutive slots predicts "I hold a salient token (the answer)" with the
+    mean P(gate open) of its droppable tokens; weighted binary cross-entropy at every point. Blocks with
+    no droppable token (all question, or padding) are left out; 0 when none is left."""
+    batch, points, length = open_prob.shape
+    pad = (-length) % block
+    weights = F.pad(candidates.to(open_prob.dtype), (0, pad)).view(batch, 1, -1, block)  # (B, 1, N, K)
+    probs = F.pad(open_prob, (0, pad)).view(batch, points, -1, block)  # (B, P, N, K)
+    count = weights.sum(-1)  # (B, 1, N)
+    block_prob = (probs * weights).sum(-1) / count.clamp(min=1.0)  # (B, P, N)
+    holds = F.pad(salient, (0, pad)).view(batch, 1, -1, block).any(-1).expand_as(block_prob)  # (B, P, N)
+    scored = (count > 0).expand_as(block_prob)  # (B, P, N)
+    if not bool(scored.any()):
+        return open_prob.sum() * 0.0  # keeps the graph (and the device) of a normal loss
+    clamped = block_prob.clamp(LOGIT_CLAMP, 1.0 - LOGIT_CLAMP)
+    loss = torch.where(holds, -positive_weight * torch.log(clamped), -torch.log1p(-clamped))  # (B, P, N)
+    return loss[scored].mean()
 
 
 RANK_TARGET_FLOOR = 1e-12  # log() of a candidate that received no attention stays finite

@@ -63,6 +63,9 @@ class Catalog:
 
 
 class ModelRepository:
+    """The model directories under ``settings.models_dir``: what is there (``scan``, ``signature``) and
+    what it loads to (``load``)."""
+
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
 

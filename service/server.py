@@ -26,6 +26,8 @@ log = logging.getLogger("service")
 
 
 class ModelServer:
+    """The repository's models, each behind its own ``Batcher`` (``service.serving.Server``)."""
+
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics

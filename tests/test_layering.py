@@ -46,6 +46,29 @@ def violations(package: str) -> list[str]:
     return found
 
 
+def imported_modules(path: Path) -> set[str]:
+    """Full dotted names of every module ``path`` imports (``from a import b`` counts as ``a`` and
+    ``a.b``: b may be a module)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def reaching(paths: list[Path], forbidden: tuple[str, ...]) -> list[str]:
+    """``path imports module`` for every import of a forbidden module (or one inside it)."""
+    found = []
+    for path in paths:
+        for module in sorted(imported_modules(path)):
+            if any(module == bad or module.startswith(bad + ".") for bad in forbidden):
+                found.append(f"{path.relative_to(REPO)} imports {module}")
+    return found
+
+
 def test_core_imports_neither_training_nor_service() -> None:
     assert violations(CORE) == []
 
@@ -62,7 +85,7 @@ def test_the_scanner_sees_lazy_imports(tmp_path: Path) -> None:
     """The check itself: a function-level import and ``__import__`` are both found."""
     source = tmp_path / "module.py"
     source.write_text(
-        "def f():\n    from service.engine import Engine\n    return __import__('training.fit')\n"
+        "def f():\n    from service.server import ModelServer\n    return __import__('training.fit')\n"
     )
     assert imported_packages(source) == {"service", "training"}
 
@@ -91,3 +114,61 @@ def test_core_imports_with_torch_absent() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "retention_core.tasks" in result.stdout and "retention_core.contract" in result.stdout
+
+
+# Inside the service. The HTTP layer is written against ``service.serving`` (a served model without its
+# session, the server protocol): it never sees onnxruntime. Only its composition root builds the server.
+SERVING_VIEW = [
+    *sorted((REPO / "service" / "api").rglob("*.py")),
+    REPO / "service" / "serving.py",
+]
+COMPOSITION_ROOT = REPO / "service" / "api" / "app.py"
+HOLDS_A_SESSION = (
+    "onnxruntime",
+    "service.runtime",
+    "service.repository",
+    "service.server",
+    "service.scheduling.batcher",
+    "service.scheduling.execution",
+    "service.scheduling.learning",
+)
+# The scheduler serves one model; it never reaches up into the server that owns it or the HTTP layer.
+SCHEDULING = sorted((REPO / "service" / "scheduling").rglob("*.py"))
+ABOVE_SCHEDULING = ("service.api", "service.server", "service.repository", "fastapi", "starlette")
+
+
+def test_the_http_layer_never_sees_onnxruntime() -> None:
+    paths = [path for path in SERVING_VIEW if path != COMPOSITION_ROOT]
+    assert len(paths) > 5 and reaching(paths, HOLDS_A_SESSION) == []
+
+
+def test_scheduling_never_imports_the_layers_above_it() -> None:
+    assert SCHEDULING and reaching(SCHEDULING, ABOVE_SCHEDULING) == []
+
+
+# The same, transitively: every HTTP module but the composition root imports where onnxruntime cannot.
+NO_ORT = """
+import importlib, pathlib, sys
+
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "onnxruntime":
+            raise ImportError(f"{name} is absent in this check")
+        return None
+
+sys.meta_path.insert(0, Absent())
+import service.serving
+for path in sorted(pathlib.Path("service/api").rglob("*.py")):
+    module = ".".join(path.with_suffix("").parts).removesuffix(".__init__")
+    if module != "service.api.app":
+        importlib.import_module(module)
+print("imported", sorted(m for m in sys.modules if m.startswith("service.")))
+"""
+
+
+def test_the_http_layer_imports_without_onnxruntime() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", NO_ORT], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "service.api.routers.tasks" in result.stdout and "service.runtime" not in result.stdout

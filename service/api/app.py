@@ -22,9 +22,9 @@ from service.api.routers import admin, explorer, health, models, openai_compat
 from service.api.routers import metrics as metrics_router
 from service.api.routers.common import route_task
 from service.api.routers.tasks import task_router
-from service.engine import RetentionEngine
 from service.errors import error_payload, install_error_handlers
 from service.metrics import Metrics, status_class
+from service.server import ModelServer
 from service.settings import Settings
 
 log = logging.getLogger("service")
@@ -138,7 +138,7 @@ class RequestMiddleware:
         await send({"type": "http.response.body", "body": payload})
 
 
-def _install_sighup(engine: RetentionEngine) -> bool:
+def _install_sighup(server: ModelServer) -> bool:
     """SIGHUP reloads the models (as POST /admin/reload does, when mounted). Only possible when the loop
     runs in the main thread."""
     loop = asyncio.get_running_loop()
@@ -146,7 +146,7 @@ def _install_sighup(engine: RetentionEngine) -> bool:
 
     def on_hup() -> None:
         log.info("SIGHUP: reloading models")
-        task = loop.create_task(engine.reload())
+        task = loop.create_task(server.reload())
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
@@ -186,20 +186,20 @@ def mount_routers(app: FastAPI, settings: Settings) -> list[APIRouter]:
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     metrics = Metrics()
-    engine = RetentionEngine(settings, metrics)
+    server = ModelServer(settings, metrics)  # the composition root: the one place it is built
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async def first_load() -> None:
             try:
-                report = await engine.load_all()
+                report = await server.load_all()
                 log.info("models loaded: %s; errors: %s", report.loaded, report.errors)
             except Exception:
                 log.exception("initial model load failed")
-                engine.started = True
+                server.started = True
 
         load_task = asyncio.create_task(first_load())
-        sighup = _install_sighup(engine)
+        sighup = _install_sighup(server)
         try:
             yield
         finally:
@@ -207,7 +207,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 with contextlib.suppress(Exception):
                     asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             await load_task
-            await engine.close()
+            await server.close()
 
     app = FastAPI(
         title="Adaptive Retention",
@@ -217,7 +217,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = metrics
-    app.state.engine = engine
+    app.state.server = server
     install_error_handlers(app)
 
     mounted = mount_routers(app, settings)

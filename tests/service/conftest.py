@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from service.api.app import create_app
-from service.engine import RetentionEngine
+from service.server import ModelServer
 from service.settings import Settings
 from tests.tiny import build_tiny_model_dir
 
@@ -87,9 +87,9 @@ def wait_ready(client: TestClient) -> None:
     wait_until(lambda: client.get("/readyz").status_code == 200, what="/readyz")
 
 
-def engine_of(app: FastAPI) -> RetentionEngine:
-    engine: RetentionEngine = app.state.engine
-    return engine
+def server_of(app: FastAPI) -> ModelServer:
+    server: ModelServer = app.state.server
+    return server
 
 
 @contextmanager
@@ -105,7 +105,7 @@ def blocked_inference(app: FastAPI, model: str) -> Iterator[threading.Event]:
     """Occupy the model's onnxruntime worker thread until the block exits: batches queue up behind it.
     (The real executor of the real batcher: nothing of ours is mocked.)"""
     release = threading.Event()
-    blocker = engine_of(app).batcher_of(model).executor.submit(release.wait, 30)
+    blocker = server_of(app).batcher_of(model).executor.submit(release.wait, 30)
     try:
         yield release
     finally:

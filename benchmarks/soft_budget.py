@@ -25,7 +25,7 @@ def soft_budget(run_dir: Path, rhos: list[float], examples: int) -> dict[str, ob
     from benchmarks.machine import describe
     from training.data import EVAL_SEED, load_split, shuffled
     from training.fit import load_run
-    from training.objective import SoftGates
+    from training.gates import SoftGates
     from training.tasks import training_task
 
     model, recipe, tokenizer = load_run(run_dir)

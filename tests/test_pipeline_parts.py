@@ -29,14 +29,15 @@ def test_every_committed_recipe_validates_with_its_profiles(path: Path) -> None:
 def test_recipe_chain_lists_the_runs_a_profile_starts_from_first() -> None:
     squad = Path(__file__).resolve().parents[1] / "models" / "recipes" / "squad.yaml"
     assert [r.profile for r in recipe_chain(squad, "quick")] == ["quick-dense", "quick"]
-    assert [r.profile for r in recipe_chain(squad, "stage-frozen")] == ["teacher", "stage-frozen"]
+    study = squad.parents[2] / "experiments" / "recipes" / "squad-teacher.yaml"
+    assert [r.profile for r in recipe_chain(study, "stage-frozen")] == ["teacher", "stage-frozen"]
     assert [r.profile for r in recipe_chain(squad, "calibrated")] == [
         "full",
         "continued",
         "continued3",
         "calibrated",
     ]
-    assert [r.profile for r in recipe_chain(squad, "teacher")] == ["teacher"]
+    assert [r.profile for r in recipe_chain(study, "teacher")] == ["teacher"]
     dense, stage = recipe_chain(squad, "quick")
     assert stage.init_from == f"{dense.name}-{dense.profile}" and stage.frozen_backbone
     assert dense.objective.soft_loss_weight == 0.0 and dense.rho.low == dense.rho.high == 1.0

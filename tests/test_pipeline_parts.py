@@ -129,7 +129,7 @@ def test_runs_from_before_the_gate_kind_moved_still_load() -> None:
 
 
 def test_score_shift_benchmark_shows_the_quantile_shift_over_keeping_at_the_schedule_rate() -> None:
-    from benchmarks.score_shift import SCHEDULE_RATE, markdown, score_shift
+    from experiments.score_shift import SCHEDULE_RATE, markdown, score_shift
 
     payload = score_shift(num_tokens=4_000)
     at_schedule = [cell for cell in payload["cells"] if cell["rate"] == SCHEDULE_RATE]  # type: ignore[attr-defined]

@@ -38,28 +38,11 @@ def imported_packages(path: Path) -> set[str]:
     return names
 
 
-def imported_modules(path: Path, package: str) -> set[str]:
-    """The modules of ``package`` (``package.name``) that ``path`` imports anywhere in its source:
-    ``import package.x``, ``from package.x import y`` and ``from package import x`` (x a module)."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names if alias.name.startswith(f"{package}."))
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == package:
-            names.update(f"{package}.{alias.name}" for alias in node.names)
-        elif (
-            isinstance(node, ast.ImportFrom)
-            and node.level == 0
-            and (node.module or "").startswith(f"{package}.")
-        ):
-            names.add(str(node.module))
-    return names
-
-
 def import_graph(root: Path, package: str) -> dict[str, set[str]]:
     """module → the package's modules it imports, for every module file directly in ``root``."""
     modules = {f"{package}.{path.stem}": path for path in sorted(root.glob("*.py"))}
-    return {name: imported_modules(path, package) & set(modules) for name, path in modules.items()}
+    # ``from package import x`` names x as ``package.x``: kept when x is one of the modules
+    return {name: imported_modules(path) & set(modules) for name, path in modules.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str]:

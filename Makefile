@@ -16,7 +16,7 @@ BUILD_LOG ?= logs/build-defaults.log
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install install-serve models serve test lint typecheck bench check-install image-test compose-up clean
+.PHONY: install install-serve models serve test test-fast lint typecheck bench check-install image-test compose-up clean
 
 # torch comes first, pinned by the constraints file (a looser pin pulls a multi-GB CUDA build).
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
@@ -53,7 +53,11 @@ typecheck: install
 	$(BIN)/mypy
 
 test: install lint typecheck
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
+
+# The unit and in-process tests only (no subprocess servers, locust, Prometheus, chromium, venv builds).
+test-fast: install
+	$(BIN)/pytest -q -m "not integration" --durations=15
 
 bench: install
 	$(BIN)/python -m benchmarks all

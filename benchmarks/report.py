@@ -486,7 +486,7 @@ def gpu_section(results_dir: Path, plots: Path) -> list[str]:
         "exported graph on onnxruntime's CUDA provider through `retention_core.onnx` with I/O binding and",
         "parity against the CPU provider, and `fit` of `minilm-embed.yaml` on CUDA against the CPU, seconds",
         "per step. `--dry-run` runs the same code paths on the CPU in seconds, labelled `cpu dry run`",
-        "(`tests/test_gpu_benchmark.py`).",
+        "(`tests/benchmarks/test_gpu_benchmark.py`).",
         "",
         "On a lent device (the `run` tool: the machine reaches no package index, its image has torch but",
         "neither onnxruntime-gpu nor pydantic, and a call carries at most 64 MiB with the working tree):",

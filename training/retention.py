@@ -507,7 +507,7 @@ def encoder_token_work(
     """Fraction of dense encoder token-work done, per row: (B, P) counts → (B,).
 
     The definition is ``retention_core.usage.token_work`` (what serving reports); this is its per-row
-    torch form for evaluation on tensors, checked against it in tests/test_retention_math.py.
+    torch form for evaluation on tensors, checked against it in tests/training/test_retention_math.py.
     Token-work = Σ_layers tokens processed; the last layer counts only its queries when the head
     reads a fixed number of positions (classification reads [CLS]: 1 query).
     """

@@ -61,6 +61,7 @@ class Batcher:
         self.queued_tokens = 0  # padded tokens of the queued jobs
         self.queued_min_work = 0.0  # their kept token-work at the lowest rho each may get
         self.busy = False
+        self.delivery: Delivery | None = None  # the running batch's, while it runs
         self.busy_until = 0.0  # predicted end of the running batch (time.monotonic()), tail-scaled
         self.batch_predicted = 0.0  # the cost model's (mean) seconds for the running batch
         self.recent_batch_tokens = 0.0  # EWMA of the padded tokens of the batches formed
@@ -155,11 +156,19 @@ class Batcher:
             self._forget(job)
             raise
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing unanswered: a batch whose every job has its answer counts as done,
+        though its worker may still be closing it, so a client that sends its next request the moment
+        it gets an answer finds the model idle."""
+        running = self.busy and not (self.delivery is not None and self.delivery.answered)
+        return not running and not self.queue
+
     def shed_early(self, now: float, due: float, by_target: bool) -> None:
         """Before the request is even tokenized: refuse it (429) when the work already ahead of it ends
         after its due time. Cheap, and it spares an overloaded process the tokenizing of requests it would
         refuse anyway; ``_admit`` then checks the request's own run too."""
-        if not self.settings.admission_control or (not self.busy and not self.queue):
+        if not self.settings.admission_control or self.idle:
             return
         wait = self.drain_seconds(now)
         if now + wait > due:
@@ -186,8 +195,7 @@ class Batcher:
         self._drain.set(wait + own)
         if not self.settings.admission_control:
             return
-        idle = not self.busy and not self.queue
-        verdict = admit(now, job.due, wait, own, idle)
+        verdict = admit(now, job.due, wait, own, self.idle)
         if verdict.admit:
             return
         raise self._overloaded(verdict, wait, by_target=job.auto is not None and job.auto.due < job.deadline)
@@ -228,7 +236,7 @@ class Batcher:
             except Exception as exc:  # the worker must survive anything one batch does
                 self._fail(jobs, exc)
             finally:
-                self.busy = False
+                self.busy, self.delivery = False, None
 
     def _fail(self, jobs: list[Job], exc: BaseException) -> None:
         log.error("model %s: inference failed", self.model.name, exc_info=exc)
@@ -314,7 +322,7 @@ class Batcher:
         queue_duration = self.metrics.queue_duration.labels(model=name, task=self.model.task)
         for job in jobs:
             queue_duration.observe(start - job.enqueued)
-        delivery = Delivery(jobs, start)
+        delivery = self.delivery = Delivery(jobs, start)
 
         def run_done(done: list[tuple[int, RowResult]], end: float) -> None:  # worker thread
             loop.call_soon_threadsafe(delivery.add, done, end)

@@ -23,6 +23,11 @@ class Delivery:
         self.missing = [len(job.rows) for job in jobs]
         self.results: list[RowResult | None] = [None] * len(self.owner)
 
+    @property
+    def answered(self) -> bool:
+        """Every job of the batch has its answer (the worker thread may still be closing the batch)."""
+        return not any(self.missing)
+
     def add(self, done: list[tuple[int, RowResult]], end: float) -> None:
         for index, result in done:
             self.results[index] = result

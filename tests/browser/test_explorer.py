@@ -22,6 +22,8 @@ from tests.browser.conftest import model_root
 from tests.service.conftest import blocked_inference, served, settings_for
 from tests.service.test_explain import LONG_TEXT, strip_survival_depth
 
+pytestmark = pytest.mark.integration  # headless chromium
+
 API_KEY = "explorer-s3cret"
 LAYERS = 2  # training.tiny.TINY_LAYERS
 WAIT_S = 60  # generous: a shared 2-core machine

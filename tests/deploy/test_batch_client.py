@@ -18,6 +18,8 @@ from clients import batch
 from tests.deploy.conftest import REPO
 from tests.deploy.stub_server import THROTTLE_TIMES, StubServer
 
+pytestmark = pytest.mark.integration  # the batch client as a subprocess
+
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -6,7 +6,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.deploy.conftest import REPO
+
+pytestmark = pytest.mark.integration  # builds a fresh serving virtualenv
 
 
 def test_serving_install_has_no_torch_and_no_training() -> None:

@@ -36,6 +36,8 @@ from retention_core.tasks import TASKS
 from tests.deploy import promql
 from tests.deploy.conftest import DEPLOY, REPO, free_port, tool
 
+pytestmark = pytest.mark.integration  # a real Prometheus
+
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "retention.json"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 TINY_TASKS = {task: f"tiny-{task}" for task in TASKS}  # one tiny model per task of the registry

@@ -95,8 +95,9 @@ def test_delivery_answers_each_job_as_soon_as_the_runs_holding_its_rows_are_done
         long = Job([Row((1, 2, 3)), Row((1, 2, 3, 4))], 0.3, loop.create_future(), 1e9, enqueued=0.0)
         delivery = Delivery([short, long], start=2.0)
         delivery.add([(0, row_result(0)), (2, row_result(2))], 3.0)  # first run: rows 0 and 2
-        long_waited = short.future.done() and not long.future.done()
+        long_waited = short.future.done() and not long.future.done() and not delivery.answered
         delivery.add([(1, row_result(1))], 5.0)
+        assert delivery.answered  # every job answered: the batch no longer holds the model busy
         return short.future.result(), long.future.result(), long_waited
 
     short, long, long_waited = asyncio.run(scenario())

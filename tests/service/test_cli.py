@@ -10,9 +10,12 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from benchmarks._http import free_port
 from tests.service.conftest import copy_models, wait_until
+
+pytestmark = pytest.mark.integration  # subprocess servers
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -6,9 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from benchmarks import load
 from benchmarks.baseline_server import build_app
 from tests.service.conftest import served, settings_for
+
+pytestmark = pytest.mark.integration  # real servers on sockets
 
 
 def tiny_hf_checkpoint(path: Path) -> Path:

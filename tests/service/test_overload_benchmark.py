@@ -10,6 +10,8 @@ import pytest
 
 from benchmarks import overload
 
+pytestmark = pytest.mark.integration  # locust against subprocess servers
+
 
 def test_quick_overload_benchmark(models_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "overload.json"

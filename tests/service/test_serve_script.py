@@ -17,9 +17,12 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.service.conftest import wait_until
 from tests.service.test_cli import free_port
+
+pytestmark = pytest.mark.integration  # subprocess servers
 
 REPO = Path(__file__).resolve().parents[2]
 

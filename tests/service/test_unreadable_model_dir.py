@@ -22,6 +22,8 @@ import pytest
 from benchmarks._http import free_port, wait_ready
 from tests.service.conftest import copy_models
 
+pytestmark = pytest.mark.integration  # a subprocess server
+
 LOCKED = "locked-model"
 READY_S = 120.0  # a real process loading a model on a shared 2-core machine
 

@@ -40,7 +40,7 @@ from training.tasks import training_task
 from training.tiny import TINY_TOKENIZER, tiny_config
 
 LABELS = ("NEG", "POS")
-IMDB_RECIPE = Path(__file__).resolve().parents[1] / "models" / "recipes" / "imdb.yaml"
+IMDB_RECIPE = Path(__file__).resolve().parents[2] / "models" / "recipes" / "imdb.yaml"
 WORDS = ["great", "awful", "film", "plot", "actors", "boring", "superb", "the", "a", "was", "not", "very"]
 
 

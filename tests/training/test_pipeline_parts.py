@@ -15,7 +15,7 @@ from training.data import load_split
 from training.fit import lr_multiplier
 from training.recipes import DatasetSpec, Recipe, load_recipe, recipe_chain
 
-RECIPES = sorted(Path(__file__).resolve().parents[1].joinpath("models", "recipes").rglob("*.yaml"))
+RECIPES = sorted(Path(__file__).resolve().parents[2].joinpath("models", "recipes").rglob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
@@ -27,7 +27,7 @@ def test_every_committed_recipe_validates_with_its_profiles(path: Path) -> None:
 
 
 def test_recipe_chain_lists_the_runs_a_profile_starts_from_first() -> None:
-    squad = Path(__file__).resolve().parents[1] / "models" / "recipes" / "squad.yaml"
+    squad = Path(__file__).resolve().parents[2] / "models" / "recipes" / "squad.yaml"
     assert [r.profile for r in recipe_chain(squad, "quick")] == ["quick-dense", "quick"]
     study = squad.parents[2] / "experiments" / "recipes" / "squad-teacher.yaml"
     assert [r.profile for r in recipe_chain(study, "stage-frozen")] == ["teacher", "stage-frozen"]

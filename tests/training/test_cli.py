@@ -86,7 +86,7 @@ def test_memory_harness_and_report_quick_mode(tmp_path: Path) -> None:
 
 def test_quick_benchmarks_need_no_tests_package(tmp_path: Path) -> None:
     """``python -m benchmarks … --quick`` from an install: ``tests`` (not packaged) cannot be imported."""
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     script = (
         "import sys; sys.modules['tests'] = None  # as in an installed copy: no tests package\n"
         "from benchmarks.__main__ import main\n"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_qa_stage import TEACHER, qa_batch, runs, stage_recipe, stage_state  # noqa: F401 (fixture)
 from tests.tiny import tiny_model, tiny_recipe
+from tests.training.test_qa_stage import TEACHER, qa_batch, runs, stage_recipe, stage_state  # noqa: F401 (fixture)
 from training import retention as R
 from training.fit import StepSchedule, train_step
 from training.model import attention_selector

@@ -13,7 +13,7 @@ from retention_core.contract import (
     QualityPoint,
     choose_default_rho,
 )
-from tests.test_retention_math import _manifest
+from tests.training.test_retention_math import _manifest
 
 
 def curve(values: dict[float, float], metric: str = "accuracy") -> QualityCurve:

@@ -25,7 +25,7 @@ from training.fit import RECIPE_FILE, load_run, save_run, with_min_kept_tokens
 from training.recipes import Recipe, load_recipe
 from training.tasks import training_task
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHORT, LONG = 4, 40  # real tokens: "[CLS] great film [SEP]" and a 40-token sentence
 ROWS = [{"text": f"{'great fun' if i % 2 else 'dull and slow'} film {i}", "label": i % 2} for i in range(8)]
 

@@ -16,8 +16,8 @@ import pytest
 import training.__main__ as training_cli
 import training.speed as speed_module
 from retention_core.contract import MANIFEST_FILE, Manifest, choose_default_rho
-from tests.test_export_install import ExportCrash, snapshot
 from tests.tiny import tiny_model, tiny_recipe, write_rows
+from tests.training.test_export_install import ExportCrash, snapshot
 from training.__main__ import export_run
 from training.fit import save_run
 

@@ -19,7 +19,7 @@ import pytest
 from benchmarks import gpu, report
 from tests.tiny import write_rows
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WHEEL_SCRIPT = REPO / "scripts" / "gpu_wheel.sh"
 PARTS = ("torch", "onnxruntime", "fit")
 BLOB_BYTES = 2 * 2**20 + 12345  # a piece of 1 MiB each: three pieces, the last one short

@@ -29,7 +29,7 @@ from training.objective import Objective
 from training.qa import qa_distill
 from training.recipes import ObjectiveSpec, Recipe, RetentionSpec, RetentionStageSpec, RhoSpec, load_recipe
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SQUAD_RECIPE = REPO / "models" / "recipes" / "squad.yaml"
 TEACHER_RECIPE = REPO / "experiments" / "recipes" / "squad-teacher.yaml"  # the teacher chain's study
 TEACHER = "teacher"  # the dense run's directory name under the test's runs dir

@@ -15,6 +15,8 @@ import pytest
 from benchmarks import embed_service
 from tests.tiny import write_rows
 
+pytestmark = pytest.mark.integration  # servers on sockets
+
 PARAGRAPHS = [
     f"Paragraph {index} tells how the {topic} changed the town over {index + 2} long years, "
     "and who remembered it afterwards."

@@ -16,7 +16,7 @@ from retention_core.tasks import TASKS
 from training.data import load_split
 from training.recipes import load_recipe
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def image_test_module() -> ModuleType:

@@ -1,6 +1,7 @@
 """The service on Ray Serve: ``create_app(settings)`` unchanged behind ``serve.ingress``, one per replica.
 
-    serve run deploy/ray/serve_config.yaml        # or: serve run service.ray_serve:build_app models_dir=/mnt/models
+    serve run deploy/ray/serve_config.yaml
+    serve run service.ray_serve:build_app models_dir=/mnt/models
 
 Each replica builds its own app (late-bound ``__serve_build_asgi_app__``), so it owns one set of ONNX
 Runtime sessions, its batcher and its admission control; Serve runs the app's lifespan in the replica

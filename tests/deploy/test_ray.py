@@ -177,7 +177,8 @@ def test_a_replica_killed_under_load_answers_or_refuses_and_is_replaced(serve_ur
             while not stop.is_set():
                 start = time.monotonic()
                 try:
-                    status: int | str = http.post(f"{serve_url}/classify", json={"text": TEXT}).status_code
+                    response = http.post(f"{serve_url}/classify", json={"text": TEXT})
+                    status: int | str = response.status_code
                 except httpx.TimeoutException:
                     status = "timeout"
                 except httpx.TransportError as exc:

@@ -52,16 +52,19 @@ class AppActor:
     def __init__(self, cfg: BatchConfig) -> None:
         from service.api.app import create_app  # in the actor: the driver needs no onnxruntime session
         from service.inprocess import started
+        from service.ray_serve import with_actor_threads
         from service.settings import Settings
 
         self.cfg = cfg
         self.path = "/" + cfg.endpoint.strip("/")
         self.params = query_params(cfg)
-        settings = Settings(
-            models_dir=cfg.models_dir,
-            admission_control=False,
-            request_timeout_s=ACTOR_REQUEST_TIMEOUT_S,
-            max_queue_requests=max(MIN_QUEUE_REQUESTS, cfg.rows_per_batch),
+        settings = with_actor_threads(
+            Settings(
+                models_dir=cfg.models_dir,
+                admission_control=False,
+                request_timeout_s=ACTOR_REQUEST_TIMEOUT_S,
+                max_queue_requests=max(MIN_QUEUE_REQUESTS, cfg.rows_per_batch),
+            )
         )
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="app-loop", daemon=True)

@@ -27,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import ray
 from ray import serve
 from ray.serve import Application
 from ray.util import get_node_ip_address
@@ -90,9 +91,15 @@ class MetricsSidecar:
 
 
 class ReplicaLostAs503:
-    """Ray's HTTP proxy answers a request whose replica died under it with a bare 500. Our app never
-    sends a non-JSON 500, so that one becomes what a client can act on: 503 + Retry-After in our error
-    format (the batch client and load balancers retry it; 500 they must not)."""
+    """Serve's HTTP proxy (Ray 2.60, ``proxy.py``) answers nothing when the replica serving a request dies
+    under it: ``get_http_response_status`` maps the ``RayActorError`` to a 500 that
+    ``send_http_response_on_exception`` does not send, the proxy's ASGI app returns without a response
+    and uvicorn then sends its bare ``500 Internal Server Error``. The router retries a request on
+    another replica only before the replica accepted it, so every request in flight on a crashed
+    replica ends that way. This middleware, wrapped around the proxy, turns "the proxy returned (or
+    raised) without starting a response" into what a client can act on: 503 + Retry-After in our error
+    format (the batch client and load balancers retry it; a 500 they must not). A response the replica
+    started is passed through untouched, whatever its status."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -101,23 +108,23 @@ class ReplicaLostAs503:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        replaced = False
+        started = False
 
-        async def guarded(message: Message) -> None:
-            nonlocal replaced
-            if message["type"] == "http.response.start" and message["status"] == 500:
-                headers = dict(message.get("headers") or [])
-                if not headers.get(b"content-type", b"").startswith(b"application/json"):
-                    replaced = True
-                    message = replica_lost_response(str(scope.get("path", "")))
-                    await send(message["start"])
-                    await send(message["body"])
-                    return
-            if replaced:  # the bare 500's own body: already answered
-                return
+        async def tracking(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
             await send(message)
 
-        await self.app(scope, receive, guarded)
+        try:
+            await self.app(scope, receive, tracking)
+        except Exception:
+            if started:
+                raise
+            log.warning("the proxy raised before a response for %s: answered 503", scope.get("path"))
+        if not started:
+            response = replica_lost_response(str(scope.get("path", "")))
+            await send(response["start"])
+            await send(response["body"])
 
 
 def replica_lost_response(path: str) -> dict[str, Message]:
@@ -138,6 +145,16 @@ def replica_lost_response(path: str) -> dict[str, Message]:
 def proxy_middlewares() -> list[Middleware]:
     """Serve's HTTP proxy callback (``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``)."""
     return [Middleware(ReplicaLostAs503)]
+
+
+def with_actor_threads(settings: Settings) -> Settings:
+    """``intra_op_threads=0`` (ORT's default) means one thread per core of the node, whatever the actor
+    was given: two replicas of one CPU each on a two-core node would run four ORT threads on two cores.
+    In a Ray actor it means the actor's CPUs instead (the ``num_cpus`` it was scheduled with)."""
+    if settings.intra_op_threads != 0:
+        return settings
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+    return settings.model_copy(update={"intra_op_threads": max(1, int(cpus))})
 
 
 def write_target(sd_dir: Path, replica: str, target: str, labels: dict[str, str]) -> Path:
@@ -167,7 +184,7 @@ class RetentionService:
 
     def __init__(self, settings: dict[str, Any] | None = None, metrics_sd_dir: str | None = None) -> None:
         # Settings() reads RETENTION_* here, in the replica's process and environment.
-        self.settings = Settings(**(settings or {}))
+        self.settings = with_actor_threads(Settings(**(settings or {})))
         sd_dir = metrics_sd_dir or os.environ.get(METRICS_SD_DIR_ENV)
         self.metrics_sd_dir = Path(sd_dir) if sd_dir else None
         self.local: InProcessApp | None = None

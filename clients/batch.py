@@ -1,4 +1,4 @@
-"""Batch client: send every row of a JSONL, CSV or Parquet file to /classify, /qa or /summarize.
+"""Batch client: send every row of a JSONL, CSV or Parquet file to /classify, /qa, /summarize or /embed.
 
     retention-batch reviews.csv predictions.jsonl --url http://localhost:8000 \\
         --endpoint classify --rho 0.3 --concurrency 8 --field text=review --id-field id
@@ -40,12 +40,13 @@ from typing import IO, Any
 import httpx
 from tqdm import tqdm
 
-ENDPOINTS = ("classify", "qa", "summarize")
+ENDPOINTS = ("classify", "qa", "summarize", "embed")
 # request body key -> input column, per endpoint; ``--field KEY=COLUMN`` overrides one entry.
 DEFAULT_FIELDS: dict[str, dict[str, str]] = {
     "classify": {"text": "text"},
     "qa": {"question": "question", "context": "context"},
     "summarize": {"text": "text"},
+    "embed": {"text": "text"},
 }
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 ERROR_BODY_CHARS = 500

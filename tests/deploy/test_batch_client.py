@@ -206,12 +206,12 @@ def test_embed_rows_through_the_real_service(tmp_path: Path, models_root: Path) 
     """``--endpoint embed``: each row's vector is the one POST /embed gives for its text."""
     texts = ["the film was a delight", "a long and tedious plot", "short"]
     write_jsonl(tmp_path / "in.jsonl", [{"id": i, "text": t} for i, t in enumerate(texts)])
+    files = [str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl")]
     with served(settings_for(models_root)) as url:
-        code = batch.main(
-            [str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"), "--url", url, "--endpoint", "embed"]
-            + ["--concurrency", "1"]  # one row a batch, as the direct requests: the same padding
-            + ["--id-field", "id", "--no-progress"]
-        )
+        # --concurrency 1: one row a batch, as the direct requests (a row batched with another can
+        # differ in the last float32 bit: docs/deploy.md, "Bit equality")
+        options = ["--url", url, "--endpoint", "embed", "--concurrency", "1", "--id-field", "id"]
+        code = batch.main([*files, *options, "--no-progress"])
         direct = [httpx.post(f"{url}/embed", json={"text": t}, timeout=30).json() for t in texts]
     assert code == 0
     out = read_jsonl(tmp_path / "out.jsonl")

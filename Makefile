@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c $(CONSTRAINTS) torch
-	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e ".[train,dev]"
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e ".[train,dev,ray]"
 	touch $@
 
 install: $(VENV)/.installed

@@ -1,4 +1,4 @@
-"""Batch client: send every row of a JSONL or CSV file to /classify, /qa or /summarize.
+"""Batch client: send every row of a JSONL, CSV or Parquet file to /classify, /qa, /summarize or /embed.
 
     retention-batch reviews.csv predictions.jsonl --url http://localhost:8000 \\
         --endpoint classify --rho 0.3 --concurrency 8 --field text=review --id-field id
@@ -15,6 +15,8 @@
   ``OUTPUT.pending.jsonl`` until they can be written in order; that file is removed at the end.
 * Ends with a summary: rows, throughput, errors, retries and the token work saved, read from the
   ``usage`` object of every response.
+* ``--engine ray --models-dir DIR``: no server; the rows go through the same app in a Ray Data actor
+  pool (``clients.ray_batch``), with the same output records, usage and resume.
 """
 
 from __future__ import annotations
@@ -38,12 +40,13 @@ from typing import IO, Any
 import httpx
 from tqdm import tqdm
 
-ENDPOINTS = ("classify", "qa", "summarize")
+ENDPOINTS = ("classify", "qa", "summarize", "embed")
 # request body key -> input column, per endpoint; ``--field KEY=COLUMN`` overrides one entry.
 DEFAULT_FIELDS: dict[str, dict[str, str]] = {
     "classify": {"text": "text"},
     "qa": {"question": "question", "context": "context"},
     "summarize": {"text": "text"},
+    "embed": {"text": "text"},
 }
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 ERROR_BODY_CHARS = 500
@@ -71,6 +74,11 @@ class BatchConfig:
     progress: bool = True
     overwrite: bool = False
     summary_json: Path | None = None
+    engine: str = "http"  # 'ray': clients.ray_batch, the app in a Ray Data actor pool
+    models_dir: Path = Path("models")  # engine ray: a path every Ray node sees
+    ray_address: str | None = None  # engine ray: None starts a local Ray; 'auto' joins a running one
+    actors: int = 2  # engine ray: actors in the pool, one ONNX Runtime session set each
+    rows_per_batch: int = 256  # engine ray: rows per map_batches call (the app batches them by tokens)
 
     @property
     def journal_path(self) -> Path:
@@ -125,6 +133,18 @@ class Summary:
         return out
 
 
+def tally(summary: Summary, usage: _UsageTotals, record: dict[str, Any]) -> None:
+    """Count one finished record (either engine)."""
+    if record["ok"]:
+        summary.ok += 1
+        usage.add(record["response"])
+    else:
+        summary.errors += 1
+        key = str(record["status"]) if record["status"] is not None else "none"
+        summary.error_statuses[key] = summary.error_statuses.get(key, 0) + 1
+    summary.processed += 1
+
+
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
@@ -175,6 +195,8 @@ def detect_format(path: Path, fmt: str) -> str:
     if fmt != "auto":
         return fmt
     suffixes = [s.lower() for s in path.suffixes]
+    if ".parquet" in suffixes:
+        return "parquet"
     if ".csv" in suffixes or ".tsv" in suffixes:
         return "tsv" if ".tsv" in suffixes else "csv"
     return "jsonl"
@@ -183,6 +205,12 @@ def detect_format(path: Path, fmt: str) -> str:
 def read_rows(path: Path, fmt: str) -> Iterator[dict[str, Any]]:
     """Yield input rows as dicts (JSONL: one object a line, blank lines ignored; CSV/TSV: header row)."""
     fmt = detect_format(path, fmt)
+    if fmt == "parquet":
+        import pyarrow.parquet as pq  # the 'ray' extra brings pyarrow; only Parquet input needs it
+
+        for batch in pq.ParquetFile(path).iter_batches():
+            yield from batch.to_pylist()
+        return
     with path.open(encoding="utf-8", newline="") as f:
         if fmt in ("csv", "tsv"):
             yield from csv.DictReader(f, delimiter="\t" if fmt == "tsv" else ",")
@@ -200,7 +228,42 @@ def read_rows(path: Path, fmt: str) -> Iterator[dict[str, Any]]:
 
 
 def count_rows(path: Path, fmt: str) -> int:
+    if detect_format(path, fmt) == "parquet":
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(path).metadata.num_rows)
     return sum(1 for _ in read_rows(path, fmt))
+
+
+def query_params(cfg: BatchConfig) -> dict[str, str]:
+    """The query string of every request: ``--param`` entries, then rho and model."""
+    params: dict[str, str] = dict(cfg.params)
+    if cfg.rho is not None:
+        params["rho"] = str(cfg.rho)
+    if cfg.model is not None:
+        params["model"] = cfg.model
+    return params
+
+
+def start_record(cfg: BatchConfig, index: int, row: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """The record's index/id and the request body; the body is None when the row lacks a column (the
+    record is then finished: an error with no status)."""
+    record: dict[str, Any] = {"index": index}
+    if cfg.id_field is not None:
+        record["id"] = row.get(cfg.id_field)
+    try:
+        return record, build_body(row, cfg.body_fields(), cfg.constants)
+    except KeyError as exc:
+        record.update(ok=False, status=None, attempts=0, error=str(exc.args[0]))
+        return record, None
+
+
+def answered_record(record: dict[str, Any], status: int, attempts: int, payload: Any) -> dict[str, Any]:
+    return {**record, "ok": True, "status": status, "attempts": attempts, "response": payload}
+
+
+def failed_record(record: dict[str, Any], status: int | None, attempts: int, error: str) -> dict[str, Any]:
+    return {**record, "ok": False, "status": status, "attempts": attempts, "error": error}
 
 
 def build_body(row: dict[str, Any], fields: dict[str, str], constants: dict[str, Any]) -> dict[str, Any]:
@@ -316,12 +379,7 @@ class Sender:
         self.client = client
         self.summary = summary
         self.path = "/" + cfg.endpoint.strip("/")
-        params: dict[str, str] = dict(cfg.params)
-        if cfg.rho is not None:
-            params["rho"] = str(cfg.rho)
-        if cfg.model is not None:
-            params["model"] = cfg.model
-        self.params = params
+        self.params = query_params(cfg)
         headers: dict[str, str] = {}
         if cfg.api_key:
             if cfg.api_key_header.lower() == "authorization":
@@ -337,13 +395,9 @@ class Sender:
         return backoff * (0.5 + random.random() / 2)
 
     async def send(self, index: int, row: dict[str, Any]) -> dict[str, Any]:
-        record: dict[str, Any] = {"index": index}
-        if self.cfg.id_field is not None:
-            record["id"] = row.get(self.cfg.id_field)
-        try:
-            body = build_body(row, self.cfg.body_fields(), self.cfg.constants)
-        except KeyError as exc:
-            return {**record, "ok": False, "status": None, "attempts": 0, "error": str(exc.args[0])}
+        record, body = start_record(self.cfg, index, row)
+        if body is None:
+            return record
         attempt = 0
         while True:
             attempt += 1
@@ -363,15 +417,15 @@ class Sender:
                         payload = response.json()
                     except ValueError:
                         payload = response.text
-                    return {**record, "ok": True, "status": status, "attempts": attempt, "response": payload}
+                    return answered_record(record, status, attempt, payload)
                 error = response.text[:ERROR_BODY_CHARS]
                 if status == 429:
                     self.summary.throttled += 1
                 retry_after = retry_after_seconds(response.headers.get("retry-after"))
                 if status not in RETRY_STATUSES:
-                    return {**record, "ok": False, "status": status, "attempts": attempt, "error": error}
+                    return failed_record(record, status, attempt, error)
             if attempt > self.cfg.max_retries:
-                return {**record, "ok": False, "status": status, "attempts": attempt, "error": error}
+                return failed_record(record, status, attempt, error)
             self.summary.retries += 1
             await asyncio.sleep(self._wait(attempt, retry_after))
 
@@ -414,15 +468,9 @@ async def run_batch(cfg: BatchConfig) -> Summary:
                 async def worker() -> None:
                     while (item := await queue.get()) is not None:
                         record = await sender.send(*item)
-                        if record["ok"]:
-                            summary.ok += 1
-                            usage.add(record["response"])
-                        else:
-                            summary.errors += 1
-                            key = str(record["status"]) if record["status"] is not None else "none"
-                            summary.error_statuses[key] = summary.error_statuses.get(key, 0) + 1
+                        tally(summary, usage, record)
+                        if not record["ok"]:
                             bar.set_postfix(errors=summary.errors, refresh=False)
-                        summary.processed += 1
                         await writer.add(record)
                         bar.update(1)
 
@@ -502,7 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Send every row of a JSONL/CSV file to the retention service; resumable.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("input", type=Path, help="input file (.jsonl, .csv or .tsv)")
+    p.add_argument("input", type=Path, help="input file (.jsonl, .csv, .tsv or .parquet)")
     p.add_argument("output", type=Path, help="output JSONL, one record per input row, in input order")
     p.add_argument("--url", default=os.environ.get("RETENTION_URL", "http://127.0.0.1:8000"))
     p.add_argument("--endpoint", choices=ENDPOINTS, default="classify")
@@ -545,13 +593,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra query parameter; repeatable",
     )
     p.add_argument("--id-field", default=None, help="input column copied to each output record as 'id'")
-    p.add_argument("--input-format", choices=("auto", "jsonl", "csv", "tsv"), default="auto")
+    p.add_argument("--input-format", choices=("auto", "jsonl", "csv", "tsv", "parquet"), default="auto")
     p.add_argument("--max-retries", type=int, default=8, help="retries per row (429/5xx/connection)")
     p.add_argument("--max-retry-wait", type=float, default=60.0, help="cap on one wait, seconds")
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, seconds")
     p.add_argument("--overwrite", action="store_true", help="start over instead of resuming")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--summary-json", type=Path, default=None, help="also write the summary here")
+    ray = p.add_argument_group("engine ray (no server: the app in a Ray Data actor pool; pip install .[ray])")
+    ray.add_argument("--engine", choices=("http", "ray"), default="http")
+    ray.add_argument(
+        "--models-dir",
+        type=Path,
+        default=Path(os.environ.get("RETENTION_MODELS_DIR", "models")),
+        help="models root, a path every Ray node sees (default: $RETENTION_MODELS_DIR or models)",
+    )
+    ray.add_argument(
+        "--ray-address", default=None, help="Ray cluster ('auto': the running one); default local"
+    )
+    ray.add_argument("--actors", type=_positive_int, default=2, help="actors, one ONNX session set each")
+    ray.add_argument("--rows-per-batch", type=_positive_int, default=256, help="rows per actor call")
     return p
 
 
@@ -585,6 +646,11 @@ def parse_args(argv: list[str] | None = None) -> BatchConfig:
         progress=not args.no_progress,
         overwrite=args.overwrite,
         summary_json=args.summary_json,
+        engine=args.engine,
+        models_dir=args.models_dir,
+        ray_address=args.ray_address,
+        actors=args.actors,
+        rows_per_batch=args.rows_per_batch,
     )
 
 
@@ -596,7 +662,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"retention-batch: no such input file: {cfg.input_path}", file=sys.stderr)
         return 2
     try:
-        summary = asyncio.run(_run_cancellable(cfg))
+        if cfg.engine == "ray":
+            from clients.ray_batch import run_ray_batch  # imports ray: only with the 'ray' extra
+
+            summary = run_ray_batch(cfg)
+        else:
+            summary = asyncio.run(_run_cancellable(cfg))
     except ValueError as exc:
         print(f"retention-batch: {exc}", file=sys.stderr)
         return 2

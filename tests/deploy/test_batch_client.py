@@ -12,11 +12,13 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from clients import batch
 from tests.deploy.conftest import REPO
 from tests.deploy.stub_server import THROTTLE_TIMES, StubServer
+from tests.service.conftest import models_root, served, settings_for, tiny_models  # noqa: F401
 
 pytestmark = pytest.mark.integration  # the batch client as a subprocess
 
@@ -200,3 +202,21 @@ def test_interrupted_run_resumes_without_redoing_rows(tmp_path: Path, stub_serve
     assert [r["response"]["echo"] for r in final] == texts
     assert not journal.exists()
     assert f"resumed {len(finished_first)}" in second.stderr.decode()
+
+
+def test_embed_rows_through_the_real_service(tmp_path: Path, models_root: Path) -> None:  # noqa: F811
+    """``--endpoint embed``: each row's vector is the one POST /embed gives for its text."""
+    texts = ["the film was a delight", "a long and tedious plot", "short"]
+    write_jsonl(tmp_path / "in.jsonl", [{"id": i, "text": t} for i, t in enumerate(texts)])
+    files = [str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl")]
+    with served(settings_for(models_root)) as url:
+        # --concurrency 1: one row a batch, as the direct requests (a row batched with another can
+        # differ in the last float32 bit: docs/deploy.md, "Bit equality")
+        options = ["--url", url, "--endpoint", "embed", "--concurrency", "1", "--id-field", "id"]
+        code = batch.main([*files, *options, "--no-progress"])
+        direct = [httpx.post(f"{url}/embed", json={"text": t}, timeout=30).json() for t in texts]
+    assert code == 0
+    out = read_jsonl(tmp_path / "out.jsonl")
+    assert [r["id"] for r in out] == [0, 1, 2]
+    assert [r["response"]["embedding"] for r in out] == [d["embedding"] for d in direct]
+    assert all(r["response"]["usage"]["input_tokens"] > 0 for r in out)

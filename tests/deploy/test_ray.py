@@ -1,0 +1,272 @@
+"""The service on Ray Serve and the batch client on Ray Data, on a real local Ray cluster of two nodes.
+
+One cluster for the module (``ray.cluster_utils.Cluster``: a head and a worker node, 1 CPU each, real
+raylets and object stores); the tiny exported models of the service tests; real HTTP through Ray's
+proxy, compared with the same app under uvicorn (``python -m service``'s server).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import ray
+from ray import serve
+from ray.cluster_utils import Cluster
+
+from clients import batch
+from service.ray_serve import PROXY_CALLBACK, PROXY_CALLBACK_ENV, RetentionService
+from tests.deploy.conftest import free_port
+from tests.service.conftest import models_root, served, settings_for, tiny_models, wait_until  # noqa: F401
+
+pytestmark = pytest.mark.integration
+
+APP = "retention"
+REPLICAS = 2
+# Both sides (the replicas, plain uvicorn) run these: one ORT intra-op thread per session, so the same
+# kernels in the same order, and vectors equal to the last bit.
+SETTINGS = {"intra_op_threads": 1, "max_batch_wait_ms": 1.0, "auto_latency_target_s": 30.0}
+TIMING = ("queue_time_s", "inference_time_s")  # measured per request: the only fields that may differ
+TEXT = "the film was a delight from start to finish"
+CONTEXT = "Ada Lovelace wrote the first program. She worked with Charles Babbage on the engine."
+# One request per task: (path, body); each answered by the proxy and by plain uvicorn.
+REQUESTS: list[tuple[str, dict[str, Any]]] = [
+    ("/classify", {"text": TEXT, "rho": 0.5}),
+    ("/classify", {"texts": [TEXT, "bad", TEXT + " again"], "rho": "auto"}),
+    ("/qa", {"question": "Who wrote it?", "context": CONTEXT, "rho": 0.5}),
+    ("/summarize", {"sentences": [TEXT, CONTEXT, "It rained.", "The end came."], "ratio": 0.4}),
+    ("/embed", {"texts": [TEXT, CONTEXT], "rho": 0.3}),
+    ("/embed", {"text": TEXT, "normalize": False, "rho": 1}),
+]
+DEADLINE_S = 30.0  # no request under the replica kill may take longer
+CLIENTS = 6  # concurrent clients during the kill: several requests in flight on the victim
+BATCH_ROWS = 10_000
+
+
+def first_difference(got: Any, want: Any, where: str = "") -> str | None:
+    """Where two JSON bodies first differ (None: equal, floats to the last bit)."""
+    if isinstance(want, dict) and isinstance(got, dict) and got.keys() == want.keys():
+        return next((d for k in want if (d := first_difference(got[k], want[k], f"{where}.{k}"))), None)
+    if isinstance(want, list) and isinstance(got, list) and len(got) == len(want):
+        pairs = enumerate(zip(got, want, strict=True))
+        return next((d for i, (g, w) in pairs if (d := first_difference(g, w, f"{where}[{i}]"))), None)
+    return None if type(got) is type(want) and got == want else f"{where}: {got!r} != {want!r}"
+
+
+def assert_same_body(got: Any, want: Any, where: str = "") -> None:
+    """Equal bodies: structure, strings, ints, flags and every float to the last bit."""
+    difference = first_difference(got, want, where)
+    assert difference is None, difference
+
+
+def without_timing(body: Any) -> Any:
+    if isinstance(body, dict):
+        return {k: without_timing(v) for k, v in body.items() if k not in TIMING}
+    if isinstance(body, list):
+        return [without_timing(v) for v in body]
+    return body
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    # the nodes' processes (Serve's proxies among them) inherit this: replica lost -> 503, not 500
+    previous = os.environ.get(PROXY_CALLBACK_ENV)
+    os.environ[PROXY_CALLBACK_ENV] = PROXY_CALLBACK
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    nodes.add_node(num_cpus=1)
+    ray.init(address=nodes.address, log_to_driver=False)
+    try:
+        yield nodes
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        nodes.shutdown()
+        if previous is None:
+            os.environ.pop(PROXY_CALLBACK_ENV, None)
+        else:
+            os.environ[PROXY_CALLBACK_ENV] = previous
+
+
+@pytest.fixture(scope="module")
+def sd_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ray-metrics-sd")
+
+
+@pytest.fixture(scope="module")
+def serve_url(cluster: Cluster, models_root: Path, sd_dir: Path) -> Iterator[str]:  # noqa: F811
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    deployment = RetentionService.options(  # type: ignore[attr-defined]
+        autoscaling_config={"min_replicas": REPLICAS, "max_replicas": REPLICAS, "target_ongoing_requests": 8}
+    )
+    serve.run(
+        deployment.bind({"models_dir": str(models_root), **SETTINGS}, str(sd_dir)), name=APP, route_prefix="/"
+    )
+    yield f"http://127.0.0.1:{port}"
+    serve.delete(APP)
+
+
+@pytest.fixture(scope="module")
+def plain_url(models_root: Path) -> Iterator[str]:  # noqa: F811
+    with served(settings_for(models_root, **SETTINGS)) as url:
+        yield url
+
+
+def running_replicas() -> int:
+    deployment = serve.status().applications[APP].deployments["RetentionService"]
+    return int(deployment.replica_states.get("RUNNING", 0))
+
+
+def test_every_task_answers_through_the_proxy_as_plain_uvicorn(serve_url: str, plain_url: str) -> None:
+    assert httpx.get(f"{serve_url}/readyz", timeout=30).json()["status"] == "ready"
+    for path, body in REQUESTS:
+        # one request at a time on both sides: the same batch shapes, so bit-equal vectors
+        proxied = httpx.post(f"{serve_url}{path}", json=body, timeout=60)
+        plain = httpx.post(f"{plain_url}{path}", json=body, timeout=60)
+        assert proxied.status_code == plain.status_code == 200, proxied.text
+        assert_same_body(without_timing(proxied.json()), without_timing(plain.json()), path)
+        assert proxied.headers["x-rho-effective"] == plain.headers["x-rho-effective"]
+    bad = httpx.post(f"{serve_url}/classify", json={"text": ""}, timeout=30)
+    assert bad.status_code == httpx.post(f"{plain_url}/classify", json={"text": ""}, timeout=30).status_code
+    assert bad.json() == httpx.post(f"{plain_url}/classify", json={"text": ""}, timeout=30).json()
+
+
+def test_openai_client_against_the_proxy(serve_url: str, plain_url: str) -> None:
+    client = openai.OpenAI(base_url=f"{serve_url}/v1", api_key="unused", max_retries=0, timeout=60)
+    texts = [TEXT, CONTEXT, "short"]
+    answer = client.embeddings.create(model="tiny-embedding", input=texts, extra_body={"rho": 0.3})
+    reference = httpx.post(f"{plain_url}/embed", json={"texts": texts, "rho": 0.3}, timeout=60).json()
+    got = np.array([d.embedding for d in answer.data], dtype=np.float32)
+    np.testing.assert_array_equal(got, np.array(reference["embeddings"], dtype=np.float32))
+    assert answer.usage.prompt_tokens == reference["usage"]["processed_tokens"]
+
+
+def test_each_replica_serves_its_own_metrics_to_prometheus_file_sd(serve_url: str, sd_dir: Path) -> None:
+    httpx.post(f"{serve_url}/classify", json={"text": TEXT}, timeout=60)
+    wait_until(lambda: len(list(sd_dir.glob("*.json"))) >= REPLICAS, timeout=60, what="replica targets")
+    replicas = set()
+    for path in sd_dir.glob("*.json"):
+        [group] = json.loads(path.read_text())
+        assert group["labels"]["app"] == APP and group["labels"]["deployment"] == "RetentionService"
+        replicas.add(group["labels"]["replica"])
+        text = httpx.get(f"http://{group['targets'][0]}/metrics", timeout=30).text
+        assert "retention_requests_total" in text and "retention_queue_depth" in text
+    assert len(replicas) == REPLICAS
+    assert "retention_requests_total" in httpx.get(f"{serve_url}/metrics", timeout=30).text
+
+
+def replica_actors() -> list[dict[str, str]]:
+    """The live Serve replica actors (a dead one's name is released)."""
+    return [a for a in ray.util.list_named_actors(all_namespaces=True) if "SERVE_REPLICA" in a["name"]]
+
+
+def replica_pid(name: str, namespace: str) -> int:
+    """The process id of a Serve replica actor (every node of the test cluster is on this machine)."""
+    actor = ray.get_actor(name, namespace=namespace)
+    return int(ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()), timeout=60))
+
+
+def test_a_replica_killed_under_load_answers_or_refuses_and_is_replaced(serve_url: str) -> None:
+    # (status or transport error, seconds, Retry-After, our error code or None)
+    results: list[tuple[int | str, float, str | None, str | None]] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(timeout=DEADLINE_S) as http:
+            while not stop.is_set():
+                start = time.monotonic()
+                retry_after = code = None
+                try:
+                    response = http.post(f"{serve_url}/classify", json={"text": TEXT})
+                    status: int | str = response.status_code
+                    retry_after = response.headers.get("retry-after")
+                    if status != 200:
+                        code = response.json()["error"]["code"]
+                except httpx.TimeoutException:
+                    status = "timeout"
+                except httpx.TransportError as exc:
+                    status = type(exc).__name__
+                results.append((status, time.monotonic() - start, retry_after, code))
+
+    threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: len(results) >= 20, timeout=60, what="load running")
+    victim = replica_actors()[0]
+    os.kill(replica_pid(victim["name"], victim["namespace"]), signal.SIGKILL)  # a crash: no drain, no goodbye
+    killed_at = len(results)
+    wait_until(lambda: len(results) >= killed_at + 40, timeout=120, what="load after the kill")
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=DEADLINE_S + 10)
+    assert not any(thread.is_alive() for thread in threads)
+    statuses = {status for status, *_ in results}
+    assert statuses <= {200, 429, 503}, statuses  # an answer or a clear refusal, never a hang or a 500
+    assert max(elapsed for _, elapsed, *_ in results) < DEADLINE_S
+    refusals = [(status, retry_after, code) for status, _, retry_after, code in results if status != 200]
+    assert all(retry_after is not None and code is not None for _, retry_after, code in refusals), refusals
+    print(f"replica SIGKILLed under load: {len(results)} requests, refusals {refusals}")
+    assert [status for status, *_ in results[-10:]] == [200] * 10  # serving again
+
+    def replaced() -> bool:
+        names = [actor["name"] for actor in replica_actors()]
+        return len(names) == REPLICAS and victim["name"] not in names and running_replicas() == REPLICAS
+
+    wait_until(replaced, timeout=120, what="the replica replaced")
+    for _ in range(2 * REPLICAS):
+        assert httpx.post(f"{serve_url}/classify", json={"text": TEXT}, timeout=60).status_code == 200
+
+
+def test_ray_data_job_on_two_nodes_equals_the_single_process_client(
+    cluster: Cluster,
+    serve_url: str,
+    plain_url: str,
+    models_root: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    serve.delete(APP)  # the replicas' CPUs go to the actor pool
+    rng = random.Random(0)
+    words = ["the", "film", "was", "good", "bad", "great", "awful", "plot", "actor", "scene", "long", "short"]
+    rows = [
+        {"id": f"r{i}", "text": " ".join(rng.choices(words, k=rng.randint(1, 10)))} for i in range(BATCH_ROWS)
+    ]
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    common = [str(source), "--id-field", "id", "--rho", "0.5", "--no-progress"]
+    assert batch.main([common[0], str(tmp_path / "http.jsonl"), *common[1:], "--url", plain_url]) == 0
+    ray_out = tmp_path / "ray.jsonl"
+    ray_args = [
+        "--engine",
+        "ray",
+        "--models-dir",
+        str(models_root),
+        "--actors",
+        "2",
+        "--rows-per-batch",
+        "500",
+    ]
+    # resume: the first 1234 records are already there (as an interrupted run leaves them)
+    reference = (tmp_path / "http.jsonl").read_text(encoding="utf-8").splitlines()
+    ray_out.write_text("\n".join(reference[:1234]) + "\n", encoding="utf-8")
+    summary = tmp_path / "summary.json"
+    assert batch.main([common[0], str(ray_out), *common[1:], *ray_args, "--summary-json", str(summary)]) == 0
+    got = [json.loads(line) for line in ray_out.read_text(encoding="utf-8").splitlines()]
+    want = [json.loads(line) for line in reference]
+    assert len(got) == BATCH_ROWS
+    exact = sum(without_timing(g) == without_timing(w) for g, w in zip(got, want, strict=True))
+    print(f"ray data vs single-process: {exact}/{len(want)} records bit-equal")
+    assert_same_body([without_timing(r) for r in got], [without_timing(r) for r in want])
+    report = json.loads(summary.read_text())
+    assert report["resumed"] == 1234 and report["processed"] == BATCH_ROWS - 1234 and report["errors"] == 0
+    assert report["token_work_saved"] > 0

@@ -1,0 +1,60 @@
+"""The proxy middleware alone, over ASGI: what Ray 2.60's proxy app does when the replica serving a
+request dies (returns without starting a response, or raises) becomes 503 + Retry-After with our error
+body; any response the replica started passes through untouched. The same middleware inside a real
+proxy, with a replica SIGKILLed under load: tests/deploy/test_ray.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from starlette.middleware import Middleware
+from starlette.types import Receive, Scope, Send
+
+from service.ray_serve import REPLICA_LOST_RETRY_AFTER_S, ReplicaLostAs503, proxy_middlewares
+
+
+async def returns_without_response(scope: Scope, receive: Receive, send: Send) -> None:
+    """Ray's proxy for a request whose replica died: the RayActorError becomes a 500 it never sends."""
+    return
+
+
+async def raises(scope: Scope, receive: Receive, send: Send) -> None:
+    raise RuntimeError("proxy failure")
+
+
+async def answers_500(scope: Scope, receive: Receive, send: Send) -> None:
+    """A replica that did answer, with a plain 500: passed through, not disguised as retryable."""
+    await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"Internal Server Error"})
+
+
+def post(app: object, path: str = "/classify") -> httpx.Response:
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=ReplicaLostAs503(app))  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
+            return await client.post(path, json={"text": "x"})
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("app", [returns_without_response, raises], ids=["no-response", "raised"])
+def test_a_request_whose_replica_died_gets_503_with_retry_after(app: object) -> None:
+    response = post(app)
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == str(REPLICA_LOST_RETRY_AFTER_S)
+    assert response.json()["error"]["code"] == "replica_unavailable"
+    assert "proxy failure" not in response.text  # never the exception's text
+    assert post(app, "/v1/embeddings").json()["error"]["type"] == "server_error"  # OpenAI's shape there
+
+
+def test_a_started_response_passes_through() -> None:
+    response = post(answers_500)
+    assert (response.status_code, response.text) == (500, "Internal Server Error")
+    assert "retry-after" not in response.headers
+
+
+def test_the_proxy_callback_returns_the_middleware() -> None:
+    [middleware] = proxy_middlewares()
+    assert isinstance(middleware, Middleware) and middleware.cls is ReplicaLostAs503

@@ -35,7 +35,11 @@ pytestmark = pytest.mark.integration
 APP = "retention"
 REPLICAS = 2
 # Both sides (the replicas, plain uvicorn) run these: one ORT intra-op thread per session, so the same
-# kernels in the same order, and vectors equal to the last bit.
+# kernels in the same order. A one-row request runs as the same (1, T) shape on both sides: vectors equal
+# to the last bit. A request of several rows is cut into runs by a plan that weighs padding against the
+# per-run cost each process learns online (plan_runs), so two processes may run its rows in different
+# shapes, and ORT's kernels then differ in the last float32 bit (≤ 3e-8 seen): those compare to
+# MULTI_ROW_TOLERANCE, everything else exactly.
 SETTINGS = {"intra_op_threads": 1, "max_batch_wait_ms": 1.0, "auto_latency_target_s": 30.0}
 TIMING = ("queue_time_s", "inference_time_s")  # measured per request: the only fields that may differ
 TEXT = "the film was a delight from start to finish"
@@ -49,24 +53,36 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("/embed", {"texts": [TEXT, CONTEXT], "rho": 0.3}),
     ("/embed", {"text": TEXT, "normalize": False, "rho": 1}),
 ]
+MULTI_ROW_TOLERANCE = 1e-6
 DEADLINE_S = 30.0  # no request under the replica kill may take longer
 CLIENTS = 6  # concurrent clients during the kill: several requests in flight on the victim
 BATCH_ROWS = 10_000
 
 
-def first_difference(got: Any, want: Any, where: str = "") -> str | None:
-    """Where two JSON bodies first differ (None: equal, floats to the last bit)."""
+def first_difference(got: Any, want: Any, where: str = "", tolerance: float = 0.0) -> str | None:
+    """Where two JSON bodies first differ (None: equal, floats within ``tolerance``; 0: the last bit)."""
     if isinstance(want, dict) and isinstance(got, dict) and got.keys() == want.keys():
-        return next((d for k in want if (d := first_difference(got[k], want[k], f"{where}.{k}"))), None)
+        keys = (first_difference(got[k], want[k], f"{where}.{k}", tolerance) for k in want)
+        return next((d for d in keys if d), None)
     if isinstance(want, list) and isinstance(got, list) and len(got) == len(want):
         pairs = enumerate(zip(got, want, strict=True))
-        return next((d for i, (g, w) in pairs if (d := first_difference(g, w, f"{where}[{i}]"))), None)
+        items = (first_difference(g, w, f"{where}[{i}]", tolerance) for i, (g, w) in pairs)
+        return next((d for d in items if d), None)
+    if tolerance and isinstance(want, float) and isinstance(got, float) and abs(got - want) <= tolerance:
+        return None
     return None if type(got) is type(want) and got == want else f"{where}: {got!r} != {want!r}"
 
 
-def assert_same_body(got: Any, want: Any, where: str = "") -> None:
-    """Equal bodies: structure, strings, ints, flags and every float to the last bit."""
-    difference = first_difference(got, want, where)
+def rows_of(body: dict[str, Any]) -> int:
+    """The inputs a request body carries: its ``texts``, else one (a text, a question, a document)."""
+    texts = body.get("texts")
+    return len(texts) if isinstance(texts, list) else 1
+
+
+def assert_same_body(got: Any, want: Any, where: str = "", rows: int = 1) -> None:
+    """Equal bodies: structure, strings, ints and flags exactly; floats to the last bit for a one-row
+    request, to MULTI_ROW_TOLERANCE for several rows (see SETTINGS)."""
+    difference = first_difference(got, want, where, MULTI_ROW_TOLERANCE if rows > 1 else 0.0)
     assert difference is None, difference
 
 
@@ -135,7 +151,7 @@ def test_every_task_answers_through_the_proxy_as_plain_uvicorn(serve_url: str, p
         proxied = httpx.post(f"{serve_url}{path}", json=body, timeout=60)
         plain = httpx.post(f"{plain_url}{path}", json=body, timeout=60)
         assert proxied.status_code == plain.status_code == 200, proxied.text
-        assert_same_body(without_timing(proxied.json()), without_timing(plain.json()), path)
+        assert_same_body(without_timing(proxied.json()), without_timing(plain.json()), path, rows_of(body))
         assert proxied.headers["x-rho-effective"] == plain.headers["x-rho-effective"]
     bad = httpx.post(f"{serve_url}/classify", json={"text": ""}, timeout=30)
     assert bad.status_code == httpx.post(f"{plain_url}/classify", json={"text": ""}, timeout=30).status_code
@@ -148,8 +164,13 @@ def test_openai_client_against_the_proxy(serve_url: str, plain_url: str) -> None
     answer = client.embeddings.create(model="tiny-embedding", input=texts, extra_body={"rho": 0.3})
     reference = httpx.post(f"{plain_url}/embed", json={"texts": texts, "rho": 0.3}, timeout=60).json()
     got = np.array([d.embedding for d in answer.data], dtype=np.float32)
-    np.testing.assert_array_equal(got, np.array(reference["embeddings"], dtype=np.float32))
+    want = np.array(reference["embeddings"], dtype=np.float32)
+    np.testing.assert_allclose(got, want, rtol=0.0, atol=MULTI_ROW_TOLERANCE)  # several rows: see SETTINGS
     assert answer.usage.prompt_tokens == reference["usage"]["processed_tokens"]
+    for text in texts:  # one row a request: the same shape on both sides, so the same bits
+        one = client.embeddings.create(model="tiny-embedding", input=text, extra_body={"rho": 0.3})
+        alone = httpx.post(f"{plain_url}/embed", json={"text": text, "rho": 0.3}, timeout=60).json()
+        assert one.data[0].embedding == alone["embeddings"][0]
 
 
 def test_each_replica_serves_its_own_metrics_to_prometheus_file_sd(serve_url: str, sd_dir: Path) -> None:
@@ -266,7 +287,8 @@ def test_ray_data_job_on_two_nodes_equals_the_single_process_client(
     assert len(got) == BATCH_ROWS
     exact = sum(without_timing(g) == without_timing(w) for g, w in zip(got, want, strict=True))
     print(f"ray data vs single-process: {exact}/{len(want)} records bit-equal")
-    assert_same_body([without_timing(r) for r in got], [without_timing(r) for r in want])
+    # rows batched differently on each side (an actor's 256 at once, the client's requests): see SETTINGS
+    assert_same_body([without_timing(r) for r in got], [without_timing(r) for r in want], rows=len(want))
     report = json.loads(summary.read_text())
     assert report["resumed"] == 1234 and report["processed"] == BATCH_ROWS - 1234 and report["errors"] == 0
     assert report["token_work_saved"] > 0

@@ -45,7 +45,6 @@ import os
 import random
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -60,6 +59,8 @@ import httpx
 import numpy as np
 import psutil
 
+from benchmarks import _http
+from benchmarks._http import free_port
 from benchmarks.load import Cell, run_cell, summary_line
 from benchmarks.machine import describe, write_result
 
@@ -89,12 +90,6 @@ class ServerSpec:
     model: str | None  # the body's "model" (None: left out, the server's default embedding model)
     rhos: tuple[str, ...]  # the budgets measured (NO_RHO for a peer)
     env: dict[str, str] = field(default_factory=dict)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def our_server(models_dir: Path, model: str | None, rhos: Sequence[str], intra_op_threads: int) -> ServerSpec:
@@ -155,17 +150,14 @@ def started(spec: ServerSpec, log_dir: Path, ready_timeout_s: float) -> Iterator
 def wait_ready(server: RunningServer, timeout_s: float) -> None:
     """Polls with a real embedding request (a health route can answer before the model is loaded)."""
     body = request_body(server.spec, [READY_TEXT], server.spec.rhos[0], "float")
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if server.process.poll() is not None:
-            raise RuntimeError(
-                f"{server.spec.name} exited ({server.process.returncode}):\n{server.log_tail()}"
-            )
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.post(server.url + ROUTE, json=body, timeout=10).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"{server.spec.name} not ready after {timeout_s:.0f} s:\n{server.log_tail()}")
+    _http.wait_ready(
+        server.url,
+        timeout_s,
+        process=server.process,
+        probe=lambda: httpx.post(server.url + ROUTE, json=body, timeout=10),
+        name=server.spec.name,
+        details=server.log_tail,
+    )
 
 
 def stop(process: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:

@@ -66,7 +66,8 @@ def build_graphs(args: argparse.Namespace, workdir: Path):
     """Export pruned + dense (+ int8) graphs; return them with the torch model for the HF baseline."""
     import torch
 
-    from training.export import export_dense_onnx, export_onnx, quantize_int8
+    from training.dense_graph import export_dense_onnx
+    from training.export import export_onnx, quantize_int8
     from training.fit import load_run
     from training.model import RetentionConfig, RetentionModel
 
@@ -99,7 +100,7 @@ def build_graphs(args: argparse.Namespace, workdir: Path):
 def fused_dense_graph(model, workdir: Path) -> Path:
     """The dense graph optimised by onnxruntime's transformer optimizer; raises unless every layer's
     attention fused."""
-    from training.export import export_dense_onnx
+    from training.dense_graph import export_dense_onnx
     from training.optimize import optimize_for_cpu, require_fused_attention
 
     info = model.backbone.info

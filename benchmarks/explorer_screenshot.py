@@ -15,16 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from benchmarks._http import free_port, wait_ready
 from benchmarks.machine import describe, write_result
-from benchmarks.overload import free_port
 
 DEFAULT_TEXT = (
     "I went in expecting another tired sequel and came out grinning. The plot is thin and the first "
@@ -53,23 +50,11 @@ def live_service(models_dir: Path) -> Iterator[str]:
     thread.start()
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url)
+        wait_ready(url, WAIT_S, name="the service")
         yield url
     finally:
         server.should_exit = True
         thread.join(timeout=60)
-
-
-def wait_ready(url: str) -> None:
-    end = time.monotonic() + WAIT_S
-    while time.monotonic() < end:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"the service at {url} did not become ready in {WAIT_S:.0f} s")
 
 
 @contextmanager

@@ -343,7 +343,8 @@ def measure_torch(model: Any, plan: Plan) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------- 2. onnxruntime
 def export_graphs(model: Any, workdir: Path) -> dict[str, Path]:
     """The pruned graph (ρ an input) and the dense graph of the same weights (the baseline)."""
-    from training.export import export_dense_onnx, export_onnx
+    from training.dense_graph import export_dense_onnx
+    from training.export import export_onnx
 
     graphs = {"pruned": workdir / "pruned.onnx", "dense": workdir / "dense.onnx"}
     export_onnx(model, graphs["pruned"], model.backbone.info_vocab_size)

@@ -88,8 +88,9 @@ def run_variant(graph: Path, batch: int, seq_len: int, rho: float | None, arena:
 def build(args: argparse.Namespace, workdir: Path) -> tuple[Path, Path]:
     import torch
 
+    from training.dense_graph import export_dense_onnx
     from training.encoders import load_backbone
-    from training.export import export_dense_onnx, export_onnx
+    from training.export import export_onnx
     from training.model import RetentionConfig, RetentionModel
 
     torch.manual_seed(0)

@@ -31,7 +31,6 @@ import argparse
 import itertools
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ from typing import Any
 import httpx
 import psutil
 
+from benchmarks._http import free_port, wait_ready
 from benchmarks.load import make_texts, percentile
 from benchmarks.machine import write_result
 from retention_core.machine import describe
@@ -55,6 +55,7 @@ LOCUSTFILE = Path(__file__).with_name("overload_locust.py")
 MULTIPLES = (0.5, 1.0, 2.0, 5.0, 10.0)
 # --clients: what a client does with a 429 (benchmarks/overload_locust.py's OVERLOAD_RETRY)
 CLIENTS = ("none", "polite", "impolite")
+READY_TIMEOUT_S = 300.0  # a server loading its model on shared cores
 
 
 @dataclass(frozen=True)
@@ -120,13 +121,6 @@ class Cell:
     outside_p99_ms: float | None = None
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def pinned(command: list[str], cpus: list[int] | None) -> list[str]:
     """``command`` restricted to ``cpus`` (taskset), or as is."""
     return ["taskset", "-c", ",".join(map(str, cpus)), *command] if cpus else command
@@ -152,18 +146,8 @@ def server(
         process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"the {policy.name} server exited; see {log}")
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        else:
-            raise RuntimeError(f"the {policy.name} server never became ready; see {log}")
+        name = f"the {policy.name} server"
+        wait_ready(url, READY_TIMEOUT_S, process=process, name=name, details=lambda: f"see {log}")
         yield url, process.pid
     finally:
         process.terminate()

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.cli import publish
-from benchmarks.kept_token_floor import outcomes, paired
+from benchmarks.paired import outcomes, paired
 
 LEARNED = "learned"
 Payload = dict[str, Any]

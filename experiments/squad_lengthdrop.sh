@@ -6,7 +6,7 @@
 #   RETENTION_RUNS_DIR=/root/retention-runs nice -n 19 bash experiments/squad_lengthdrop.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RECIPE=experiments/recipes/squad-lengthdrop.yaml
+RECIPE=experiments/recipes/squad-teacher.yaml
 RUNS=${RETENTION_RUNS_DIR:?set RETENTION_RUNS_DIR (outside the work tree)}
 OUT=${OUT:-results/experiments/qa-lengthdrop}
 PY=${PYTHON:-python}

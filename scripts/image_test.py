@@ -285,17 +285,22 @@ def check_healthcheck_defined(image: str) -> None:
 
 
 def wait_ready(client: httpx.Client, models: set[str], timeout_s: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    body: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.TransportError):
-            response = client.get("/readyz")
-            body = response.json()
-            if response.status_code == 200 and models <= set(body["models"]):
-                expect(not body["errors"], f"/readyz reports errors: {body['errors']}")
-                return body
-        time.sleep(1)
-    raise Failure(f"/readyz never listed {sorted(models)}; last answer: {body}")
+    """/readyz's body once it is 200 and lists every one of ``models`` (the shared readiness poll)."""
+    from benchmarks._http import NotReady
+    from benchmarks._http import wait_ready as poll_ready
+
+    def lists_every_model(response: httpx.Response) -> bool:
+        return response.status_code == 200 and models <= set(response.json()["models"])
+
+    try:
+        response = poll_ready(
+            str(client.base_url), timeout_s, probe=lambda: client.get("/readyz"), accept=lists_every_model
+        )
+    except NotReady as exc:
+        raise Failure(f"/readyz never listed {sorted(models)}: {exc}") from exc
+    body: dict[str, Any] = response.json()
+    expect(not body["errors"], f"/readyz reports errors: {body['errors']}")
+    return body
 
 
 TEXT = "A slow start, then a wonderful film with a moving ending."

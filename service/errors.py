@@ -1,6 +1,6 @@
 """Service errors and the ONE place they become HTTP responses.
 
-Engine and handlers raise ``ServiceError`` subclasses; ``install_error_handlers`` maps them (and
+The model server and the handlers raise ``ServiceError`` subclasses; ``install_error_handlers`` maps them (and
 request-validation errors, unknown routes and any unexpected exception) to JSON bodies of the form
 ``{"error": {"code": ..., "message": ...}}``. Under ``/v1/`` (the OpenAI-compatible routes) the same
 errors take OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, so OpenAI clients
@@ -24,7 +24,7 @@ log = logging.getLogger("service")
 # reason label of retention_shed_requests_total (every 429), bounded
 SHED_REASONS = (
     "queue_full",  # the model's queue holds max_queue_requests
-    "over_target",  # rho=auto: predicted completion (work ahead at its floor) misses its latency target
+    "over_target",  # rho=auto: predicted completion (work ahead at its min_rho) misses its latency target
     "over_deadline",  # predicted completion misses the request deadline
     "concurrency",  # max_concurrent_requests requests already in the server
 )

@@ -19,8 +19,9 @@ from collections.abc import Iterable
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from service.admission import EXPORTED_RHOS, RHO_REASONS
 from service.errors import REJECTION_REASONS, SHED_REASONS
+from service.scheduling.admission import RHO_REASONS
+from service.scheduling.cost import EXPORTED_RHOS
 
 STATUS_CLASSES = ("2xx", "4xx", "5xx")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -219,6 +220,12 @@ class Metrics:
         for rho in EXPORTED_RHOS:
             with contextlib.suppress(KeyError):
                 self.cost_per_token.remove(model, rho_label(rho))
+
+    def record_run(self, model: str, rows: int, padded_tokens: int, seconds: float) -> None:
+        """One ONNX run of a batch."""
+        self.batch_size.labels(model=model).observe(rows)
+        self.batch_tokens.labels(model=model).observe(padded_tokens)
+        self.inference_duration.labels(model=model).observe(seconds)
 
     def record_cost_model(
         self, model: str, per_run: float, per_token: dict[float, float], tail_factor: float

@@ -1,4 +1,4 @@
-"""Load one model directory (ONNX + JSON only, never pickle) into an onnxruntime session + codec.
+"""Load one model directory (ONNX + JSON only, never pickle) into an onnxruntime session + codec, and run it.
 
 Every check fails loudly with ``ModelLoadError`` whose message names the directory (relative to the
 models root) and what is wrong; the service logs it and keeps serving whatever it already had.
@@ -23,6 +23,7 @@ from retention_core.contract import MANIFEST_FILE, Manifest, TensorSpec
 from retention_core.onnx import open_session
 from retention_core.tasks import CodecOptions, TaskSpec, task_spec
 from retention_core.text import pad_token_id
+from service.serving import ServedModel
 from service.settings import Settings
 
 log = logging.getLogger("service")
@@ -63,36 +64,17 @@ def fingerprint(directory: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-@dataclass
-class LoadedModel:
-    name: str
+@dataclass(kw_only=True)
+class LoadedModel(ServedModel):
+    """A served model with what runs it: the onnxruntime session, the tokenizer, the directory."""
+
     directory: Path
-    manifest: Manifest
-    precision: str
     session: ort.InferenceSession
     tokenizer: Tokenizer
-    codec: Any  # the task's codec (retention_core.tasks)
-    spec: TaskSpec  # the task's registry entry, taken at load: its inputs are the graph's feeds
     pad_id: int
     fingerprint: str
-    providers: list[str]
     output_names: list[str] = field(default_factory=list)
-    loaded_at: float = field(default_factory=time.time)
-    warmed_up: bool = False
     warmup_seconds: float = 0.0  # latency of the last warm-up run: the batcher's first estimate
-
-    @property
-    def task(self) -> str:
-        return self.manifest.task
-
-    @property
-    def num_layers(self) -> int:
-        return self.manifest.schedule.num_points
-
-    @property
-    def explains(self) -> bool:
-        """The graph reports per-token survival depth (``explain=true`` is served)."""
-        return self.manifest.has_survival_depth
 
     def run(
         self, rows: list[Row], rhos: list[float], length: int | None = None

@@ -102,7 +102,9 @@ class Settings(BaseSettings):
         gt=0.0,
         description="cap of a request's own target (max_latency_ms)",
     )
-    auto_min_rho: float = Field(default=0.1, gt=0.0, le=1.0, description="floor when the client sends none")
+    auto_min_rho: float = Field(
+        default=0.1, gt=0.0, le=1.0, description="rho=auto's min_rho when the client sends none"
+    )
     auto_max_rho: float = Field(default=1.0, gt=0.0, le=1.0, description="rho=auto without load")
 
     # ------------------------------------------------------------------ security

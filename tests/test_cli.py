@@ -136,7 +136,7 @@ def test_merged_evaluation_and_its_report(tmp_path: Path) -> None:
 
 
 def test_soft_budget_reports_expected_and_target_kept_per_point(tmp_path: Path) -> None:
-    from benchmarks.soft_budget import main as soft_budget_main
+    from experiments.soft_budget import main as soft_budget_main
 
     data_root = tmp_path / "data"
     rows = [{"text": f"a {'fine ' * (i % 5)}film number {i}", "label": i % 2} for i in range(8)]
@@ -176,7 +176,7 @@ def _tiny_qa_run(tmp_path: Path) -> Path:
 
 
 def test_answer_survival_reports_answer_and_droppable_survival_per_method(tmp_path: Path) -> None:
-    from benchmarks.answer_survival import main as answer_survival_main
+    from experiments.answer_survival import main as answer_survival_main
 
     run_dir = _tiny_qa_run(tmp_path)
     out = tmp_path / "answer_survival.json"

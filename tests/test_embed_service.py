@@ -46,10 +46,9 @@ def test_quick_smoke_drives_our_server_over_http(tmp_path: Path) -> None:
     out = tmp_path / "bench" / "embed_service.json"
     texts = squad_like(tmp_path / "squad" / "validation.jsonl.gz")
     argv = ["--quick", "--out", str(out), "--texts-file", str(texts), "--inputs-per-request", "2"]
-    report = embed_service.main(argv)
+    embed_service.main(argv)
 
-    saved = json.loads(out.read_text())
-    assert saved == json.loads(json.dumps(report))
+    saved = json.loads(out.read_text())  # what the committed results are: the file, not the return value
     assert saved["machine"]["cores"] >= 1 and saved[
         "command"
     ] == "python -m benchmarks.embed_service " + " ".join(argv)

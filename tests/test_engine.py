@@ -14,8 +14,9 @@ from tests.tiny import build_tiny_model_dir, tiny_model, tiny_recipe
 from training import retention as R
 from training.encoders import EncoderBackbone
 from training.export import ExportValidationError, export_model, validate_onnx
+from training.gates import GateKind, SoftGates
 from training.model import PrunedInputs, RetentionModel
-from training.objective import GateKind, Objective, SoftGates
+from training.objective import Objective
 from training.recipes import ScoreShift
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}

@@ -80,3 +80,12 @@ def test_install_swaps_directories_whole(tmp_path: Path) -> None:
     fresh.mkdir()
     install_directory(fresh, tmp_path / "first")  # no previous model: a plain rename
     assert (tmp_path / "first").is_dir() and not fresh.exists()
+
+
+def test_export_refuses_a_recipe_of_another_task_before_writing(tmp_path: Path) -> None:
+    """Graph, validation and manifest read the model's TaskSpec; a recipe naming another task would
+    describe a graph that is not in the directory, so nothing is written at all."""
+    model, tokenizer = tiny_model("classification", seed=1)
+    with pytest.raises(ValueError, match="for task 'qa', the model for 'classification'"):
+        export_model(model, tiny_recipe("qa"), tokenizer, tmp_path / "models" / "tiny")
+    assert not (tmp_path / "models").exists()

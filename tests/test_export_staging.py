@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import training.__main__ as training_cli
-import training.export as export_module
+import training.speed as speed_module
 from retention_core.contract import MANIFEST_FILE, Manifest, choose_default_rho
 from tests.test_export_install import ExportCrash, snapshot
 from tests.tiny import tiny_model, tiny_recipe, write_rows
@@ -112,7 +112,7 @@ def test_a_reader_of_the_live_directory_sees_the_old_manifest_then_the_final_one
     # reader sees whatever the export leaves there meanwhile (in place: a manifest without its curves).
     look = lambda: reader.wait_for_reads(3)  # noqa: E731
     monkeypatch.setattr(training_cli, "manifest_quality", before(training_cli.manifest_quality, look))
-    monkeypatch.setattr(export_module, "measure_speed", before(export_module.measure_speed, look))
+    monkeypatch.setattr(speed_module, "measure_speed", before(speed_module.measure_speed, look))
 
     export_run(runs["new"], reader.model_dir, int8=True, quality=True)
     reader.wait_for_reads(3)
@@ -159,7 +159,7 @@ def test_a_crash_while_measuring_leaves_the_old_model_or_nothing(
 
     for target in (root / "fresh", live):  # a first export, and one replacing a model
         if crash_at == "speed":
-            monkeypatch.setattr(export_module, "measure_speed", crash)
+            monkeypatch.setattr(speed_module, "measure_speed", crash)
         else:  # manifest_quality measures fp32 first, then int8
             call = 1 if crash_at == "fp32 quality" else 2
             monkeypatch.setattr(training_cli, "manifest_quality", crash_on_call(call, quality))

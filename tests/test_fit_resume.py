@@ -121,7 +121,7 @@ def test_runs_dir_defaults_to_the_environment_variable(
     from training.__main__ import RUNS_DIR_VARIABLE, parser
 
     monkeypatch.setenv(RUNS_DIR_VARIABLE, str(tmp_path / "kept"))
-    fit_args = parser().parse_args(["fit", "models/recipes/squad.yaml", "--profile", "teacher"])
+    fit_args = parser().parse_args(["fit", "experiments/recipes/squad-teacher.yaml", "--profile", "teacher"])
     build_args = parser().parse_args(["build", "models/recipes/squad.yaml"])
     assert fit_args.runs_dir == build_args.runs_dir == tmp_path / "kept"
     monkeypatch.delenv(RUNS_DIR_VARIABLE)

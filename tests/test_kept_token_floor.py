@@ -153,7 +153,7 @@ def evaluation_example(task: str, index: int) -> dict[str, object]:
 
 
 def test_floor_study_pairs_the_same_examples(tmp_path: Path) -> None:
-    from benchmarks.kept_token_floor import main as study_main
+    from experiments.kept_token_floor import main as study_main
 
     data_root = tmp_path / "data"
     rows = [{"text": f"{'a fine ' * (i % 9)}film {i}", "label": i % 2} for i in range(12)]

@@ -1,7 +1,8 @@
-"""The dependency direction of the packages: core ← training, core ← service, never training ↔ service.
+"""The dependency direction of the packages: core ← training, core ← service, never training ↔ service;
+inside ``training/``, module imports form a DAG with the retention math at the bottom.
 
-Read from the source (every ``import`` statement, lazy ones inside functions included), so a cycle
-hidden behind a function-level import fails here too.
+Read from the source (every ``import`` statement, lazy ones inside functions and ``TYPE_CHECKING``
+blocks included), so a cycle hidden behind a function-level import fails here too.
 """
 
 from __future__ import annotations
@@ -37,12 +38,65 @@ def imported_packages(path: Path) -> set[str]:
     return names
 
 
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """module → the package's modules it imports, for every module file directly in ``root``."""
+    modules = {f"{package}.{path.stem}": path for path in sorted(root.glob("*.py"))}
+    # ``from package import x`` names x as ``package.x``: kept when x is one of the modules
+    return {name: imported_modules(path) & set(modules) for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of ``graph`` (its modules in order, the first repeated at the end), or []."""
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> list[str]:
+        if module in path:
+            return [*path[path.index(module) :], module]
+        if module in done:
+            return []
+        for imported in sorted(graph[module]):
+            cycle = visit(imported, [*path, module])
+            if cycle:
+                return cycle
+        done.add(module)
+        return []
+
+    for module in sorted(graph):
+        cycle = visit(module, [])
+        if cycle:
+            return cycle
+    return []
+
+
 def violations(package: str) -> list[str]:
     found = []
     for path in sorted((REPO / package).rglob("*.py")):
         bad = imported_packages(path) & FORBIDDEN[package]
         if bad:
             found.append(f"{path.relative_to(REPO)} imports {sorted(bad)}")
+    return found
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Full dotted names of every module ``path`` imports (``from a import b`` counts as ``a`` and
+    ``a.b``: b may be a module)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def reaching(paths: list[Path], forbidden: tuple[str, ...]) -> list[str]:
+    """``path imports module`` for every import of a forbidden module (or one inside it)."""
+    found = []
+    for path in paths:
+        for module in sorted(imported_modules(path)):
+            if any(module == bad or module.startswith(bad + ".") for bad in forbidden):
+                found.append(f"{path.relative_to(REPO)} imports {module}")
     return found
 
 
@@ -62,9 +116,39 @@ def test_the_scanner_sees_lazy_imports(tmp_path: Path) -> None:
     """The check itself: a function-level import and ``__import__`` are both found."""
     source = tmp_path / "module.py"
     source.write_text(
-        "def f():\n    from service.engine import Engine\n    return __import__('training.fit')\n"
+        "def f():\n    from service.server import ModelServer\n    return __import__('training.fit')\n"
     )
     assert imported_packages(source) == {"service", "training"}
+
+
+def test_training_modules_import_without_cycles() -> None:
+    """``training/`` imports form a DAG: retention ← gates ← model ← objective ← fit ← __main__, export
+    and evaluation above the model. A cycle (the model importing the objective that imports the task
+    registry that imports the model) fails here, whether it hides behind a lazy import or not."""
+    graph = import_graph(REPO / "training", "training")
+    assert "training.model" in graph and graph["training.objective"]  # the scanner read the package
+    assert find_cycle(graph) == []
+
+
+def test_the_retention_math_imports_no_other_training_module() -> None:
+    """The bottom of the DAG: ``training/retention.py`` is the math and imports nothing of the package."""
+    assert import_graph(REPO / "training", "training")["training.retention"] == set()
+
+
+def test_the_cycle_finder_sees_a_cycle_behind_lazy_imports(tmp_path: Path) -> None:
+    """The check itself: a → b at module level, b → a inside a function and a TYPE_CHECKING block."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "a.py").write_text("from pkg.b import thing\n")
+    (package / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.c\n"
+        "def thing():\n    from pkg import a\n    return a\n"
+    )
+    (package / "c.py").write_text("")
+    graph = import_graph(package, "pkg")
+    assert graph == {"pkg.a": {"pkg.b"}, "pkg.b": {"pkg.a", "pkg.c"}, "pkg.c": set()}
+    assert find_cycle(graph) == ["pkg.a", "pkg.b", "pkg.a"]
+    assert find_cycle({"pkg.a": {"pkg.b"}, "pkg.b": {"pkg.c"}, "pkg.c": set()}) == []
 
 
 # Import every core module in a fresh interpreter where torch and transformers cannot be imported.
@@ -91,3 +175,61 @@ def test_core_imports_with_torch_absent() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "retention_core.tasks" in result.stdout and "retention_core.contract" in result.stdout
+
+
+# Inside the service. The HTTP layer is written against ``service.serving`` (a served model without its
+# session, the server protocol): it never sees onnxruntime. Only its composition root builds the server.
+SERVING_VIEW = [
+    *sorted((REPO / "service" / "api").rglob("*.py")),
+    REPO / "service" / "serving.py",
+]
+COMPOSITION_ROOT = REPO / "service" / "api" / "app.py"
+HOLDS_A_SESSION = (
+    "onnxruntime",
+    "service.runtime",
+    "service.repository",
+    "service.server",
+    "service.scheduling.batcher",
+    "service.scheduling.execution",
+    "service.scheduling.learning",
+)
+# The scheduler serves one model; it never reaches up into the server that owns it or the HTTP layer.
+SCHEDULING = sorted((REPO / "service" / "scheduling").rglob("*.py"))
+ABOVE_SCHEDULING = ("service.api", "service.server", "service.repository", "fastapi", "starlette")
+
+
+def test_the_http_layer_never_sees_onnxruntime() -> None:
+    paths = [path for path in SERVING_VIEW if path != COMPOSITION_ROOT]
+    assert len(paths) > 5 and reaching(paths, HOLDS_A_SESSION) == []
+
+
+def test_scheduling_never_imports_the_layers_above_it() -> None:
+    assert SCHEDULING and reaching(SCHEDULING, ABOVE_SCHEDULING) == []
+
+
+# The same, transitively: every HTTP module but the composition root imports where onnxruntime cannot.
+NO_ORT = """
+import importlib, pathlib, sys
+
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "onnxruntime":
+            raise ImportError(f"{name} is absent in this check")
+        return None
+
+sys.meta_path.insert(0, Absent())
+import service.serving
+for path in sorted(pathlib.Path("service/api").rglob("*.py")):
+    module = ".".join(path.with_suffix("").parts).removesuffix(".__init__")
+    if module != "service.api.app":
+        importlib.import_module(module)
+print("imported", sorted(m for m in sys.modules if m.startswith("service.")))
+"""
+
+
+def test_the_http_layer_imports_without_onnxruntime() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", NO_ORT], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "service.api.routers.tasks" in result.stdout and "service.runtime" not in result.stdout

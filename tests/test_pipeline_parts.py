@@ -29,14 +29,15 @@ def test_every_committed_recipe_validates_with_its_profiles(path: Path) -> None:
 def test_recipe_chain_lists_the_runs_a_profile_starts_from_first() -> None:
     squad = Path(__file__).resolve().parents[1] / "models" / "recipes" / "squad.yaml"
     assert [r.profile for r in recipe_chain(squad, "quick")] == ["quick-dense", "quick"]
-    assert [r.profile for r in recipe_chain(squad, "stage-frozen")] == ["teacher", "stage-frozen"]
+    study = squad.parents[2] / "experiments" / "recipes" / "squad-teacher.yaml"
+    assert [r.profile for r in recipe_chain(study, "stage-frozen")] == ["teacher", "stage-frozen"]
     assert [r.profile for r in recipe_chain(squad, "calibrated")] == [
         "full",
         "continued",
         "continued3",
         "calibrated",
     ]
-    assert [r.profile for r in recipe_chain(squad, "teacher")] == ["teacher"]
+    assert [r.profile for r in recipe_chain(study, "teacher")] == ["teacher"]
     dense, stage = recipe_chain(squad, "quick")
     assert stage.init_from == f"{dense.name}-{dense.profile}" and stage.frozen_backbone
     assert dense.objective.soft_loss_weight == 0.0 and dense.rho.low == dense.rho.high == 1.0
@@ -128,7 +129,7 @@ def test_runs_from_before_the_gate_kind_moved_still_load() -> None:
 
 
 def test_score_shift_benchmark_shows_the_quantile_shift_over_keeping_at_the_schedule_rate() -> None:
-    from benchmarks.score_shift import SCHEDULE_RATE, markdown, score_shift
+    from experiments.score_shift import SCHEDULE_RATE, markdown, score_shift
 
     payload = score_shift(num_tokens=4_000)
     at_schedule = [cell for cell in payload["cells"] if cell["rate"] == SCHEDULE_RATE]  # type: ignore[attr-defined]

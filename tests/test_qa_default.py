@@ -24,7 +24,8 @@ def test_a_tiny_model_is_asked_over_http_at_every_rho(tmp_path: Path) -> None:
     write_rows(tmp_path / "data" / "squad" / "validation.jsonl.gz", SQUAD_ROWS)
     out = tmp_path / "qa_default.json"
     argv = ["--models-dir", str(models), "--model", "tiny-qa", "--questions", "4"]
-    report = qa_default.main([*argv, "--data-root", str(tmp_path / "data"), "--out", str(out)])
+    qa_default.main([*argv, "--data-root", str(tmp_path / "data"), "--out", str(out)])
+    report = json.loads(out.read_text())  # what the committed results are: the file, not the return value
 
     context = report["readme_example"]["body"]["context"]
     answers = report["readme_example"]["answers"]
@@ -35,6 +36,5 @@ def test_a_tiny_model_is_asked_over_http_at_every_rho(tmp_path: Path) -> None:
     assert report["dev"]["questions"] == 4 and [s["rho"] for s in report["scores"]] == list(qa_default.RHOS)
     for score in report["scores"]:
         assert 0.0 <= score["exact_match"] <= score["f1"] <= 100.0
-    assert json.loads(out.read_text()) == report
     table = out.with_suffix(".md").read_text()
     assert "| 0.3 |" in table and "tiny-qa" in table

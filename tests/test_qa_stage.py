@@ -29,7 +29,9 @@ from training.objective import Objective
 from training.qa import qa_distill
 from training.recipes import ObjectiveSpec, Recipe, RetentionSpec, RetentionStageSpec, RhoSpec, load_recipe
 
-SQUAD_RECIPE = Path(__file__).resolve().parents[1] / "models" / "recipes" / "squad.yaml"
+REPO = Path(__file__).resolve().parents[1]
+SQUAD_RECIPE = REPO / "models" / "recipes" / "squad.yaml"
+TEACHER_RECIPE = REPO / "experiments" / "recipes" / "squad-teacher.yaml"  # the teacher chain's study
 TEACHER = "teacher"  # the dense run's directory name under the test's runs dir
 STEPS = 3
 
@@ -40,7 +42,7 @@ def _base(**update) -> Recipe:
 
 
 def dense_recipe() -> Recipe:
-    """As squad.yaml's teacher profile: one dense pass per step, ρ fixed at 1."""
+    """As squad-teacher.yaml's teacher profile: one dense pass per step, ρ fixed at 1."""
     return _base(
         rho=RhoSpec(low=1.0, high=1.0, default=1.0),
         objective=ObjectiveSpec(soft_loss_weight=0.0, pruned_loss_weight=1.0),
@@ -49,7 +51,7 @@ def dense_recipe() -> Recipe:
 
 
 def stage_recipe(frozen: bool, **update) -> Recipe:
-    """As squad.yaml's stage profiles: from the dense run, calibrated shift, later pruning."""
+    """As squad-teacher.yaml's stage profiles: from the dense run, calibrated shift, later pruning."""
     tuned = {"pruned_loss_weight": 0.0 if frozen else 1.0, "distill_weight": 1.0}
     recipe = _base(
         name="tiny-qa-stage",
@@ -122,7 +124,7 @@ def dense_logits(model, batch: Batch) -> torch.Tensor:
 
 # ---------------------------------------------------------------------- the recipe
 def test_squad_stage_profiles_start_from_the_teacher() -> None:
-    frozen, tuned = (load_recipe(SQUAD_RECIPE, name) for name in ("stage-frozen", "stage-tuned"))
+    frozen, tuned = (load_recipe(TEACHER_RECIPE, name) for name in ("stage-frozen", "stage-tuned"))
     for recipe in (frozen, tuned):
         assert recipe.init_from == "squad-minilm-teacher" and recipe.retention_stage is not None
         assert recipe.retention.score_shift == "calibrated" and recipe.retention.schedule_power > 1.0
@@ -136,7 +138,7 @@ def test_teacher_profile_resumes_its_checkpoint_from_before_the_opt_in_floor() -
     """The dense teacher's checkpoint (RETENTION_RUNS_DIR/squad-minilm-teacher) was written while the
     kept-token floor defaulted to 16; ``fit --resume`` refuses a checkpoint of another recipe, so the
     profile pins that floor (it changes nothing at ρ = 1)."""
-    teacher = load_recipe(SQUAD_RECIPE, "teacher")
+    teacher = load_recipe(TEACHER_RECIPE, "teacher")
     assert teacher.retention.min_kept_tokens == 16 and teacher.rho.low == teacher.rho.high == 1.0
 
 

@@ -267,18 +267,18 @@ def test_a_task_added_in_a_test_trains_exports_evaluates_and_is_served(
     with pytest.raises(SystemExit, match="lerned"):
         training_main(["evaluate", str(run_dir), "--out", str(out), "--methods", "lerned"])
 
-    # Serve: the real app loads the model; the engine answers through the task's registered codec.
+    # Serve: the real app loads the model; the model server answers through the task's registered codec.
     texts = ["stone walls", "a cloud"]
     with running(settings_for(models_dir)) as (app, client):
         listed = client.get("/models").json()["models"]
         assert [(m["name"], m["task"], m["labels"]) for m in listed] == [(recipe.name, TASK, list(LABELS))]
-        engine = app.state.engine
-        served = engine.get(recipe.name)
+        server = app.state.server
+        served = server.get(recipe.name)
         encoded = [served.codec.encode(text) for text in texts]
         rows = [row for item in encoded for row in item.rows]
         deadline = time.monotonic() + 30
         assert client.portal is not None  # the app's event loop, running while the client is open
-        result = client.portal.call(engine.infer, served, rows, 1.0, deadline)
+        result = client.portal.call(server.infer, served, rows, 1.0, deadline)
         labels = [
             served.codec.decode(item, [output])["label"]
             for item, output in zip(encoded, result.outputs, strict=True)

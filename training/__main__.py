@@ -102,8 +102,9 @@ def export_run(
     run_dir: Path, out_dir: Path, int8: bool, quality: bool, min_kept_tokens: int | None = None
 ) -> None:
     from retention_core.contract import INT8_MODEL_FILE, Manifest
-    from training.export import export_model, measure_speed
+    from training.export import export_model
     from training.fit import load_run, with_min_kept_tokens
+    from training.speed import measure_speed
 
     model, recipe, tokenizer = load_run(run_dir)
     recipe = with_min_kept_tokens(model, recipe, min_kept_tokens)

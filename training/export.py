@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,10 +30,8 @@ import torch
 from torch import nn
 
 from retention_core import contract as C
-from retention_core.machine import describe
 from retention_core.onnx import open_session
-from retention_core.tasks import task_spec
-from training import retention as R
+from retention_core.tasks import TaskSpec
 from training.model import RetentionModel
 from training.recipes import Recipe
 
@@ -87,78 +84,43 @@ class RetentionGraph(nn.Module):
         return out.logits, out.kept_counts, out.survival_depth
 
 
-class DenseClassificationGraph(nn.Module):
-    """The same weights without any pruning: (input_ids, attention_mask) → logits. The speed baseline."""
-
-    def __init__(self, model: RetentionModel) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        backbone = self.model.backbone
-        hidden = backbone.embed(input_ids)  # (B, T, d)
-        key_bias = R.attention_bias(attention_mask.bool(), hidden.dtype)  # (B, 1, 1, T)
-        for layer in backbone.views:
-            hidden = layer(hidden, key_bias)
-        return self.model.head(hidden[:, 0])
-
-
-def export_dense_onnx(model: RetentionModel, path: Path) -> None:
-    """Dense baseline graph with dynamic batch and sequence axes."""
-    example = _example_inputs(
-        batch=2, length=8, vocab_size=model.backbone.info_vocab_size, rhos=(1.0,), seed=0
-    )
-    axes = {"batch": 0, "sequence": 1}
-    with torch.no_grad():
-        torch.onnx.export(
-            DenseClassificationGraph(model.eval()).eval(),
-            (example["input_ids"], example["attention_mask"]),
-            str(path),
-            input_names=["input_ids", "attention_mask"],
-            output_names=["logits"],
-            dynamic_axes={
-                "input_ids": {axes["batch"]: "batch", axes["sequence"]: "sequence"},
-                "attention_mask": {axes["batch"]: "batch", axes["sequence"]: "sequence"},
-                "logits": {axes["batch"]: "batch"},
-            },
-            opset_version=OPSET,
-            dynamo=False,
-        )
-
-
-def graph_for(model: RetentionModel) -> nn.Module:
+def graph_for(model: RetentionModel) -> RetentionGraph:
+    """The graph of the model's task (``model.spec``, the registry entry it was built from)."""
     # eval() on the wrapper: the exporter restores the wrapper's mode on every child afterwards.
-    return RetentionGraph(model, [spec.name for spec in task_spec(model.task).inputs]).eval()
+    return RetentionGraph(model, [spec.name for spec in model.spec.inputs]).eval()
 
 
-def dynamic_axes(task: str) -> dict[str, dict[int, str]]:
-    specs = (*task_spec(task).inputs, *task_spec(task).exported_outputs)
+def dynamic_axes(task: TaskSpec) -> dict[str, dict[int, str]]:
+    """The named (non-numeric) axes of the task's graph inputs and exported outputs, per tensor."""
+    specs = (*task.inputs, *task.exported_outputs)
     return {spec.name: {i: axis for i, axis in enumerate(spec.axes) if not axis.isdigit()} for spec in specs}
 
 
 def export_onnx(model: RetentionModel, path: Path, vocab_size: int) -> None:
     """Trace with the TorchScript exporter (keeps the data-dependent TopK k as a tensor)."""
     model = model.eval()
-    inputs = task_spec(model.task).inputs
-    outputs = task_spec(model.task).exported_outputs
-    example = _example_inputs(batch=2, length=8, vocab_size=vocab_size, rhos=(0.5, 1.0), seed=0)
+    task = model.spec
+    example = example_inputs(batch=2, length=8, vocab_size=vocab_size, rhos=(0.5, 1.0), seed=0)
     with torch.no_grad():
         torch.onnx.export(
             graph_for(model),
-            tuple(example[spec.name] for spec in inputs),
+            tuple(example[spec.name] for spec in task.inputs),
             str(path),
-            input_names=[spec.name for spec in inputs],
-            output_names=[spec.name for spec in outputs],
-            dynamic_axes=dynamic_axes(model.task),
+            input_names=[spec.name for spec in task.inputs],
+            output_names=[spec.name for spec in task.exported_outputs],
+            dynamic_axes=dynamic_axes(task),
             opset_version=OPSET,
             dynamo=False,
         )
 
 
-def _example_inputs(
+def example_inputs(
     batch: int, length: int, vocab_size: int, rhos: Sequence[float], seed: int
 ) -> dict[str, torch.Tensor]:
-    """Ragged right-padded inputs: row i has length - i·stride real tokens (at least 2)."""
+    """Ragged right-padded inputs: row i has length - i·stride real tokens (at least 2). Every graph
+    input any task declares, by name; a task's graph takes the ones its ``TaskSpec.inputs`` names. The
+    trace, the validation grid, the speed rows (``training.speed``) and the dense baseline
+    (``training.dense_graph``) all start from these."""
     generator = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(5, vocab_size, (batch, length), generator=generator)  # (B, T)
     attention_mask = torch.ones(batch, length, dtype=torch.long)  # (B, T)
@@ -194,11 +156,10 @@ def validate_onnx(model: RetentionModel, onnx_path: Path, vocab_size: int) -> Pa
     worst, cases = 0.0, 0
     rho_sets = [(rho,) for rho in VALIDATION_RHOS] + [VALIDATION_RHOS]  # uniform and mixed budgets
     for batch, length, rhos in itertools.product(VALIDATION_BATCH_SIZES, VALIDATION_LENGTHS, rho_sets):
-        example = _example_inputs(batch, length, vocab_size, rhos, seed=VALIDATION_SEED + cases)
-        names = [spec.name for spec in task_spec(model.task).inputs]
+        example = example_inputs(batch, length, vocab_size, rhos, seed=VALIDATION_SEED + cases)
         with torch.no_grad():
-            expected = graph(*(example[name] for name in names))
-        feeds = {name: example[name].numpy() for name in names}
+            expected = graph(*(example[name] for name in graph.input_names))
+        feeds = {name: example[name].numpy() for name in graph.input_names}
         logits, counts, depth = session.run(None, feeds)
         where = f"batch={batch} length={length} rho={rhos}"
         _check_exact("kept counts", counts, expected[1], where)
@@ -216,51 +177,6 @@ def _check_exact(what: str, onnx_value: np.ndarray, torch_value: torch.Tensor, w
         raise ExportValidationError(
             f"{what} differ at {where}: onnx={onnx_value.tolist()} torch={torch_value.tolist()}"
         )
-
-
-SPEED_RHOS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-SPEED_BATCH = 8
-SPEED_MAX_LENGTH = 256  # rows of min(max_length, this) real tokens
-SPEED_REPEATS = 7
-SPEED_THREADS = 1  # one intra-op thread: the steadiest timing on a machine that also runs other work
-
-
-def speed_feeds(manifest: C.Manifest, vocab_size: int, rho: float) -> dict[str, np.ndarray]:
-    """One batch of full-length rows (no padding) at ``rho``, with the task's inputs (QA: a protected
-    question third)."""
-    length = min(manifest.max_length, SPEED_MAX_LENGTH)
-    example = _example_inputs(SPEED_BATCH, length, vocab_size, (rho,), seed=VALIDATION_SEED)
-    example["attention_mask"] = torch.ones_like(example["attention_mask"])
-    example["input_ids"] = torch.randint(
-        5, vocab_size, (SPEED_BATCH, length), generator=torch.Generator().manual_seed(VALIDATION_SEED)
-    )
-    example["token_type_ids"] = example["token_type_ids"][:1].expand(SPEED_BATCH, -1).contiguous()
-    example["protected_mask"] = example["protected_mask"][:1].expand(SPEED_BATCH, -1).contiguous()
-    return {spec.name: example[spec.name].numpy() for spec in manifest.inputs}
-
-
-def measure_speed(onnx_path: Path, manifest: C.Manifest, vocab_size: int) -> C.SpeedCurve:
-    """The manifest's speed-vs-ρ curve: the median of ``SPEED_REPEATS`` timed runs per ρ, ρ values
-    interleaved within each repeat so a slow spell of the machine hits them all alike."""
-    session = open_session(onnx_path, intra_op_threads=SPEED_THREADS, inter_op_threads=1)
-    feeds = {rho: speed_feeds(manifest, vocab_size, rho) for rho in SPEED_RHOS}
-    for rho in SPEED_RHOS:  # warm-up: every shape the timed runs will see
-        session.run(None, feeds[rho])
-    seconds: dict[float, list[float]] = {rho: [] for rho in SPEED_RHOS}
-    for _ in range(SPEED_REPEATS):
-        for rho in SPEED_RHOS:
-            begin = time.perf_counter()
-            session.run(None, feeds[rho])
-            seconds[rho].append(time.perf_counter() - begin)
-    median = {rho: float(np.median(times)) for rho, times in seconds.items()}
-    return C.SpeedCurve(
-        runtime=f"onnxruntime {manifest.variants['fp32'].precision}, {SPEED_THREADS} intra-op thread",
-        batch_size=SPEED_BATCH,
-        sequence_length=min(manifest.max_length, SPEED_MAX_LENGTH),
-        repeats=SPEED_REPEATS,
-        machine=describe(),
-        points=[C.QualityPoint(rho=rho, value=round(median[1.0] / median[rho], 4)) for rho in SPEED_RHOS],
-    )
 
 
 def quantize_int8(source: Path, target: Path) -> None:
@@ -319,10 +235,11 @@ def build_manifest(
     quality: C.QualityCurve | None,
 ) -> C.Manifest:
     info = model.backbone.info
+    task = model.spec
     default_rho, default_rho_rule = C.choose_default_rho(quality)  # recipe.rho.default no longer decides
     return C.Manifest(
         name=name,
-        task=recipe.task,
+        task=task.name,
         labels=list(recipe.labels),
         backbone=C.Backbone(
             name_or_path=recipe.backbone,
@@ -344,8 +261,8 @@ def build_manifest(
             last_layer_queries=model.last_layer_queries,
         ),
         variants=variants,
-        inputs=list(task_spec(recipe.task).inputs),
-        outputs=list(task_spec(recipe.task).exported_outputs),
+        inputs=list(task.inputs),
+        outputs=list(task.exported_outputs),
         training={"recipe": json.loads(recipe.model_dump_json()), "dataset": recipe.dataset.name},
         quality=quality,
         embedding=embedding_info(model, recipe),
@@ -373,7 +290,14 @@ def export_model(
     ``measure`` runs on the staging directory before the swap, not on ``out_dir`` after it: a service
     hot-reloading ``out_dir`` must never load a model twice or read a manifest rewritten in place, and a
     crash while measuring must leave the previous model (or nothing), never a model without its curve.
+
+    The task is the model's (``model.spec``, resolved from the registry once, when the model was built):
+    graph, validation and manifest all read that one ``TaskSpec``, and the recipe must name the same task.
     """
+    if recipe.task != model.spec.name:
+        raise ValueError(
+            f"recipe {recipe.name!r} is for task {recipe.task!r}, the model for {model.spec.name!r}"
+        )
     model = model.eval()
     vocab_size = model.backbone.info_vocab_size
     out_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 Two forward passes share every parameter:
 
-- ``forward_soft`` (training): gates (``training.objective.SoftGates``) soft-mask the keys of every
+- ``forward_soft`` (training): gates (``training.gates.SoftGates``) soft-mask the keys of every
   layer with their running product, and report the expected number of surviving tokens per point
   for the Lagrangian budget.
 - ``forward_pruned`` (inference, export, evaluation): deterministic top-M per point; kept tokens are
@@ -26,7 +26,7 @@ from retention_core.contract import Pooling
 from retention_core.tasks import task_spec
 from training import retention as R
 from training.encoders import EncoderBackbone, LayerView
-from training.objective import SoftGates
+from training.gates import SoftGates
 
 # Selector: (point index, next layer, hidden (B,T,d), valid (B,T)) → scores (B, T).
 Selector = Callable[[int, LayerView, torch.Tensor, torch.Tensor], torch.Tensor]

@@ -1,7 +1,8 @@
 """The training objective in one object, built from a recipe: ``Objective.from_recipe(recipe)``.
 
-- ``SoftGates``: how the soft (training) pass opens its gates — the gate kind (Hard-Concrete, the
-  method; sigmoid, an ablation) and the per-row score shift that lets the budget set the counts.
+- ``SoftGates`` (``training.gates``, below the model that asks it): how the soft (training) pass opens
+  its gates — the gate kind (Hard-Concrete, the method; sigmoid, an ablation) and the per-row score
+  shift that lets the budget set the counts.
 - ``BudgetRule``: budget accounting — the ρ drawn per example, the Lagrangian term λ·gap and how λ
   moves (dual ascent, one- or two-sided, or frozen by the ``fixed_lambda`` ablation).
 - ``LossWeights``: the terms beyond the soft pass's task loss — the hard top-M pass, the dense pass and
@@ -15,78 +16,23 @@ The retention math itself (gates, shifts, schedule, λ) lives in ``training.rete
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 
 from training import retention as R
 from training.batch import Batch
-from training.recipes import Recipe, ScoreShift
+from training.embedding import dense_targets
+from training.gates import SoftGates
+from training.model import RetentionModel, SoftOutput
+from training.recipes import Recipe
+from training.tasks import TrainingTask, retrofit_task, training_task
 
-if TYPE_CHECKING:  # model and tasks import this module (forward_soft takes SoftGates)
-    from training.model import RetentionModel, SoftOutput
-    from training.tasks import TrainingTask
-
-GateKind = Literal["hard_concrete", "sigmoid"]
 # "dense_pass": the top-M pass learns from the same step's dense pass (in-place distillation);
 # "teacher": a retention stage (recipes.RetentionStageSpec) — the soft and top-M passes learn from the
 # dense pass of the run it starts from, computed first and without gradient.
 DistillTarget = Literal["dense_pass", "teacher"]
-# scores (B, T), candidate weights (B, T), rate (B,) → per-row shift (B, 1)
-ShiftFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-SHIFT_FUNCTIONS: dict[str, ShiftFunction] = {"quantile": R.quantile_shift, "calibrated": R.calibrated_shift}
-
-
-@dataclass(frozen=True)
-class SoftGates:
-    """The soft pass's gates: what ``RetentionModel.forward_soft`` asks at every pruning point."""
-
-    kind: GateKind = "hard_concrete"
-    score_shift: ScoreShift = "none"
-
-    @classmethod
-    def from_recipe(cls, recipe: Recipe) -> SoftGates:
-        return cls(recipe.retention.gates, recipe.retention.score_shift)
-
-    def keep_rates(
-        self, fractions: torch.Tensor, num_real: torch.Tensor, protected: torch.Tensor
-    ) -> torch.Tensor:
-        """(B, P) schedule → (B, P) conditional keep rate of the droppable tokens at every point.
-
-        The calibrated shift counts protected tokens against the budget like top-M inference; the
-        other shifts keep the recorded runs' accounting (a share of the droppable tokens equal to the
-        schedule)."""
-        if self.score_shift == "calibrated":
-            fractions = R.candidate_keep_fractions(fractions, num_real, protected.sum(1))
-        return R.conditional_keep_rates(fractions)
-
-    def shift(
-        self, scores: torch.Tensor, alive: torch.Tensor, protected: torch.Tensor, rate: torch.Tensor
-    ) -> torch.Tensor:
-        """Scores (B, T) shifted per row so that ``rate`` (B,) of the droppable soft survival ``alive``
-        (B, T) stays open; unchanged without a shift. Per row, so the top-M ranking is unchanged."""
-        if self.score_shift == "none":
-            return scores
-        candidates = torch.where(protected, torch.zeros_like(alive), alive)  # (B, T)
-        return scores - SHIFT_FUNCTIONS[self.score_shift](scores, candidates, rate)
-
-    def gate(
-        self,
-        distribution: R.HardConcrete,
-        log_alpha: torch.Tensor,
-        open_prob: torch.Tensor,
-        generator: torch.Generator | None,
-        training: bool,
-    ) -> torch.Tensor:
-        """Gate values (B, T) in [0, 1]: a Hard-Concrete sample in training, its noise-free value in
-        eval; the sigmoid ablation uses P(z > 0) itself (no noise, no exact zeros)."""
-        if self.kind == "sigmoid":
-            return open_prob
-        if training:
-            return distribution.sample(log_alpha, generator)
-        return distribution.deterministic(log_alpha)
 
 
 @dataclass(frozen=True)
@@ -199,8 +145,6 @@ class Objective:
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> Objective:
         """The recipe's objective; refuses terms its task cannot compute, or that would train nothing."""
-        from training.tasks import retrofit_task, training_task  # the registry imports the model → us
-
         # A retrofit trains the task's label-free variant (raises for a task that has none).
         task = retrofit_task(recipe.task) if recipe.retrofit is not None else training_task(recipe.task)
         weights = LossWeights.from_recipe(recipe)
@@ -283,8 +227,6 @@ class Objective:
         without gradient; None for in-place distillation."""
         if self.distill_target != "teacher":
             return None
-        from training.embedding import dense_targets  # the generic dense pass; embedding imports us
-
         with torch.no_grad():
             return dense_targets(teacher, batch)
 

@@ -244,7 +244,7 @@ def calibrated_shift(scores: torch.Tensor, weights: torch.Tensor, rate: torch.Te
     ``quantile_shift`` puts the rate-quantile token at P(z > 0) = rate, which meets the budget only
     when the scores are saturated. For moderate spreads the tokens above it keep more than those below
     give up when rate > 0.5 (+4 to +8 points at 0.818, the per-layer rate of ρ = 0.3 over six layers;
-    benchmarks/score_shift.py)
+    experiments/score_shift.py)
     and less when rate < 0.5, compounding over layers. The expected count is monotone in t, so a
     bisection finds the shift that keeps the budget in expectation. The ranking is unchanged.
     """

@@ -1,5 +1,4 @@
-"""HTTP layer: FastAPI app, routers, dependencies, schemas."""
+"""HTTP layer: FastAPI app (``service.api.app.create_app``), routers, dependencies, schemas.
 
-from service.api.app import create_app
-
-__all__ = ["create_app"]
+Written against ``service.serving`` only: nothing here but the composition root ``app`` imports
+onnxruntime or the modules that hold a session (``tests/test_layering.py``)."""

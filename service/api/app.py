@@ -23,9 +23,9 @@ from service.api.routers import admin, explorer, health, models, openai_compat
 from service.api.routers import metrics as metrics_router
 from service.api.routers.common import route_task
 from service.api.routers.tasks import task_router
-from service.engine import RetentionEngine
 from service.errors import PayloadTooLarge, install_error_handlers
 from service.metrics import Metrics, status_class
+from service.server import ModelServer
 from service.settings import Settings
 
 log = logging.getLogger("service")
@@ -57,11 +57,11 @@ class RequestMiddleware:
     ``service.api.early``), body size limit (413), the hold of every 429 (``service.api.refusal``),
     in-flight gauge, request count and latency (by endpoint and the task the route serves)."""
 
-    def __init__(self, app: ASGIApp, settings: Settings, metrics: Metrics, engine: RetentionEngine) -> None:
+    def __init__(self, app: ASGIApp, settings: Settings, metrics: Metrics, server: ModelServer) -> None:
         self.app = app
         self.settings = settings
         self.metrics = metrics
-        self.engine = engine
+        self.server = server
         self.tasks = task_paths()
         self.holds = RefusalHold(settings)
 
@@ -106,7 +106,7 @@ class RequestMiddleware:
         if not self.settings.early_refusal or not self.settings.admission_control:
             return False
         found = hint(scope, self.tasks, self.settings, arrival)
-        error = refusal(self.engine, found) if found is not None else None
+        error = refusal(self.server, found) if found is not None else None
         if error is None:
             return False
         self.metrics.rejections.labels(reason=error.reason).inc()
@@ -163,7 +163,7 @@ class RequestMiddleware:
         await send_error(send, str(scope.get("path", "")), PayloadTooLarge(message))
 
 
-def _install_sighup(engine: RetentionEngine) -> bool:
+def _install_sighup(server: ModelServer) -> bool:
     """SIGHUP reloads the models (as POST /admin/reload does, when mounted). Only possible when the loop
     runs in the main thread."""
     loop = asyncio.get_running_loop()
@@ -171,7 +171,7 @@ def _install_sighup(engine: RetentionEngine) -> bool:
 
     def on_hup() -> None:
         log.info("SIGHUP: reloading models")
-        task = loop.create_task(engine.reload())
+        task = loop.create_task(server.reload())
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
@@ -211,20 +211,20 @@ def mount_routers(app: FastAPI, settings: Settings) -> list[APIRouter]:
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     metrics = Metrics()
-    engine = RetentionEngine(settings, metrics)
+    server = ModelServer(settings, metrics)  # the composition root: the one place it is built
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async def first_load() -> None:
             try:
-                report = await engine.load_all()
+                report = await server.load_all()
                 log.info("models loaded: %s; errors: %s", report.loaded, report.errors)
             except Exception:
                 log.exception("initial model load failed")
-                engine.started = True
+                server.started = True
 
         load_task = asyncio.create_task(first_load())
-        sighup = _install_sighup(engine)
+        sighup = _install_sighup(server)
         try:
             yield
         finally:
@@ -232,7 +232,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 with contextlib.suppress(Exception):
                     asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             await load_task
-            await engine.close()
+            await server.close()
 
     app = FastAPI(
         title="Adaptive Retention",
@@ -242,7 +242,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = metrics
-    app.state.engine = engine
+    app.state.server = server
     install_error_handlers(app)
 
     mounted = mount_routers(app, settings)
@@ -272,5 +272,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "Retry-After",
             ],
         )
-    app.add_middleware(RequestMiddleware, settings=settings, metrics=metrics, engine=engine)
+    app.add_middleware(RequestMiddleware, settings=settings, metrics=metrics, server=server)
     return app

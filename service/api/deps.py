@@ -13,11 +13,10 @@ from fastapi import Depends, Header, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 
-from service.engine import Engine
 from service.errors import InvalidHeader, InvalidRequest, PayloadTooLarge, Unauthorized
 from service.metrics import Metrics
 from service.rho import DECIMAL, parse_rho
-from service.runtime import LoadedModel
+from service.serving import ServedModel, Server
 from service.settings import Settings
 
 # What the OpenAPI schema promises for rho parameters (parsed by ``service.rho.parse_rho``, which reads
@@ -40,9 +39,9 @@ async def get_settings(request: Request) -> Settings:
     return settings
 
 
-async def get_engine(request: Request) -> Engine:
-    engine: Engine = request.app.state.engine
-    return engine
+async def get_server(request: Request) -> Server:
+    server: Server = request.app.state.server
+    return server
 
 
 async def get_metrics(request: Request) -> Metrics:
@@ -51,7 +50,7 @@ async def get_metrics(request: Request) -> Metrics:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-EngineDep = Annotated[Engine, Depends(get_engine)]
+ServerDep = Annotated[Server, Depends(get_server)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 
@@ -97,7 +96,7 @@ async def query_options(
     ] = None,
     min_rho: Annotated[
         str | None,
-        Query(description="floor for rho=auto, in (0, 1]", json_schema_extra={"anyOf": [RHO_SCHEMA]}),
+        Query(description="rho=auto's lowest rho, in (0, 1]", json_schema_extra={"anyOf": [RHO_SCHEMA]}),
     ] = None,
     truncate: Annotated[
         bool | None, Query(description="false: 413 instead of truncating long inputs")
@@ -223,17 +222,17 @@ class InferenceContext:
 
     query: QueryOptions
     deadline: float  # time.monotonic()
-    engine: Engine
+    server: Server
     settings: Settings
     metrics: Metrics
     response: Response  # where the x-* headers go
     arrival: float = 0.0  # time.monotonic() the request arrived: rho=auto targets count from it
     latency_target_s: float | None = None  # the x-latency-target header (body and query win over it)
 
-    def model_for(self, task: str, named: str | None = None) -> LoadedModel:
+    def model_for(self, task: str, named: str | None = None) -> ServedModel:
         """The model ``named`` (a body field, which wins) or the query names, checked against ``task``;
         else the task's default."""
-        return self.engine.resolve(named or self.query.model, task)
+        return self.server.resolve(named or self.query.model, task)
 
     def check_items(self, count: int, param: str | None = None, limit: int | None = None) -> None:
         """413 past ``limit`` inputs (default: ``max_items``)."""
@@ -247,13 +246,13 @@ async def inference_context(
     query: QueryDep,
     deadline: DeadlineDep,
     target: LatencyTargetDep,
-    engine: EngineDep,
+    server: ServerDep,
     settings: SettingsDep,
     metrics: MetricsDep,
     response: Response,
 ) -> InferenceContext:
     arrival = float(getattr(request.state, "start", None) or time.monotonic())
-    return InferenceContext(query, deadline, engine, settings, metrics, response, arrival, target)
+    return InferenceContext(query, deadline, server, settings, metrics, response, arrival, target)
 
 
 InferenceDep = Annotated[InferenceContext, Depends(inference_context)]

@@ -1,4 +1,4 @@
-"""What the inference endpoints share: rho resolution, truncation policy, the engine call,
+"""What the inference endpoints share: rho resolution, truncation policy, the model server call,
 usage accounting, metrics and response headers."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from starlette.concurrency import run_in_threadpool
 from retention_core.codecs.base import Encoded
 from retention_core.explain import token_depths
 from retention_core.usage import Work, token_work
-from service.admission import REASON_DEFAULT, REASON_REQUESTED
 from service.api.deps import InferenceContext
 from service.api.schemas import ExplainedToken, Explanation, InferenceOptions, Usage
-from service.batcher import AutoBudget, JobResult
 from service.errors import InferenceFailed, InputTooLong, InvalidRequest
-from service.runtime import LoadedModel
+from service.scheduling.admission import REASON_DEFAULT, REASON_REQUESTED
+from service.scheduling.jobs import AutoBudget, JobResult
+from service.serving import ServedModel
 
 T = TypeVar("T")
 
@@ -47,7 +47,7 @@ class ExplainUnavailable(InvalidRequest):
     code = "explain_unavailable"
 
 
-def explain_requested(model: LoadedModel, body_value: bool | None, query_value: bool | None) -> bool:
+def explain_requested(model: ServedModel, body_value: bool | None, query_value: bool | None) -> bool:
     """Whether to explain (a body value wins over the query parameter); 422 when asked of a model whose
     graph has no survival depth (exported before it existed). Checked before any inference."""
     wanted = bool(body_value if body_value is not None else query_value)
@@ -59,7 +59,7 @@ def explain_requested(model: LoadedModel, body_value: bool | None, query_value: 
     return wanted
 
 
-def explanations(model: LoadedModel, encoded: list[Encoded], outcome: Outcome) -> list[Explanation]:
+def explanations(model: ServedModel, encoded: list[Encoded], outcome: Outcome) -> list[Explanation]:
     """Every input's token survival depths, mapped back to its text (``retention_core.explain``)."""
     if outcome.depths is None:  # explain_requested let it through, so the graph must have answered
         raise InferenceFailed()
@@ -104,10 +104,10 @@ def first_set(*values: float | None) -> float | None:
 @dataclass(frozen=True)
 class Budget:
     """The request's one rho decision (``decide``), made once from its query and body and read by early
-    shedding, the batcher and usage: a fixed rho, or rho=auto's floor, ceiling and due time."""
+    shedding, the batcher and usage: a fixed rho, or rho=auto's min_rho, max_rho and due time."""
 
     requested: float | str | None  # what the client asked: a number, "auto", None (the model's default)
-    rho: float  # fixed: what the graph gets; auto: the ceiling
+    rho: float  # fixed: what the graph gets; auto: its max_rho
     auto: AutoBudget | None = None
     target_s: float | None = None  # rho=auto: its latency target
 
@@ -120,7 +120,7 @@ class Budget:
         return self.auto is not None and self.auto.due < deadline
 
 
-def check_truncation(model: LoadedModel, encoded: list[Encoded], options: Options) -> None:
+def check_truncation(model: ServedModel, encoded: list[Encoded], options: Options) -> None:
     if options.truncate is False and any(item.truncated for item in encoded):
         longest = max(item.input_tokens for item in encoded if item.truncated)
         raise InputTooLong(
@@ -129,26 +129,26 @@ def check_truncation(model: LoadedModel, encoded: list[Encoded], options: Option
         )
 
 
-def decide(ctx: InferenceContext, model: LoadedModel, options: Options) -> Budget:
-    """A fixed rho (the client's, else the model's default), or rho=auto's floor, ceiling and due time:
+def decide(ctx: InferenceContext, model: ServedModel, options: Options) -> Budget:
+    """A fixed rho (the client's, else the model's default), or rho=auto's min_rho, max_rho and due time:
     its own target (capped by ``max_latency_target_s``) or the server's, counted from arrival."""
     requested = options.requested
     if requested == "auto":
         settings = ctx.settings
-        floor = options.min_rho if options.min_rho is not None else settings.auto_min_rho
-        ceiling = max(settings.auto_max_rho, floor)
+        min_rho = options.min_rho if options.min_rho is not None else settings.auto_min_rho
+        max_rho = max(settings.auto_max_rho, min_rho)
         target = settings.auto_latency_target_s
         if options.max_latency_ms is not None:
             target = min(options.max_latency_ms / 1000.0, settings.max_latency_target_s)
-        return Budget(requested, ceiling, AutoBudget(floor, ceiling, ctx.arrival + target), target)
+        return Budget(requested, max_rho, AutoBudget(min_rho, max_rho, ctx.arrival + target), target)
     rho = float(requested) if requested is not None else model.manifest.default_rho
     return Budget(requested, rho)
 
 
-def shed_early(ctx: InferenceContext, model: LoadedModel, budget: Budget) -> None:
+def shed_early(ctx: InferenceContext, model: ServedModel, budget: Budget) -> None:
     """Before tokenizing: 429 when the work already queued for ``model`` ends after this request's due
     time (its rho=auto target, else its deadline)."""
-    ctx.engine.shed_early(model, budget.due(ctx.deadline), budget.by_target(ctx.deadline))
+    ctx.server.shed_early(model, budget.due(ctx.deadline), budget.by_target(ctx.deadline))
 
 
 def per_item(encoded: list[Encoded], outputs: list[np.ndarray]) -> list[list[np.ndarray]]:
@@ -174,10 +174,10 @@ def usage_of(encoded: list[Encoded], budget: Budget, result: JobResult, work: Wo
         token_work_fraction=round(work.fraction, 6),
         rho_requested="auto" if requested == "auto" else (None if requested is None else float(requested)),
         rho_effective=rho,
-        min_rho=auto.floor if auto is not None else None,
+        min_rho=auto.min_rho if auto is not None else None,
         min_kept_tokens=work.min_kept_tokens,
         rows_at_floor=work.rows_at_floor,
-        degraded=auto is not None and rho < auto.ceiling,
+        degraded=auto is not None and rho < auto.max_rho,
         rho_reason=reason,
         latency_target_s=budget.target_s,
         truncated=any(item.truncated for item in encoded),
@@ -187,7 +187,7 @@ def usage_of(encoded: list[Encoded], budget: Budget, result: JobResult, work: Wo
 
 
 def record(
-    ctx: InferenceContext, endpoint: str, model: LoadedModel, usage: Usage, budget: Budget, work: Work
+    ctx: InferenceContext, endpoint: str, model: ServedModel, usage: Usage, budget: Budget, work: Work
 ) -> None:
     """Metrics of one served request (labelled with the model's task), and its x-* response headers."""
     metrics, name, task, rho = ctx.metrics, model.name, model.task, usage.rho_effective
@@ -213,7 +213,7 @@ def record(
 async def infer(
     ctx: InferenceContext,
     endpoint: str,
-    model: LoadedModel,
+    model: ServedModel,
     encoded: list[Encoded],
     options: Options,
     budget: Budget,
@@ -223,7 +223,7 @@ async def infer(
     rows = [row for item in encoded for row in item.rows]
     if not rows:
         raise InvalidRequest("the input produced no tokens")
-    result = await ctx.engine.infer(model, rows, budget.rho, ctx.deadline, budget.auto)
+    result = await ctx.server.infer(model, rows, budget.rho, ctx.deadline, budget.auto)
     work = token_work(model.manifest, [len(row) for row in rows], result.kept_counts)
     usage = usage_of(encoded, budget, result, work)
     record(ctx, endpoint, model, usage, budget, work)
@@ -235,7 +235,7 @@ async def infer(
 class Served:
     """One request served: its model, every input's rows and the graph's outputs for them."""
 
-    model: LoadedModel
+    model: ServedModel
     encoded: list[Encoded]
     outcome: Outcome
 
@@ -255,7 +255,7 @@ Encode = Callable[[], Awaitable[list[Encoded]]]
 
 
 async def run(
-    ctx: InferenceContext, endpoint: str, model: LoadedModel, body: InferenceOptions, encode: Encode
+    ctx: InferenceContext, endpoint: str, model: ServedModel, body: InferenceOptions, encode: Encode
 ) -> Served:
     """The pipeline of every inference route: the request's budget (decided once, here), early
     shedding, ``encode()`` (the route's inputs to codec rows), inference, usage, metrics and headers."""

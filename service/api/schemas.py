@@ -15,8 +15,8 @@ from pydantic import (
 )
 from pydantic_core import CoreSchema
 
-from service.admission import RhoReason
 from service.rho import parse_rho
+from service.scheduling.admission import RhoReason
 
 Rho = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
 RhoOrAuto = Rho | Literal["auto"]
@@ -237,11 +237,11 @@ class Usage(BaseModel):
         description="rows whose last layer kept exactly the floor, min(min_kept_tokens, real tokens): "
         "the floor, not rho, set how many of their tokens survived",
     )
-    degraded: bool = Field(description="rho=auto served below its ceiling to hold the latency target")
+    degraded: bool = Field(description="rho=auto served below its max_rho to hold the latency target")
     rho_reason: RhoReason = Field(
         default="requested",
         description="why rho_effective: the client's number, the model's default, or rho=auto at its "
-        "ceiling (idle), lowered for the queued work (backlog) or at min_rho (floor)",
+        "max_rho (idle), lowered for the queued work (backlog) or at min_rho (floor)",
     )
     latency_target_s: float | None = Field(
         default=None, description="rho=auto: the latency target it was served under"

@@ -191,8 +191,8 @@ def test_overload_is_shown_with_its_retry_time(browser: webdriver.Chrome, live: 
             )
         )
         holder.start()
-        engine = app.state.engine
-        wait_for(browser, lambda _: engine._in_flight == 1 or answers, "the slot to be taken")
+        server = app.state.server
+        wait_for(browser, lambda _: server._in_flight == 1 or answers, "the slot to be taken")
         assert not answers, answers[0].text
         run_and_wait(browser, browser.find_element(By.ID, "run").click)
     holder.join(timeout=60)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from benchmarks._http import free_port as free_port  # re-exported: the deploy tests take it from here
 from tests.deploy.stub_server import StubServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,12 +26,6 @@ def tool(name: str) -> str:
     if found is None:
         pytest.fail(f"{name} is not installed (see docs/deploy.md, 'Checks')")
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -11,16 +11,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from benchmarks._http import free_port, wait_ready
 from service.api.app import create_app
-from service.engine import RetentionEngine
+from service.server import ModelServer
 from service.settings import Settings
 from tests.tiny import build_tiny_model_dir
 
 TASKS = ("classification", "qa", "summarization", "embedding")
+SERVED_READY_S = 20.0  # an app in this process on tiny models
 
 
 @pytest.fixture(scope="session")
@@ -84,20 +87,16 @@ def wait_until(condition: Callable[[], bool], timeout: float = 20.0, what: str =
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def wait_ready(client: TestClient) -> None:
-    wait_until(lambda: client.get("/readyz").status_code == 200, what="/readyz")
-
-
-def engine_of(app: FastAPI) -> RetentionEngine:
-    engine: RetentionEngine = app.state.engine
-    return engine
+def server_of(app: FastAPI) -> ModelServer:
+    server: ModelServer = app.state.server
+    return server
 
 
 @contextmanager
 def running(settings: Settings) -> Iterator[tuple[FastAPI, TestClient]]:
     app = create_app(settings)
     with TestClient(app) as client:
-        wait_ready(client)
+        wait_ready(str(client.base_url), SERVED_READY_S, probe=lambda: client.get("/readyz"), name="the app")
         yield app, client
 
 
@@ -106,7 +105,7 @@ def blocked_inference(app: FastAPI, model: str) -> Iterator[threading.Event]:
     """Occupy the model's onnxruntime worker thread until the block exits: batches queue up behind it.
     (The real executor of the real batcher: nothing of ours is mocked.)"""
     release = threading.Event()
-    blocker = engine_of(app).batcher_of(model).executor.submit(release.wait, 30)
+    blocker = server_of(app).batcher_of(model).executor.submit(release.wait, 30)
     try:
         yield release
     finally:
@@ -129,29 +128,19 @@ def client(app_client: tuple[FastAPI, TestClient]) -> TestClient:
 def served(settings: Settings | None = None, app: Any = None, ready_path: str = "/readyz") -> Iterator[str]:
     """An app (ours from ``settings``, or any ASGI ``app``) behind a real uvicorn server on a free loopback
     port, in a thread. Yields the base URL."""
-    import socket
-
-    import httpx
     import uvicorn
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     application = app if app is not None else create_app(settings)
     config = uvicorn.Config(application, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{url}{ready_path}", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     try:
-        wait_until(ready, what="uvicorn ready")
+        wait_ready(
+            url, SERVED_READY_S, probe=lambda: httpx.get(f"{url}{ready_path}", timeout=2), name="uvicorn"
+        )
         yield url
     finally:
         server.should_exit = True

@@ -1,5 +1,5 @@
-"""The admission rule, the cost model and the batch-time rho controller (``service.admission``) on a fake
-clock: every function takes ``now``; nothing sleeps."""
+"""The admission rule, the cost model and the batch-time rho controller (``service.scheduling.admission``,
+``service.scheduling.cost``) on a fake clock: every function takes ``now``; nothing sleeps."""
 
 from __future__ import annotations
 
@@ -9,23 +9,25 @@ import random
 import pytest
 
 from retention_core.contract import Schedule
-from service.admission import (
+from service.scheduling.admission import (
     REASON_BACKLOG,
-    REASON_FLOOR,
     REASON_IDLE,
+    REASON_MIN_RHO,
     RHO_GRID,
-    ArrivalRate,
-    CostModel,
     Pending,
-    TailFactor,
     admit,
     choose_batch_rho,
     reason_for,
     rho_for,
     run_groups,
+    sustainable_rho,
+)
+from service.scheduling.cost import (
+    ArrivalRate,
+    CostModel,
+    TailFactor,
     runs_for,
     schedule_fraction,
-    sustainable_rho,
     tokens_through,
 )
 
@@ -106,11 +108,11 @@ def test_retry_after_is_the_drain_time_and_never_falls_as_the_backlog_grows() ->
     assert retries[0] == 1 and retries[-1] == math.ceil(waits[-1])
 
 
-def auto(tokens: int, due: float, floor: float = 0.1) -> Pending:
-    return Pending(tokens, floor, 1.0, due, auto=True)
+def auto(tokens: int, due: float, min_rho: float = 0.1) -> Pending:
+    return Pending(tokens, min_rho, 1.0, due, auto=True)
 
 
-def test_controller_serves_the_ceiling_when_the_queue_fits() -> None:
+def test_controller_serves_max_rho_when_the_queue_fits() -> None:
     model = trained()
     choice = choose_batch_rho(0.0, [auto(64, due=1.0)], [auto(64, due=1.0)] * 3, model, BUDGET)
     assert choice.candidate == 1.0 and not choice.lowered
@@ -131,22 +133,22 @@ def test_controller_lowers_rho_just_enough_for_the_queued_work() -> None:
     assert reason_for(batch[0], choice.candidate) == REASON_BACKLOG
 
 
-def test_controller_goes_to_the_floor_when_even_that_is_needed_and_never_below() -> None:
+def test_controller_goes_to_min_rho_when_even_that_is_needed_and_never_below() -> None:
     model = trained()
-    floor_time = model.seconds(256 * 4, 0.3, BUDGET)
-    batch = [auto(256, due=floor_time + 1e-4, floor=0.3)]
-    queued = [auto(256, due=floor_time + 1e-4, floor=0.3)] * 3
+    min_rho_time = model.seconds(256 * 4, 0.3, BUDGET)
+    batch = [auto(256, due=min_rho_time + 1e-4, min_rho=0.3)]
+    queued = [auto(256, due=min_rho_time + 1e-4, min_rho=0.3)] * 3
     choice = choose_batch_rho(0.0, batch, queued, model, BUDGET)
     assert choice.candidate == 0.3
-    assert reason_for(batch[0], rho_for(batch[0], choice.candidate)) == REASON_FLOOR
+    assert reason_for(batch[0], rho_for(batch[0], choice.candidate)) == REASON_MIN_RHO
 
 
-def test_a_job_already_lost_does_not_drag_the_others_to_the_floor() -> None:
+def test_a_job_already_lost_does_not_drag_the_others_to_min_rho() -> None:
     model = trained()
     hopeless = auto(64, due=-1.0)  # its target passed while it queued
     choice = choose_batch_rho(0.0, [auto(64, due=1.0)], [hopeless, auto(64, due=1.0)], model, BUDGET)
     assert choice.candidate == 1.0
-    # itself in the batch, it is served at its floor: the least late it can be
+    # itself in the batch, it is served at its min_rho: the least late it can be
     batch = [hopeless, auto(64, due=1.0)]
     assert choose_batch_rho(0.0, batch, [], model, BUDGET).rhos(batch) == [0.1, 1.0]
 
@@ -189,9 +191,9 @@ def test_overload_on_a_fake_clock_sheds_early_and_serves_the_admitted_in_time() 
         job = auto(tokens, due=now + target)
         running = max(0.0, busy_until - now)
         queued = len(queue) * tokens
-        wait = running + (model.seconds(queued, job.floor, BUDGET) if queue else 0.0)
+        wait = running + (model.seconds(queued, job.min_rho, BUDGET) if queue else 0.0)
         through = tokens_through(queued + tokens, BUDGET, fill=BUDGET)  # its run fills up behind it
-        own = running + model.seconds(through, job.floor, BUDGET) - wait
+        own = running + model.seconds(through, job.min_rho, BUDGET) - wait
         if admit(now, job.due, wait, own, idle=not queue and busy_until <= now).admit:
             queue.append((now, job))
         else:
@@ -224,7 +226,7 @@ def test_tail_factor_is_a_high_quantile_of_the_recent_overruns_and_never_below_o
     assert tail.value == 1.0  # one outlier in 20 is above the 90th percentile
     for _ in range(20):
         tail.observe(predicted_s=0.001, actual_s=10.0)
-    assert tail.value == tail.ceiling  # capped: a broken prediction must not refuse everything forever
+    assert tail.value == tail.cap  # capped: a broken prediction must not refuse everything forever
 
 
 def test_controller_lowers_rho_further_when_batches_overrun_their_predictions() -> None:
@@ -237,12 +239,12 @@ def test_controller_lowers_rho_further_when_batches_overrun_their_predictions() 
 
 
 def simulate_noisy_overload(
-    learn_tail: bool, seed: int = 1, overrun: float = 3.0, floor_while_shedding: bool = False
+    learn_tail: bool, seed: int = 1, overrun: float = 3.0, min_rho_while_shedding: bool = False
 ) -> tuple[int, int, int]:
     """Admission + controller against a machine whose batches overrun the cost model's prediction
     ``overrun``-fold one time in five (other processes on the same cores), arrivals at 3x the capacity
-    of rho=1. ``floor_while_shedding``: the batcher's rule (a refusal in the last second puts auto
-    batches at their floor). Returns (late, admitted, shed)."""
+    of rho=1. ``min_rho_while_shedding``: the batcher's rule (a refusal in the last second puts auto
+    batches at their min_rho). Returns (late, admitted, shed)."""
     model = trained()
     tail = TailFactor()
     rng = random.Random(seed)
@@ -260,7 +262,7 @@ def simulate_noisy_overload(
             taken = queue[: BUDGET // tokens]
             del queue[: len(taken)]
             batch = [job for _, job in taken]
-            shedding = floor_while_shedding and start - last_shed < 1.0
+            shedding = min_rho_while_shedding and start - last_shed < 1.0
             queued = [job for _, job in queue]
             choice = choose_batch_rho(start, batch, queued, model, BUDGET, factor, shedding)
             rhos = choice.rhos(batch)
@@ -273,9 +275,9 @@ def simulate_noisy_overload(
         job = auto(tokens, due=now + target)
         running = max(0.0, busy_until - now)
         queued = len(queue) * tokens
-        wait = running + (factor * model.seconds(queued, job.floor, BUDGET) if queue else 0.0)
+        wait = running + (factor * model.seconds(queued, job.min_rho, BUDGET) if queue else 0.0)
         through = tokens_through(queued + tokens, BUDGET, fill=BUDGET)
-        own = running + factor * model.seconds(through, job.floor, BUDGET) - wait
+        own = running + factor * model.seconds(through, job.min_rho, BUDGET) - wait
         if admit(now, job.due, wait, own, idle=not queue and busy_until <= now).admit:
             queue.append((now, job))
             admitted += 1
@@ -319,20 +321,20 @@ def test_controller_knows_lowering_rho_does_not_speed_up_rows_under_the_floor() 
     assert choice.lowered and not choice.lost
     short_jobs = [Pending(tokens, 0.1, 1.0, due, True, length=12) for _ in range(4)]
     choice = choose_batch_rho(0.0, short_jobs, [], model, BUDGET)
-    assert choice.lost == frozenset(range(4))  # no rho makes it: late at the floor as at rho=1
+    assert choice.lost == frozenset(range(4))  # no rho makes it: late at min_rho as at rho=1
 
 
-def test_while_requests_are_refused_auto_batches_run_at_their_floor_and_more_are_admitted() -> None:
+def test_while_requests_are_refused_auto_batches_run_at_min_rho_and_more_are_admitted() -> None:
     model = trained()
     batch, queued = [auto(64, due=1.0)], [auto(64, due=1.0)] * 2
     assert choose_batch_rho(0.0, batch, queued, model, BUDGET).candidate == 1.0  # the queue fits at 1
-    floored = choose_batch_rho(0.0, batch, queued, model, BUDGET, shedding=True)
-    assert floored.rhos(batch) == [0.1] and reason_for(batch[0], 0.1) == REASON_FLOOR
+    lowest = choose_batch_rho(0.0, batch, queued, model, BUDGET, shedding=True)
+    assert lowest.rhos(batch) == [0.1] and reason_for(batch[0], 0.1) == REASON_MIN_RHO
     # 3x overload on the noisy machine, tail learned: degrading before shedding admits more, fewer late
     late_greedy, admitted_greedy, _ = simulate_noisy_overload(learn_tail=True)
-    late_floor, admitted_floor, _ = simulate_noisy_overload(learn_tail=True, floor_while_shedding=True)
-    assert admitted_floor > 1.1 * admitted_greedy
-    assert late_floor <= late_greedy
+    late_lowest, admitted_lowest, _ = simulate_noisy_overload(learn_tail=True, min_rho_while_shedding=True)
+    assert admitted_lowest > 1.1 * admitted_greedy
+    assert late_lowest <= late_greedy
 
 
 def test_arrival_rate_follows_a_steady_stream_and_decays_when_it_stops() -> None:
@@ -358,11 +360,11 @@ def test_sustainable_rho_is_the_highest_rho_the_arrival_rate_can_be_served_at() 
     assert sustainable_rho(1000.0, seconds) == RHO_GRID[-1]  # beyond any rho: the lowest
 
 
-def test_controller_never_goes_above_the_load_ceiling_nor_below_the_floor() -> None:
+def test_controller_never_goes_above_the_load_bound_nor_below_min_rho() -> None:
     model = trained()
     batch, queued = [auto(64, due=1.0)], [auto(64, due=1.0)] * 3
     assert choose_batch_rho(0.0, batch, queued, model, BUDGET).candidate == 1.0  # the queue alone fits
-    capped = choose_batch_rho(0.0, batch, queued, model, BUDGET, load_ceiling=0.4)
+    capped = choose_batch_rho(0.0, batch, queued, model, BUDGET, load_max_rho=0.4)
     assert capped.candidate == 0.4 and capped.lowered
-    floored = choose_batch_rho(0.0, [auto(64, due=1.0, floor=0.3)], [], model, BUDGET, load_ceiling=0.1)
-    assert floored.candidate == 0.3
+    lowest = choose_batch_rho(0.0, [auto(64, due=1.0, min_rho=0.3)], [], model, BUDGET, load_max_rho=0.1)
+    assert lowest.candidate == 0.3

@@ -283,7 +283,7 @@ def test_not_ready_without_models(tmp_path: Path) -> None:
     with TestClient(app) as client:
         from tests.service.conftest import wait_until
 
-        wait_until(lambda: app.state.engine.started, what="first load")
+        wait_until(lambda: app.state.server.started, what="first load")
         assert client.get("/livez").status_code == 200
         ready = client.get("/readyz")
         assert ready.status_code == 503 and ready.json()["status"] == "no_models"

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.batcher import Batcher
-from tests.service.conftest import blocked_inference, engine_of, running, settings_for, wait_until
+from service.scheduling.batcher import Batcher
+from tests.service.conftest import blocked_inference, running, server_of, settings_for, wait_until
 
 TEXT = "auto budget under pressure"
 MODEL = "tiny-classification"
@@ -51,9 +51,9 @@ def slow_machine(batcher: Batcher, per_kept_token: float = 0.05) -> Callable[[fl
     Returns the taught cost of one 16-token row at a rho."""
     for tokens in (16, 32, 48, 64) * 50:
         for rho in (0.1, 0.5, 1.0):
-            kept = tokens * batcher.fraction(rho)
-            batcher.cost.observe(tokens, kept, 0.001 + per_kept_token * kept)
-    return lambda rho: batcher.cost.seconds(16, rho, batcher.settings.max_batch_tokens)
+            kept = tokens * batcher.costs.fraction(rho)
+            batcher.costs.cost.observe(tokens, kept, 0.001 + per_kept_token * kept)
+    return lambda rho: batcher.costs.cost.seconds(16, rho, batcher.settings.max_batch_tokens)
 
 
 def queue_holds(batcher: Batcher, count: int) -> Callable[[], bool]:
@@ -73,7 +73,7 @@ def post_in_background(
 
 def test_auto_rho_is_decided_when_the_batch_forms_from_the_work_then_queued(models_root: Path) -> None:
     with running(pressure_settings(models_root)) as (app, client), ThreadPoolExecutor(8) as pool:
-        batcher = engine_of(app).batcher_of(MODEL)
+        batcher = server_of(app).batcher_of(MODEL)
         cost = slow_machine(batcher)
         assert 6 * cost(0.1) < 2.0 < 6 * cost(1.0)  # the backlog fits the target only below rho=1
         with blocked_inference(app, MODEL):
@@ -102,7 +102,7 @@ def test_auto_rho_is_decided_when_the_batch_forms_from_the_work_then_queued(mode
 
 def test_backlog_is_refused_at_once_with_retry_after_growing_with_it(models_root: Path) -> None:
     with running(pressure_settings(models_root)) as (app, client), ThreadPoolExecutor(16) as pool:
-        batcher = engine_of(app).batcher_of(MODEL)
+        batcher = server_of(app).batcher_of(MODEL)
         slow_machine(batcher)
         waits: list[float] = []
         retries: list[int] = []
@@ -185,7 +185,7 @@ def test_latency_target_from_query_or_body_capped_by_the_server(models_root: Pat
 def test_max_concurrent_requests_caps_the_server_with_429(models_root: Path) -> None:
     settings = settings_for(models_root, max_concurrent_requests=2, retry_after_s=2, max_batch_wait_ms=0.0)
     with running(settings) as (app, client), ThreadPoolExecutor(2) as pool:
-        batcher = engine_of(app).batcher_of(MODEL)
+        batcher = server_of(app).batcher_of(MODEL)
         with blocked_inference(app, MODEL):
             held = [post_in_background(pool, client, "/classify?rho=1", {"text": TEXT})]
             wait_until(lambda: batcher.busy, what="the first request in a batch")
@@ -231,7 +231,7 @@ def test_controller_metrics_are_exported(client: TestClient) -> None:
 def test_sessions_open_and_serve_without_the_cpu_arena(models_root: Path) -> None:
     """RETENTION_CPU_MEM_ARENA=false (the overload benchmark's --no-arena) reaches onnxruntime."""
     with running(settings_for(models_root, cpu_mem_arena=False)) as (app, client):
-        session = engine_of(app).get(MODEL).session
+        session = server_of(app).get(MODEL).session
         assert session.get_session_options().enable_cpu_mem_arena is False
         assert client.post("/classify?rho=auto", json={"text": TEXT}).status_code == 200
 

@@ -14,11 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retention_core.codecs.base import Encoded
-from service.batcher import Batcher, JobResult, plan_runs
+from retention_core.codecs.base import Encoded, Row
 from service.metrics import Metrics
 from service.runtime import load_model
-from tests.service.conftest import blocked_inference, engine_of, running, settings_for, wait_until
+from service.scheduling.batcher import Batcher
+from service.scheduling.delivery import Delivery
+from service.scheduling.jobs import Job, JobResult, RowResult
+from service.scheduling.planner import plan_runs, shape_length
+from tests.service.conftest import blocked_inference, running, server_of, settings_for, wait_until
 
 TEXTS = [
     "short",
@@ -71,6 +74,37 @@ def test_plan_runs_is_optimal_among_cuts_of_the_sorted_rows() -> None:
             if all(len(run) == 1 or len(run) * max(lengths[i] for i in run) <= budget for run in plan):
                 best = min(best, padded_cost(plan, lengths, overhead))
         assert padded_cost(runs, lengths, overhead) == pytest.approx(best)
+
+
+def test_shape_length_rounds_up_to_the_multiple_but_not_past_max_length() -> None:
+    assert [shape_length(n, 8, 64) for n in (1, 8, 9, 60, 64)] == [8, 8, 16, 64, 64]
+    assert shape_length(61, 8, 62) == 62  # rounding would pass max_length: capped there
+    assert shape_length(70, 8, 64) == 70  # a row longer than max_length keeps its own length
+
+
+def test_delivery_answers_each_job_as_soon_as_the_runs_holding_its_rows_are_done() -> None:
+    """Two jobs, three rows, two runs: the first run holds the short job's row and one of the long
+    job's; the short job is answered then, the long one only with the second run."""
+
+    def row_result(row: int) -> RowResult:
+        return np.full(2, float(row)), np.array([row, row], dtype=np.int64), None
+
+    async def scenario() -> tuple[JobResult, JobResult, bool]:
+        loop = asyncio.get_running_loop()
+        short = Job([Row((1, 2))], 0.5, loop.create_future(), 1e9, enqueued=1.0)
+        long = Job([Row((1, 2, 3)), Row((1, 2, 3, 4))], 0.3, loop.create_future(), 1e9, enqueued=0.0)
+        delivery = Delivery([short, long], start=2.0)
+        delivery.add([(0, row_result(0)), (2, row_result(2))], 3.0)  # first run: rows 0 and 2
+        long_waited = short.future.done() and not long.future.done()
+        delivery.add([(1, row_result(1))], 5.0)
+        return short.future.result(), long.future.result(), long_waited
+
+    short, long, long_waited = asyncio.run(scenario())
+    assert long_waited
+    assert (short.queue_time, short.inference_time, short.rho) == (1.0, 1.0, 0.5)
+    assert (long.queue_time, long.inference_time, long.rho) == (2.0, 3.0, 0.3)
+    assert [output[0] for output in long.outputs] == [1.0, 2.0]  # its rows in their own order
+    assert long.kept_counts.tolist() == [[1, 1], [2, 2]] and long.depths is None
 
 
 @pytest.mark.parametrize("task", ["classification", "qa", "summarization", "embedding"])
@@ -136,7 +170,7 @@ def test_batched_equals_unbatched_over_http(models_root: Path) -> None:
 def test_queue_full_is_429_with_retry_after(models_root: Path) -> None:
     settings = settings_for(models_root, max_queue_requests=1, max_batch_wait_ms=0.0, retry_after_s=3)
     with running(settings) as (app, client), ThreadPoolExecutor(2) as pool:
-        batcher = engine_of(app).batcher_of("tiny-classification")
+        batcher = server_of(app).batcher_of("tiny-classification")
         with blocked_inference(app, "tiny-classification"):
             first = pool.submit(client.post, "/classify", json={"text": "first"})
             wait_until(lambda: batcher.busy, what="first request taken into a batch")
@@ -169,27 +203,27 @@ def test_deadline_is_504(models_root: Path) -> None:
 
 
 def test_shutdown_drains_in_flight_requests(models_root: Path) -> None:
-    """Requests queued when the engine closes (lifespan shutdown) still get their answer."""
-    from service.engine import RetentionEngine
+    """Requests queued when the model server closes (lifespan shutdown) still get their answer."""
+    from service.server import ModelServer
 
     async def scenario() -> list:
-        engine = RetentionEngine(settings_for(models_root), Metrics())
-        await engine.load_all()
-        model = engine.get("tiny-classification")
-        batcher = engine.batcher_of(model.name)
+        server = ModelServer(settings_for(models_root), Metrics())
+        await server.load_all()
+        model = server.get("tiny-classification")
+        batcher = server.batcher_of(model.name)
         release = threading.Event()
         blocker = batcher.executor.submit(release.wait, 30)
         deadline = time.monotonic() + 60
         rows = [model.codec.encode(text).rows for text in TEXTS[:3]]
-        jobs = [asyncio.create_task(engine.infer(model, rows[0], 0.5, deadline))]
+        jobs = [asyncio.create_task(server.infer(model, rows[0], 0.5, deadline))]
         while not batcher.busy:  # the first batch waits on the blocked onnxruntime thread
             await asyncio.sleep(0.005)
-        jobs += [asyncio.create_task(engine.infer(model, r, 0.5, deadline)) for r in rows[1:]]
+        jobs += [asyncio.create_task(server.infer(model, r, 0.5, deadline)) for r in rows[1:]]
         while len(batcher.queue) < 2:
             await asyncio.sleep(0.005)
-        closing = asyncio.create_task(engine.close())
+        closing = asyncio.create_task(server.close())
         await asyncio.sleep(0.05)
-        assert not engine.ready and not closing.done()
+        assert not server.ready and not closing.done()
         release.set()
         results = await asyncio.gather(*jobs)
         await closing
@@ -231,8 +265,9 @@ def test_a_batch_of_auto_requests_stops_at_a_share_of_their_latency_target(
     tiny_models: dict[str, Path],
 ) -> None:
     """Fifty queued requests: rho=auto ones are taken only up to BATCH_TARGET_SHARE of their target (at
-    their floor, by the cost model), fixed-rho ones up to the token budget."""
-    from service.batcher import BATCH_TARGET_SHARE, AutoBudget, Job
+    their min_rho, by the cost model), fixed-rho ones up to the token budget."""
+    from service.scheduling.batcher import BATCH_TARGET_SHARE
+    from service.scheduling.jobs import AutoBudget, Job
 
     settings = settings_for(tiny_models["classification"].parent, max_batch_tokens=8192)
     model = load_model(tiny_models["classification"], settings)
@@ -258,8 +293,8 @@ def test_a_batch_of_auto_requests_stops_at_a_share_of_their_latency_target(
 
     def seconds(jobs: list[Job]) -> float:
         tokens = sum(job.tokens for job in jobs)
-        return batcher._batch_seconds(
-            tokens, sum(job.tokens * batcher.fraction(0.1, job.length) for job in jobs)
+        return batcher.costs.tail_seconds(
+            tokens, sum(job.tokens * batcher.costs.fraction(0.1, job.length) for job in jobs)
         )
 
     assert len(auto_jobs) == 1 or seconds(auto_jobs) <= BATCH_TARGET_SHARE * target

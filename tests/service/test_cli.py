@@ -5,22 +5,16 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 
+from benchmarks._http import free_port
 from tests.service.conftest import copy_models, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_cli_serves_reloads_on_sighup_and_stops_on_sigterm(

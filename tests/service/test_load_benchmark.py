@@ -35,11 +35,8 @@ def test_quick_load_benchmark(models_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "load.json"
     baseline = build_app(str(tiny_hf_checkpoint(tmp_path / "hf")), "classification", 64, threads=1)
     with served(settings_for(models_root)) as url, served(app=baseline, ready_path="/livez") as baseline_url:
-        report = load.main(
-            [url, "--out", str(out), "--quick", "--requests", "6", "--baseline-url", baseline_url]
-        )
-    saved = json.loads(out.read_text())
-    assert saved == json.loads(json.dumps(report))
+        load.main([url, "--out", str(out), "--quick", "--requests", "6", "--baseline-url", baseline_url])
+    saved = json.loads(out.read_text())  # what the committed results are: the file, not the return value
     assert saved["machine"]["cores"] >= 1 and saved["command"].startswith("python -m benchmarks.load ")
     cells = saved["results"]
     service = [c for c in cells if c["target"] == "service"]

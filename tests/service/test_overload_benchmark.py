@@ -14,9 +14,8 @@ from benchmarks import overload
 def test_quick_overload_benchmark(models_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "overload.json"
     argv = ["--models-dir", str(models_root), "--out", str(out), "--quick", "--policies", "auto", "tei_cap"]
-    report = overload.main(argv)
-    saved = json.loads(out.read_text())
-    assert saved == json.loads(json.dumps(report))
+    overload.main(argv)
+    saved = json.loads(out.read_text())  # what the committed results are: the file, not the return value
     assert saved["command"].startswith("python -m benchmarks.overload ") and saved["machine"]["cores"] >= 1
     assert saved["capacity_rho1_rps"] > 0
     cells = saved["results"]

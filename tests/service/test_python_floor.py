@@ -1,8 +1,8 @@
 """The Python floor that pyproject.toml declares is one the service's code actually runs correctly on.
 
-``service/batcher.py`` catches the builtin ``TimeoutError`` around ``asyncio.wait_for``. Only from
-Python 3.11 on is ``asyncio.TimeoutError`` that builtin; on 3.10 a request past its deadline would
-escape as a 500 instead of a 504. ``tests/service/test_batching.py::test_deadline_is_504`` checks the
+``service/scheduling/batcher.py`` catches the builtin ``TimeoutError`` around ``asyncio.wait_for``.
+Only from Python 3.11 on is ``asyncio.TimeoutError`` that builtin; on 3.10 a request past its deadline
+would escape as a 500 instead of a 504. ``tests/service/test_batching.py::test_deadline_is_504`` checks the
 504 through the real app; this test keeps the declared floor (and the linters' targets) from drifting
 below the version that test assumes.
 """

@@ -16,9 +16,9 @@ from tests.service.conftest import (
     ADMIN_KEY,
     blocked_inference,
     copy_models,
-    engine_of,
     reload_models,
     running,
+    server_of,
     settings_for,
     wait_until,
 )
@@ -56,9 +56,9 @@ def test_reload_adds_replaces_and_removes(tiny_models: dict[str, Path], tmp_path
         assert client.post("/qa", json={"question": "q?", "context": "a context"}).status_code == 200
 
         touch(root / "tiny-classification")
-        old = engine_of(app).get("tiny-classification")
+        old = server_of(app).get("tiny-classification")
         assert reload_models(client)["loaded"] == ["tiny-classification"]
-        assert engine_of(app).get("tiny-classification") is not old
+        assert server_of(app).get("tiny-classification") is not old
 
         shutil.rmtree(root / "qa-model")
         assert reload_models(client)["removed"] == ["tiny-qa"]
@@ -93,7 +93,7 @@ def test_broken_model_dir_keeps_the_old_model_serving(tiny_models: dict[str, Pat
 def test_reload_does_not_drop_in_flight_requests(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     root = copy_models(tiny_models, tmp_path / "models", ("classification",))
     with running(settings_for(root, admin_api_key=ADMIN_KEY)) as (app, client), ThreadPoolExecutor(4) as pool:
-        old = engine_of(app).batcher_of("tiny-classification")
+        old = server_of(app).batcher_of("tiny-classification")
         with blocked_inference(app, "tiny-classification"):
             running_request = pool.submit(client.post, "/classify", json={"text": TEXT})
             wait_until(lambda: old.busy, what="request in a batch")
@@ -102,7 +102,7 @@ def test_reload_does_not_drop_in_flight_requests(tiny_models: dict[str, Path], t
             touch(root / "tiny-classification")
             report = reload_models(client)
             assert report["loaded"] == ["tiny-classification"]
-            new = engine_of(app).batcher_of("tiny-classification")
+            new = server_of(app).batcher_of("tiny-classification")
             assert new is not old and old.closing
             # the new model already serves while the old one still drains
             assert client.post("/classify", json={"text": "new"}).status_code == 200
@@ -198,14 +198,14 @@ def test_reload_interval_hot_loads_a_model_that_appears_after_start(
     appears after start is served without SIGHUP or the admin route, and the running model is kept."""
     root = copy_models(tiny_models, tmp_path / "models", ("embedding",))
     with running(settings_for(root, reload_interval_s=0.05)) as (app, client):
-        embedder = engine_of(app).get("tiny-embedding")
+        embedder = server_of(app).get("tiny-embedding")
         assert client.post("/classify", json={"text": TEXT}).status_code == 404
         # the exporter's way: a complete copy staged under a dot-name, then renamed into place
         staged = root / ".tiny-classification.staging-1"
         shutil.copytree(tiny_models["classification"], staged)
         staged.rename(root / "tiny-classification")
         wait_until(lambda: client.post("/classify", json={"text": TEXT}).status_code == 200, what="hot-load")
-        assert engine_of(app).get("tiny-embedding") is embedder  # unchanged: not reloaded
+        assert server_of(app).get("tiny-embedding") is embedder  # unchanged: not reloaded
         assert client.post("/embed", json={"text": TEXT}).status_code == 200
         assert "/admin/reload" not in client.get("/openapi.json").json()["paths"]
 

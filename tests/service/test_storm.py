@@ -22,8 +22,8 @@ from fastapi import FastAPI
 
 from service.api.app import create_app
 from service.api.refusal import RefusalHold
-from service.batcher import Batcher
-from tests.service.conftest import blocked_inference, engine_of, served, settings_for, wait_until
+from service.scheduling.batcher import Batcher
+from tests.service.conftest import blocked_inference, served, server_of, settings_for, wait_until
 
 MODEL = "tiny-classification"
 TEXT = "a storm of retries"
@@ -42,7 +42,7 @@ def live(models_root: Path, **overrides: Any) -> Iterator[tuple[FastAPI, str]]:
 @contextmanager
 def backlog(app: FastAPI, url: str, queued: int = 3, key: str | None = None) -> Iterator[Batcher]:
     """The model's worker blocked with ``queued`` requests waiting behind it (all served afterwards)."""
-    batcher = engine_of(app).batcher_of(MODEL)
+    batcher = server_of(app).batcher_of(MODEL)
     with ThreadPoolExecutor(queued + 1) as pool, blocked_inference(app, MODEL):
         waiting: list[Future[httpx.Response]] = []
         for count in range(queued + 1):

@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 CHECK = """
 import sys
-import service.__main__, service.api.app, service.engine, service.batcher, service.runtime
+import service.__main__, service.api.app, service.server, service.scheduling.batcher, service.runtime
 from service.api.app import create_app
 create_app()
 bad = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.") or m == "transformers"

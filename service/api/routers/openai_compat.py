@@ -20,18 +20,18 @@ from service.api.schemas import (
     OpenAIUsage,
 )
 from service.errors import UnsupportedValue
-from service.runtime import LoadedModel
+from service.serving import ServedModel
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=serving(EMBEDDING))
 
 
-def vector_size(model: LoadedModel) -> int:
+def vector_size(model: ServedModel) -> int:
     """The size of the model's vectors: the manifest's embedding record, else the encoder width."""
     info = model.manifest.embedding
     return info.dimensions if info is not None else model.manifest.backbone.hidden_size
 
 
-def check_dimensions(model: LoadedModel, dimensions: int | None) -> None:
+def check_dimensions(model: ServedModel, dimensions: int | None) -> None:
     """Vectors are served at the model's size; any other size is refused rather than truncated (vLLM
     does the same for models not trained for shorter vectors)."""
     size = vector_size(model)

@@ -1,6 +1,6 @@
 """Does training see the budget inference enforces? Expected kept fraction per pruning point.
 
-``python -m benchmarks.soft_budget runs/<name> --rhos 0.3 0.5 --out results/<name>/soft_budget.json``
+``python -m experiments.soft_budget runs/<name> --rhos 0.3 0.5 --out results/<name>/soft_budget.json``
 
 Runs the trained model's *soft* pass (the one training optimises; deterministic gates in eval mode)
 on validation examples at fixed ρ and reports, per pruning point, the expected fraction of real
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.cli import run_dir_main
+from experiments.cli import run_dir_main
 
 DEFAULT_EXAMPLES = 32
 DECIMALS = 4
@@ -25,7 +25,7 @@ def soft_budget(run_dir: Path, rhos: list[float], examples: int) -> dict[str, ob
     from benchmarks.machine import describe
     from training.data import EVAL_SEED, load_split, shuffled
     from training.fit import load_run
-    from training.objective import SoftGates
+    from training.gates import SoftGates
     from training.tasks import training_task
 
     model, recipe, tokenizer = load_run(run_dir)
@@ -68,7 +68,7 @@ def markdown(payload: dict[str, object]) -> str:
 def main(argv: list[str] | None = None) -> None:
     run_dir_main(
         argv,
-        module="benchmarks.soft_budget",
+        module="experiments.soft_budget",
         description=__doc__,
         count=("examples", DEFAULT_EXAMPLES),
         measure=soft_budget,

@@ -1,6 +1,6 @@
 """Does a score shift meet the budget? Expected kept share of the quantile and calibrated shifts.
 
-``python -m benchmarks.score_shift --out results/bench/score_shift.json``
+``python -m experiments.score_shift --out results/bench/score_shift.json``
 
 Draws Gaussian scores at several spreads (logits) and, for per-layer keep rates, shifts them with
 ``retention.quantile_shift`` (the rate-quantile token at P(z > 0) = rate) and with
@@ -79,11 +79,11 @@ def markdown(payload: dict[str, object]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.score_shift", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m experiments.score_shift", description=__doc__)
     parser.add_argument("--tokens", type=int, default=DEFAULT_TOKENS)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    publish(score_shift(args.tokens), markdown, args.out, "benchmarks.score_shift", argv)
+    publish(score_shift(args.tokens), markdown, args.out, "experiments.score_shift", argv)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Where does extractive QA lose quality under pruning: dropped answers or degraded states?
 
-``python -m benchmarks.answer_survival runs/<run> --questions 500 --out results/<name>/answer_survival.json``
+``python -m experiments.answer_survival runs/<run> --questions 500 --out results/<name>/answer_survival.json``
 
 For each selection method (the learned scorers, attention-received top-k, random-k) and ρ, runs
 the pruned pass over the SQuAD windows that contain the answer and reports, per pruning point, the
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.cli import run_dir_main
+from experiments.cli import run_dir_main
 
 DEFAULT_QUESTIONS = 500
 BATCH_WINDOWS = 32
@@ -173,7 +173,7 @@ def markdown(payload: dict[str, object]) -> str:
 def main(argv: list[str] | None = None) -> None:
     run_dir_main(
         argv,
-        module="benchmarks.answer_survival",
+        module="experiments.answer_survival",
         description=__doc__,
         count=("questions", DEFAULT_QUESTIONS),
         measure=answer_survival,

@@ -1,9 +1,9 @@
 """Kept-token floor (issue 20): a classification run's accuracy with and without the floor, paired.
 
-``python -m benchmarks.kept_token_floor accuracy runs/sst2-minilm-quick --split validation --floors 0 16
+``python -m experiments.kept_token_floor accuracy runs/sst2-minilm-quick --split validation --floors 0 16
 --rhos 0.2 0.3 0.5 1.0 --out results/sst2-minilm-quick-floor/floor.json``
 
-``python -m benchmarks.kept_token_floor work models/recipes/sst2.yaml --profile quick --split validation
+``python -m experiments.kept_token_floor work models/recipes/sst2.yaml --profile quick --split validation
 --out results/sst2-minilm-quick-floor/work.json``: what the floor costs, from the schedule alone (no
 trained model: the keep counts depend only on the lengths, ρ and the floor).
 
@@ -26,47 +26,13 @@ from typing import Any
 import numpy as np
 
 from benchmarks.cli import publish
+from benchmarks.paired import outcomes, paired
 
 DEFAULT_FLOORS = (0, 16)
 DEFAULT_RHOS = (0.2, 0.3, 0.5, 1.0)
 LEARNED = "learned"
 
 Payload = dict[str, Any]
-
-
-def outcomes(
-    model: Any,
-    sequences: list[list[int]],
-    labels: np.ndarray,
-    method: str,
-    rho: float,
-    batch_size: int,
-    pad: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per example: correct (N,) bool and the fraction of dense encoder token-work done (N,)."""
-    from training.classification import method_predictions
-
-    correct = np.zeros(len(sequences), dtype=bool)
-    work = np.zeros(len(sequences), dtype=np.float64)
-    for batch in method_predictions(model, sequences, method, rho, batch_size, pad):
-        correct[batch.indices] = np.asarray(batch.predictions) == labels[batch.indices]
-        work[batch.indices] = batch.token_work.numpy()
-    return correct, work
-
-
-def paired(correct: np.ndarray, reference: np.ndarray) -> dict[str, float | int]:
-    """Mean of correct − reference (percentage points) and its standard error over the same examples."""
-    from training.evaluation import paired_difference
-
-    stats = paired_difference(correct, reference)
-    diff = correct.astype(np.int8) - reference.astype(np.int8)  # (N,) in {-1, 0, 1}
-    return {
-        "examples": stats["examples"],
-        "accuracy_diff": 100.0 * stats["difference"],
-        "standard_error": 100.0 * stats["standard_error"],
-        "gained": int((diff > 0).sum()),
-        "lost": int((diff < 0).sum()),
-    }
 
 
 def at_equal_work(curve: list[tuple[float, float]], work: float) -> float | None:
@@ -294,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     from training.classification import DEFAULT_METHODS
 
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.kept_token_floor", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m experiments.kept_token_floor", description=__doc__)
     sub = parser.add_subparsers(dest="mode", required=True)
     accuracy = sub.add_parser("accuracy", help="a trained classification run, paired across floors")
     accuracy.add_argument("run_dir", type=Path)
@@ -315,10 +281,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--floors: at least two floors, each >= 0")
     if args.mode == "work":
         payload = schedule_work(args.recipe, args.profile, args.split, args.floors, args.rhos)
-        publish(payload, work_markdown, args.out, "benchmarks.kept_token_floor", argv)
+        publish(payload, work_markdown, args.out, "experiments.kept_token_floor", argv)
         return
     payload = measure(args.run_dir, args.split, args.floors, args.rhos, args.methods, args.limit)
-    publish(payload, markdown, args.out, "benchmarks.kept_token_floor", argv)
+    publish(payload, markdown, args.out, "experiments.kept_token_floor", argv)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,333 @@
+"""Dynamic micro-batching: one bounded queue and one worker per model, and the admission glue.
+
+Requests (jobs, ``service.scheduling.jobs``) carry one or more rows and one rho (rho is a per-row graph
+input, so requests with different budgets share a batch; a job's rho is spread over its rows only where
+the feed is built). The worker waits at most ``max_batch_wait_ms`` after the oldest job for the batch to
+fill up to ``max_batch_tokens``, then has its rows cut into ONNX runs (``service.scheduling.planner``),
+executed on the model's inference thread (``execution``) and each job answered as soon as its own rows
+are done (``delivery``).
+
+Under load (``service.scheduling.admission``): a request is admitted only when the work queued ahead of
+it, at the lowest rho each job may still get, leaves time for its own run before its due time (deadline,
+or for rho=auto its latency target); else 429 with a Retry-After of the predicted drain time. rho=auto
+jobs get their rho when their batch is formed, from the work then still queued. Every batch teaches the
+cost model (``learning``). Rows are padded to a multiple of ``pad_multiple`` so ORT sees few shapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import math
+import time
+from collections import deque
+
+from retention_core.codecs.base import Row
+from service.errors import DeadlineExceeded, InferenceFailed, Overloaded, QueueFull, ShuttingDown
+from service.metrics import Metrics
+from service.runtime import LoadedModel
+from service.scheduling.admission import Verdict, admit, choose_batch_rho, reason_for, sustainable_rho
+from service.scheduling.cost import tokens_through
+from service.scheduling.delivery import Delivery
+from service.scheduling.execution import execute, ort_thread
+from service.scheduling.jobs import AutoBudget, Job, JobResult, RowResult
+from service.scheduling.learning import ModelCosts
+from service.scheduling.planner import plan_runs, shape_length
+from service.settings import Settings
+
+log = logging.getLogger("service")
+
+PREDICTED_WAIT_HEADER = "x-predicted-wait"  # seconds, on a 429 from admission: Retry-After, unrounded
+# After admission refuses a request, rho=auto batches formed within this many seconds run at their
+# min_rho: while demand exceeds what the model serves, capacity goes to admitting, not to a higher rho.
+SHED_MEMORY_S = 1.0
+# rho=auto never runs a batch at a rho whose mean cost, at the recent arrival rate, would keep the model
+# busy more than this share of the time: above it the queue grows whatever it holds now (the start of a
+# flood, when the queue is still short, is where this matters).
+SUSTAINABLE_BUSY = 1.0
+# A batch holding rho=auto jobs is predicted (at their min_rho) to take at most this share of the
+# tightest latency target among them (``Batcher._take``).
+BATCH_TARGET_SHARE = 0.25
+
+
+class Batcher:
+    def __init__(self, model: LoadedModel, settings: Settings, metrics: Metrics) -> None:
+        self.model = model
+        self.settings = settings
+        self.metrics = metrics
+        self.queue: deque[Job] = deque()
+        self.queued_tokens = 0  # padded tokens of the queued jobs
+        self.queued_min_work = 0.0  # their kept token-work at the lowest rho each may get
+        self.busy = False
+        self.busy_until = 0.0  # predicted end of the running batch (time.monotonic()), tail-scaled
+        self.batch_predicted = 0.0  # the cost model's (mean) seconds for the running batch
+        self.recent_batch_tokens = 0.0  # EWMA of the padded tokens of the batches formed
+        self.closing = False
+        self.costs = ModelCosts(model, metrics, settings.max_batch_tokens)
+        self.last_shed = -math.inf  # time.monotonic() admission last refused a request (429)
+        self.executor = ort_thread(model.name)
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._depth = metrics.queue_depth.labels(model=model.name)
+        self._drain = metrics.predicted_drain.labels(model=model.name)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._worker(), name=f"batcher-{self.model.name}")
+
+    async def close(self, timeout: float) -> None:
+        """Stop taking jobs, finish the queued ones (up to ``timeout`` s), then stop the worker."""
+        self.closing = True
+        self._wakeup.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout)
+            except TimeoutError:
+                log.warning(
+                    "model %s: drain timed out, cancelling %d queued jobs", self.model.name, len(self.queue)
+                )
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+        for job in self.queue:
+            if not job.future.done() and not job.cancelled:
+                job.future.set_exception(ShuttingDown())
+        self.queue.clear()
+        self.executor.shutdown(wait=False)
+
+    @property
+    def pending(self) -> int:
+        return len(self.queue) + (1 if self.busy else 0)
+
+    # ------------------------------------------------------------------ client side
+    def shaped(self, rows: list[Row]) -> int:
+        """Padded tokens of ``rows`` as ORT will see them (each row at its shape length)."""
+        multiple, longest = self.settings.pad_multiple, self.model.manifest.max_length
+        return sum(shape_length(len(row), multiple, longest) for row in rows)
+
+    def drain_seconds(self, now: float) -> float:
+        """Predicted seconds until the running batch and the queue (each job at the lowest rho it may get)
+        are done."""
+        running = max(0.0, self.busy_until - now) if self.busy else 0.0
+        if not self.queued_tokens:
+            return running
+        return running + self.costs.tail_seconds(self.queued_tokens, self.queued_min_work)
+
+    def completion_seconds(self, now: float, tokens: int, min_rho: float, length: int = 0) -> float:
+        """Predicted seconds until a job of ``tokens`` queued now is done at ``min_rho``: the work ahead,
+        then its run, counted as full as recent batches (requests behind it join its run until it forms)."""
+        running = max(0.0, self.busy_until - now) if self.busy else 0.0
+        cumulative = self.queued_tokens + tokens
+        through = tokens_through(cumulative, self.settings.max_batch_tokens, self.recent_batch_tokens)
+        own = tokens * self.costs.fraction(min_rho, length)
+        work = (self.queued_min_work + own) * through / cumulative
+        return running + self.costs.tail_seconds(through, work)
+
+    async def submit(
+        self, rows: list[Row], rho: float, deadline: float, auto: AutoBudget | None = None
+    ) -> JobResult:
+        """Queue one request (``rho``: all its rows'; with ``auto`` its max_rho, the rho then chosen when
+        its batch is formed) and wait for its result. Raises ``Overloaded`` (429) when it is shed."""
+        if self.closing:
+            raise ShuttingDown()
+        now = time.monotonic()
+        self.costs.arrivals.observe(now)
+        if len(self.queue) >= self.settings.max_queue_requests:
+            self.last_shed = now
+            raise QueueFull(max(self.settings.retry_after_s, math.ceil(self.drain_seconds(now))))
+        job = Job(rows, rho, asyncio.get_running_loop().create_future(), deadline, auto)
+        job.tokens = self.shaped(rows)
+        job.length = round(sum(len(row) for row in rows) / len(rows)) if rows else 0
+        self._admit(job, now)
+        self.queue.append(job)
+        self._count(job, +1)
+        self._wakeup.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(job.future), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            job.cancelled = True
+            self._forget(job)
+            raise DeadlineExceeded() from None
+        except asyncio.CancelledError:  # client went away
+            job.cancelled = True
+            self._forget(job)
+            raise
+
+    def shed_early(self, now: float, due: float, by_target: bool) -> None:
+        """Before the request is even tokenized: refuse it (429) when the work already ahead of it ends
+        after its due time. Cheap, and it spares an overloaded process the tokenizing of requests it would
+        refuse anyway; ``_admit`` then checks the request's own run too."""
+        if not self.settings.admission_control or (not self.busy and not self.queue):
+            return
+        wait = self.drain_seconds(now)
+        if now + wait > due:
+            raise self._overloaded(admit(now, due, wait, 0.0, idle=False), wait, by_target)
+
+    def _overloaded(self, verdict: Verdict, wait: float, by_target: bool) -> Overloaded:
+        self.last_shed = time.monotonic()
+        error = Overloaded(
+            "over_target" if by_target else "over_deadline",
+            max(self.settings.retry_after_s, verdict.retry_after_s),
+            "server overloaded: predicted completion misses the "
+            + ("latency target" if by_target else "request deadline")
+            + ", retry later",
+        )
+        error.headers[PREDICTED_WAIT_HEADER] = f"{wait:.6f}"
+        return error
+
+    def _admit(self, job: Job, now: float) -> None:
+        """Refuse ``job`` (429) when the work ahead at its lowest rho leaves no time for its own run."""
+        wait = self.drain_seconds(now)
+        own = self.completion_seconds(now, job.tokens, job.min_rho, job.length) - wait
+        job.predicted_wait = wait
+        self.metrics.predicted_wait.labels(model=self.model.name, task=self.model.task).observe(wait)
+        self._drain.set(wait + own)
+        if not self.settings.admission_control:
+            return
+        idle = not self.busy and not self.queue
+        verdict = admit(now, job.due, wait, own, idle)
+        if verdict.admit:
+            return
+        raise self._overloaded(verdict, wait, by_target=job.auto is not None and job.auto.due < job.deadline)
+
+    def _count(self, job: Job, sign: int) -> None:
+        """Keep the queue's running sums (tokens, min_rho work, depth gauge) in step with its contents."""
+        self.queued_tokens += sign * job.tokens
+        self.queued_min_work += sign * job.tokens * self.costs.fraction(job.min_rho, job.length)
+        if not self.queue:  # no float drift left behind by an emptied queue
+            self.queued_tokens, self.queued_min_work = 0, 0.0
+        self._depth.set(len(self.queue))
+
+    def _forget(self, job: Job) -> None:
+        with contextlib.suppress(ValueError):
+            self.queue.remove(job)
+            self._count(job, -1)
+
+    # ------------------------------------------------------------------ worker side
+    async def _worker(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self.queue:
+                if self.closing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            wait = self.queue[0].enqueued + self.settings.max_batch_wait_ms / 1000.0 - time.monotonic()
+            if wait > 0 and self.queued_tokens < self.settings.max_batch_tokens and not self.closing:
+                await asyncio.sleep(wait)
+            jobs = self._take()
+            if not jobs:
+                continue
+            self._assign_rhos(jobs, time.monotonic())
+            self.busy = True
+            try:
+                await self._run(loop, jobs)
+            except Exception as exc:  # the worker must survive anything one batch does
+                self._fail(jobs, exc)
+            finally:
+                self.busy = False
+
+    def _fail(self, jobs: list[Job], exc: BaseException) -> None:
+        log.error("model %s: inference failed", self.model.name, exc_info=exc)
+        for job in jobs:
+            if not job.future.done() and not job.cancelled:
+                error = InferenceFailed()
+                error.__cause__ = exc
+                job.future.set_exception(error)
+
+    def _take(self) -> list[Job]:
+        """Pop jobs in arrival order up to the token budget (always at least one); drop expired ones.
+        A batch holding rho=auto jobs also stops where its predicted time at their min_rho would pass
+        ``BATCH_TARGET_SHARE`` of the tightest latency target among them: every job of a batch waits for
+        its own run, and the batch's runs go shortest first, so one long batch at min_rho (8,192 tokens
+        of reviews: ~0.3 s on one core) would make its oldest requests late by itself."""
+        jobs: list[Job] = []
+        tokens, min_work = 0, 0.0
+        limit_s = math.inf
+        now = time.monotonic()
+        while self.queue:
+            job = self.queue[0]
+            if job.cancelled or job.future.done() or job.deadline <= now:
+                self.queue.popleft()
+                self._count(job, -1)
+                continue
+            if jobs and tokens + job.tokens > self.settings.max_batch_tokens:
+                break
+            work = job.tokens * self.costs.fraction(job.min_rho, job.length)
+            if job.auto is not None:
+                limit_s = min(limit_s, BATCH_TARGET_SHARE * (job.auto.due - job.enqueued))
+            if jobs and self.costs.tail_seconds(tokens + job.tokens, min_work + work) > limit_s:
+                break
+            self.queue.popleft()
+            self._count(job, -1)
+            jobs.append(job)
+            tokens += job.tokens
+            min_work += work
+        return jobs
+
+    def _assign_rhos(self, jobs: list[Job], now: float) -> None:
+        """rho of the batch's auto jobs, from the work still queued behind it (``choose_batch_rho``);
+        then the batch's predicted end, which admission counts as work ahead."""
+        batch = [job.pending() for job in jobs]
+        costs = self.costs
+        if any(job.auto is not None for job in jobs):
+            queued = [job.pending() for job in self.queue if not job.cancelled]
+            shedding = now - self.last_shed < SHED_MEMORY_S
+            budget, factor = self.settings.max_batch_tokens, costs.tail.value
+            load_max_rho = self._load_max_rho(jobs, now)
+            choice = choose_batch_rho(now, batch, queued, costs.cost, budget, factor, shedding, load_max_rho)
+            for job, pending, rho in zip(jobs, batch, choice.rhos(batch), strict=True):
+                if job.auto is not None:
+                    job.rho = rho
+                    job.reason = reason_for(pending, rho)
+        tokens = sum(job.tokens for job in jobs)
+        self.recent_batch_tokens = 0.7 * self.recent_batch_tokens + 0.3 * tokens
+        work = sum(costs.fraction(job.rho, job.length) * job.tokens for job in jobs)
+        self.batch_predicted = costs.mean_seconds(tokens, work)
+        self.busy_until = now + costs.tail.value * self.batch_predicted
+        self._drain.set(self.drain_seconds(now))
+
+    def _load_max_rho(self, jobs: list[Job], now: float) -> float:
+        """The highest rho the recent arrival rate can be served at (``sustainable_rho``, the model busy at
+        most all of the time), a request costed like this batch's mean one at the cost model's mean (a
+        throughput condition, not a tail one; without the per-run cost a full batch shares)."""
+        tokens = sum(job.tokens for job in jobs) / len(jobs)
+        length = round(sum(job.length for job in jobs) / len(jobs))
+        cost, fraction = self.costs.cost, self.costs.fraction
+
+        def seconds(rho: float) -> float:
+            return cost.predict(0.0, tokens, tokens * fraction(rho, length))
+
+        return sustainable_rho(self.costs.arrivals.value(now), seconds, cap=SUSTAINABLE_BUSY)
+
+    async def _run(self, loop: asyncio.AbstractEventLoop, jobs: list[Job]) -> None:
+        rows = [row for job in jobs for row in job.rows]
+        rhos = [job.rho for job in jobs for _ in job.rows]  # the graph's rho input is per row
+        multiple, longest = self.settings.pad_multiple, self.model.manifest.max_length
+        lengths = [shape_length(len(row), multiple, longest) for row in rows]
+        runs = plan_runs(lengths, self.settings.max_batch_tokens, self.costs.run_overhead_tokens(rhos))
+        start = time.monotonic()
+        name = self.model.name
+        queue_duration = self.metrics.queue_duration.labels(model=name, task=self.model.task)
+        for job in jobs:
+            queue_duration.observe(start - job.enqueued)
+        delivery = Delivery(jobs, start)
+
+        def run_done(done: list[tuple[int, RowResult]], end: float) -> None:  # worker thread
+            loop.call_soon_threadsafe(delivery.add, done, end)
+
+        try:
+            # Each run's answers reach the loop before this await returns (call_soon_threadsafe is FIFO).
+            fraction = self.costs.fraction
+            work = functools.partial(execute, self.model, fraction, rows, rhos, lengths, runs, run_done)
+            stats = await loop.run_in_executor(self.executor, work)
+        except Exception as exc:
+            self._fail(jobs, exc)  # the jobs whose runs had not all finished
+            return
+        end = time.monotonic()
+        for run in stats:
+            self.metrics.record_run(name, run.rows, run.padded_tokens, run.seconds)
+        self.costs.learn(self.batch_predicted, end - start, stats)

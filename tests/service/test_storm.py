@@ -178,3 +178,37 @@ def test_embedding_requests_take_up_to_the_setting(models_root: Path, path: str,
         over = httpx.post(f"{url}{path}", json={field: ["a"] * 101}, timeout=30)
         assert over.status_code == 413 and "at most 100" in over.text
         assert httpx.post(f"{url}/classify", json={"texts": ["a"] * 5}).status_code == 413  # max_items
+
+
+def test_a_1000_input_openai_request_keeps_its_order_and_does_not_hold_a_small_one(models_root: Path) -> None:
+    """1,000 inputs through the real openai client come back as 1,000 vectors in input order; a
+    one-input request sent while the big one is being served is answered before it (interleaved: held
+    at most the batch that was running when it arrived)."""
+    import numpy as np
+    import openai
+
+    texts = [f"document number {i} " + "word " * (i % 7) for i in range(1000)]
+    settings = settings_for(models_root, max_batch_tokens=256, max_batch_wait_ms=0.0)
+    app = create_app(settings)
+    with served(app=app) as url, ThreadPoolExecutor(2) as pool:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+        model = "tiny-embedding"
+        batcher = server_of(app).batcher_of(model)
+        done: dict[str, float] = {}
+
+        def embed(name: str, inputs: list[str]) -> list[list[float]]:
+            response = client.embeddings.create(model=model, input=inputs, encoding_format="float")
+            done[name] = time.monotonic()
+            return [item.embedding for item in response.data]
+
+        with blocked_inference(app, model):
+            big = pool.submit(embed, "big", texts)
+            wait_until(lambda: batcher.busy and bool(batcher.queue), what="the big request's first slice")
+            small = pool.submit(embed, "small", [texts[500]])
+            wait_until(lambda: len(batcher.queue) == 2, what="the small request queued behind it")
+        vectors, alone = big.result(), small.result()
+        assert len(vectors) == 1000 and done["small"] < done["big"]
+        # in input order: each vector is that input's own (as a request of it alone gives)
+        for index in (0, 1, 499, 500, 998, 999):
+            np.testing.assert_allclose(vectors[index], embed("check", [texts[index]])[0], atol=1e-5)
+        np.testing.assert_allclose(alone[0], vectors[500], atol=1e-5)

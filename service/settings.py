@@ -34,6 +34,11 @@ class Settings(BaseSettings):
         default=True,
         description="onnxruntime's CPU memory arena (fast reuse; keeps its peak); false: plain allocations",
     )
+    ort_mem_pattern: bool = Field(
+        default=False,
+        description="onnxruntime's memory pattern: one allocation plan kept per input shape seen; off, "
+        "since batches come in many shapes (rows x padded length)",
+    )
     warmup: bool = True
     reload_interval_s: float = Field(
         default=0.0,

@@ -19,7 +19,7 @@ from service.errors import ServiceError, error_payload
 from service.settings import Settings
 
 
-async def send_error(send: Send, path: str, error: ServiceError, close: bool = False) -> None:
+async def send_error(send: Send, path: str, error: ServiceError) -> None:
     """``error`` as a complete JSON response (its status, code, message and headers)."""
     body = error_payload(path, error.status, error.code, error.message, param=error.param)
     payload = json.dumps(body).encode()
@@ -28,8 +28,6 @@ async def send_error(send: Send, path: str, error: ServiceError, close: bool = F
         (b"content-length", str(len(payload)).encode()),
         *((name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in error.headers.items()),
     ]
-    if close:
-        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
 

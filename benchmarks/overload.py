@@ -50,6 +50,7 @@ from benchmarks._http import free_port, wait_ready
 from benchmarks.load import make_texts, percentile
 from benchmarks.machine import write_result
 from retention_core.machine import describe
+from service.settings import Settings
 
 LOCUSTFILE = Path(__file__).with_name("overload_locust.py")
 MULTIPLES = (0.5, 1.0, 2.0, 5.0, 10.0)
@@ -345,6 +346,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "tei_max_concurrent": args.tei_max_concurrent,
         "texts": {"count": args.texts, "min_words": args.min_words, "max_words": args.max_words},
         "clients": args.clients,
+        "auto_latency_target_s": float(extra.get("RETENTION_AUTO_LATENCY_TARGET_S", DEFAULT_TARGET_S)),
         "retry_delay_s": args.retry_delay,
         "give_up_s": args.give_up_s,
         "server_env": args.server_env,
@@ -453,6 +455,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     if report.get("rounds", 1) > 1:
         lines += ["", *rounds_table(report["results"])]
+    if {"polite", "impolite"} <= set(report.get("clients", [])):
+        lines += ["", *impolite_targets(report, report.get("auto_latency_target_s", DEFAULT_TARGET_S))]
     for s in report["soak"]:
         lines += [
             "",
@@ -461,6 +465,45 @@ def markdown(report: dict[str, Any]) -> str:
             f"peak {s['rss_peak_mib']:.0f} MiB",
         ]
     return "\n".join(lines) + "\n"
+
+
+# Issue 36's targets for clients that ignore Retry-After: rho=auto keeps this share of its goodput with
+# polite clients at the same offered load, and its accepted p99 within this multiple of its target.
+IMPOLITE_GOODPUT_SHARE = 0.8
+DEFAULT_TARGET_S: float = Settings.model_fields["auto_latency_target_s"].default
+P99_TARGET_MULTIPLE = 2.0
+
+
+def impolite_targets(report: dict[str, Any], target_s: float) -> list[str]:
+    """Per offered load: rho=auto with impolite clients against the targets (goodput vs polite clients
+    and vs fixed rho = min_rho, accepted p99 vs ``target_s``, zero 5xx), as markdown lines."""
+    cells = {(c["policy"], c["multiple"], c.get("clients", "none")): c for c in report["results"]}
+    lines = [
+        f"Targets with impolite clients (rho=auto, latency target {1000 * target_s:.0f} ms):",
+        "",
+        "| x capacity | auto goodput impolite / polite | ≥ 80%? | rho_min goodput impolite |"
+        " auto ≥ rho_min? | auto p99 ms | ≤ 2× target? | 5xx (all policies) |",
+        "|---:|---:|---|---:|---|---:|---|---:|",
+    ]
+    for multiple in sorted({c["multiple"] for c in report["results"]}):
+        rude, polite = cells.get(("auto", multiple, "impolite")), cells.get(("auto", multiple, "polite"))
+        floor = cells.get(("rho_min", multiple, "impolite"))
+        if rude is None or polite is None:
+            continue
+        share = rude["goodput_rps"] / polite["goodput_rps"] if polite["goodput_rps"] else 0.0
+        p99 = rude["p99_ms"]
+        errors = sum(c["server_errors"] for c in report["results"] if c["multiple"] == multiple)
+        floor_goodput = floor["goodput_rps"] if floor is not None else None
+        beats = (
+            "-" if floor_goodput is None else ("yes" if rude["goodput_rps"] >= floor_goodput else "**no**")
+        )
+        in_target = p99 is not None and p99 <= P99_TARGET_MULTIPLE * 1000 * target_s
+        lines.append(
+            f"| {multiple:g} | {rude['goodput_rps']:.1f} / {polite['goodput_rps']:.1f} = {100 * share:.0f}% "
+            f"| {'yes' if share >= IMPOLITE_GOODPUT_SHARE else '**no**'} | {fmt(floor_goodput)} | {beats} "
+            f"| {fmt(p99, 0)} | {'yes' if in_target else '**no**'} | {errors} |"
+        )
+    return lines
 
 
 def across_rounds(results: list[dict[str, Any]]) -> list[dict[str, Any]]:

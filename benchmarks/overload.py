@@ -116,6 +116,7 @@ class Cell:
     send_lag_p99_ms: float | None = None  # how late the generator sent (scheduled -> sent)
     # Where the accepted requests' time went: in the batcher (queue + inference, the part admission
     # predicts) and outside it (client, HTTP, tokenizing, decoding): latency minus the batcher's part.
+    loadavg_1m: float | None = None  # the machine's 1-minute load average as the cell ended (shared cores)
     batcher_p50_ms: float | None = None
     batcher_p99_ms: float | None = None
     outside_p50_ms: float | None = None
@@ -325,6 +326,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         )
                         records = drive(url, path, load, bodies, args.grace, workdir, args.client_cpus)
                     summarize(cell, records)
+                    cell.loadavg_1m = os.getloadavg()[0]
                     cell.rss_peak_mib = max(rss.samples)
                     cell.rss_end_mib = rss.samples[-1]
                     cell.idle_after_p50_ms = idle_latency_ms(url, path, {"text": texts[0]})

@@ -88,7 +88,8 @@ class Settings(BaseSettings):
         default=4096, ge=0, description="429s held open at once; beyond, they are answered at once"
     )
     refusal_connection_close: bool = Field(
-        default=False, description="send 'Connection: close' with every 429 (measured: no help; off)"
+        default=False,
+        description="send 'Connection: close' with every 429 (measured once, loaded machine: unconfirmed)",
     )
     pad_multiple: int = Field(
         default=16,

@@ -26,6 +26,7 @@ from service.api.routers.tasks import task_router
 from service.errors import PayloadTooLarge, install_error_handlers
 from service.metrics import Metrics, status_class
 from service.server import ModelServer
+from service.serving import Server
 from service.settings import Settings
 
 log = logging.getLogger("service")
@@ -57,7 +58,7 @@ class RequestMiddleware:
     ``service.api.early``), body size limit (413), the hold of every 429 (``service.api.refusal``),
     in-flight gauge, request count and latency (by endpoint and the task the route serves)."""
 
-    def __init__(self, app: ASGIApp, settings: Settings, metrics: Metrics, server: ModelServer) -> None:
+    def __init__(self, app: ASGIApp, settings: Settings, metrics: Metrics, server: Server) -> None:
         self.app = app
         self.settings = settings
         self.metrics = metrics

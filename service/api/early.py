@@ -3,7 +3,7 @@
 Under a retry storm (clients that retry 50 ms after a 429 and ignore ``Retry-After``) the server spends
 its cores on refusals: reading and parsing bodies, resolving dependencies, building error responses.
 This decides the refusal from what the request line and headers say, in the ASGI middleware, before
-FastAPI reads a byte of the body: the same rule as the late path (``ModelServer.shed_early``: the work
+FastAPI reads a byte of the body: the same rule as the late path (``Server.shed_early``: the work
 already queued for the model ends after the request's due time, so even a minimal request of it
 would be late), the same 429 (``service.errors``). Only with a backlog (requests queued, not only a
 batch running): a request arriving as a batch finishes is left to the normal path, which sees the
@@ -27,7 +27,6 @@ is what the client sent before its body; sending both is contradictory).
 from __future__ import annotations
 
 import hmac
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import parse_qs
@@ -36,7 +35,7 @@ from starlette.types import Scope
 
 from service.api.deps import LATENCY_TARGET_HEADER, TIMEOUT_HEADER, positive_decimal
 from service.errors import Overloaded
-from service.server import ModelServer
+from service.serving import Server
 from service.settings import Settings
 
 OPENAI_EMBEDDINGS_PATH = "/v1/embeddings"
@@ -107,7 +106,7 @@ def hint(scope: Scope, tasks: Mapping[str, str], settings: Settings, arrival: fl
     return Hint(task, model, due, by_target=due < deadline)
 
 
-def refusal(server: ModelServer, found: Hint) -> Overloaded | None:
+def refusal(server: Server, found: Hint) -> Overloaded | None:
     """The 429 the request gets now, or None (it goes on to the normal path): refused only when every
     model it may reach has requests queued (a backlog, not only a batch that is finishing: its answers
     go out before the worker notices it is done) and would refuse even a minimal request of it."""
@@ -119,20 +118,18 @@ def refusal(server: ModelServer, found: Hint) -> Overloaded | None:
             if found.model
             else [model for model in server.models() if model.task == found.task]
         )
-        batchers = [server.batcher(model) for model in candidates if model.task == found.task]
-    except Exception:  # unknown model, or one unloaded meanwhile: the normal path says so
+    except Exception:  # unknown model: the normal path says so
         return None
-    if len(batchers) != len(candidates):
-        return None  # a model of another task: the normal path's 422
     first: Overloaded | None = None
-    now = time.monotonic()
-    for batcher in batchers:
-        if not batcher.queue:
-            return None
+    for model in candidates:
+        if model.task != found.task:
+            return None  # a model of another task: the normal path's 422
         try:
-            batcher.shed_early(now, found.due, found.by_target)
+            server.shed_before_body(model, found.due, found.by_target)
         except Overloaded as error:
             first = first or error
             continue
+        except Exception:  # unloaded meanwhile, or anything else: the normal path decides
+            return None
         return None  # this model would take it
     return first

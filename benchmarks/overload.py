@@ -13,6 +13,16 @@ probe at rho=1 (``--probe-concurrency`` clients). Then, per policy, one server: 
 the server recover?), the server's RSS sampled throughout. Per (policy, rate): goodput (200s/s), p50/p99
 of the accepted, shed ratio (429s), 5xx and connection errors, mean served rho, RSS. ``--soak-seconds``
 adds one long run per policy at ``--soak-multiple`` x capacity reporting RSS growth.
+
+``--clients`` picks what the clients do with a 429, one cell each: ``none`` (give up: pure open loop),
+``polite`` (wait the ``Retry-After``, send again) and ``impolite`` (send again ``--retry-delay`` s later,
+ignoring ``Retry-After``: the retry storm of hand-written loops, some SDK defaults, proxies). A
+retrying client gives up ``--give-up-s`` after its arrival. With retries, ``sent`` counts attempts and
+``attempts_rps`` is what the server had to answer per second.
+
+    python -m benchmarks.overload --models-dir models --task embedding --multiples 2 10 \
+        --clients polite impolite --client-cpus 1 --server-cpus 0 \
+        --out results/bench/overload-impolite/embedding.json
 """
 
 from __future__ import annotations
@@ -40,9 +50,12 @@ from benchmarks._http import free_port, wait_ready
 from benchmarks.load import make_texts, percentile
 from benchmarks.machine import write_result
 from retention_core.machine import describe
+from service.settings import Settings
 
 LOCUSTFILE = Path(__file__).with_name("overload_locust.py")
 MULTIPLES = (0.5, 1.0, 2.0, 5.0, 10.0)
+# --clients: what a client does with a 429 (benchmarks/overload_locust.py's OVERLOAD_RETRY)
+CLIENTS = ("none", "polite", "impolite")
 READY_TIMEOUT_S = 300.0  # a server loading its model on shared cores
 
 
@@ -76,6 +89,9 @@ class Cell:
     offered_rps: float
     seconds: float
     round: int = 0  # --rounds: every round runs every policy once more (a fresh server), interleaved
+    clients: str = "none"  # what its clients do with a 429 (CLIENTS)
+    arrivals: int = 0  # clients that arrived (first attempts)
+    attempts_rps: float = 0.0  # attempts (first sends and retries) per second of arrivals
     sent: int = 0
     ok: int = 0
     shed: int = 0  # 429
@@ -100,6 +116,7 @@ class Cell:
     send_lag_p99_ms: float | None = None  # how late the generator sent (scheduled -> sent)
     # Where the accepted requests' time went: in the batcher (queue + inference, the part admission
     # predicts) and outside it (client, HTTP, tokenizing, decoding): latency minus the batcher's part.
+    loadavg_1m: float | None = None  # the machine's 1-minute load average as the cell ended (shared cores)
     batcher_p50_ms: float | None = None
     batcher_p99_ms: float | None = None
     outside_p50_ms: float | None = None
@@ -173,12 +190,21 @@ class RssSampler:
 
 @dataclass(frozen=True)
 class Load:
-    """One locust run: ``open`` arrivals at ``rate``/s, or a ``closed`` loop of ``concurrency`` clients."""
+    """One locust run: ``open`` arrivals at ``rate``/s, or a ``closed`` loop of ``concurrency`` clients;
+    ``retry``: what a client does with a 429 (``none``, ``polite`` or seconds), giving up ``give_up_s``
+    after its arrival."""
 
     mode: str
     seconds: float
     rate: float = 0.0
     concurrency: int = 0
+    retry: str = "none"
+    give_up_s: float = 0.0
+
+
+def retry_mode(clients: str, delay: float) -> str:
+    """OVERLOAD_RETRY of a client population."""
+    return {"none": "none", "polite": "polite"}.get(clients, f"{delay:g}")
 
 
 def drive(
@@ -203,7 +229,10 @@ def drive(
         "OVERLOAD_OUT": str(out),
         "OVERLOAD_BODIES": str(bodies),
         "OVERLOAD_GRACE_S": str(grace),
+        "OVERLOAD_RETRY": load.retry,
+        "OVERLOAD_GIVE_UP_S": str(load.give_up_s),
     }
+    grace += load.give_up_s if load.retry != "none" else 0.0  # retries go on after the last arrival
     locust = Path(sys.executable).with_name("locust")
     command = [
         str(locust) if locust.exists() else "locust",
@@ -220,6 +249,8 @@ def drive(
 def summarize(cell: Cell, records: list[dict[str, Any]]) -> Cell:
     accepted = [r for r in records if r["status"] == 200]
     cell.sent = len(records)
+    cell.arrivals = sum("attempt" not in r for r in records)
+    cell.attempts_rps = cell.sent / cell.seconds
     cell.ok = len(accepted)
     cell.shed = sum(r["status"] == 429 for r in records)
     cell.server_errors = sum(r["status"] >= 500 for r in records)
@@ -266,6 +297,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     path_of = {"classification": "/classify", "embedding": "/embed"}
     endpoint = path_of[args.task]
     extra = {"RETENTION_DEFAULT_MODELS": json.dumps({args.task: args.model})} if args.model else {}
+    extra.update(dict(item.split("=", 1) for item in args.server_env))
     if not args.arena:
         extra["RETENTION_CPU_MEM_ARENA"] = "false"
     cells: list[Cell] = []
@@ -282,13 +314,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             path = f"{endpoint}?rho={policy.rho}"
             log = workdir / f"{policy.name}.log"
             with server(args.models_dir, policy, extra, log, args.server_cpus) as (url, pid):
-                for multiple in args.multiples:
-                    cell = Cell(policy.name, multiple, multiple * capacity, args.seconds, round_index)
+                for multiple, clients in itertools.product(args.multiples, args.clients):
+                    cell = Cell(
+                        policy.name, multiple, multiple * capacity, args.seconds, round_index, clients
+                    )
                     with RssSampler(pid) as rss:
                         cell.rss_start_mib = rss.mib()
-                        load = Load("open", args.seconds, rate=cell.offered_rps)
+                        retry = retry_mode(clients, args.retry_delay)
+                        load = Load(
+                            "open", args.seconds, cell.offered_rps, retry=retry, give_up_s=args.give_up_s
+                        )
                         records = drive(url, path, load, bodies, args.grace, workdir, args.client_cpus)
                     summarize(cell, records)
+                    cell.loadavg_1m = os.getloadavg()[0]
                     cell.rss_peak_mib = max(rss.samples)
                     cell.rss_end_mib = rss.samples[-1]
                     cell.idle_after_p50_ms = idle_latency_ms(url, path, {"text": texts[0]})
@@ -309,6 +347,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "arena": args.arena,
         "tei_max_concurrent": args.tei_max_concurrent,
         "texts": {"count": args.texts, "min_words": args.min_words, "max_words": args.max_words},
+        "clients": args.clients,
+        "auto_latency_target_s": float(extra.get("RETENTION_AUTO_LATENCY_TARGET_S", DEFAULT_TARGET_S)),
+        "retry_delay_s": args.retry_delay,
+        "give_up_s": args.give_up_s,
+        "server_env": args.server_env,
         "results": [asdict(cell) for cell in cells],
         "soak": soaks,
     }
@@ -361,7 +404,8 @@ def fmt(value: float | None, digits: int = 1) -> str:
 def summary_line(cell: Cell) -> str:
     return " ".join(
         [
-            f"{cell.policy:8s} x{cell.multiple:<4g} offered {cell.offered_rps:7.1f}/s",
+            f"{cell.policy:8s} x{cell.multiple:<4g} {cell.clients:8s} offered {cell.offered_rps:7.1f}/s",
+            f"attempts {cell.attempts_rps:7.1f}/s",
             f"goodput {cell.goodput_rps:7.1f}/s (answered {cell.answered_rps:.1f}/s)",
             f"p50 {fmt(cell.p50_ms)} ms p99 {fmt(cell.p99_ms)} ms",
             f"shed {cell.shed_ratio:.2f} 5xx {cell.server_errors} rho {fmt(cell.mean_rho, 2)}",
@@ -384,15 +428,20 @@ def markdown(report: dict[str, Any]) -> str:
         "Goodput: 200s answered while the arrivals lasted, per second; answered: every 200 per second of",
         "arrivals, including the answers a still-full queue gives after the last send.",
         "",
-        "| policy | x capacity | offered /s | goodput /s | answered /s | p50 ms | p99 ms | shed | 5xx |"
-        " other | mean rho | RSS peak MiB | idle after ms | client lag p99 ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "Clients: what a client does with a 429 (none: gives up; polite: waits its Retry-After; impolite:"
+        f" retries {report.get('retry_delay_s', 0.05):g} s later); attempts /s: first sends and retries.",
+        "",
+        "| policy | x capacity | clients | offered /s | attempts /s | goodput /s | answered /s | p50 ms |"
+        " p99 ms | shed | 5xx | other | mean rho | RSS peak MiB | idle after ms | client lag p99 ms |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in report["results"]:
         cells = [
             c["policy"],
             f"{c['multiple']:g}",
+            c.get("clients", "none"),
             f"{c['offered_rps']:.1f}",
+            fmt(c.get("attempts_rps")),
             f"{c['goodput_rps']:.1f}",
             fmt(c.get("answered_rps")),
             fmt(c["p50_ms"]),
@@ -408,6 +457,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     if report.get("rounds", 1) > 1:
         lines += ["", *rounds_table(report["results"])]
+    if {"polite", "impolite"} <= set(report.get("clients", [])):
+        lines += ["", *impolite_targets(report, report.get("auto_latency_target_s", DEFAULT_TARGET_S))]
     for s in report["soak"]:
         lines += [
             "",
@@ -416,6 +467,45 @@ def markdown(report: dict[str, Any]) -> str:
             f"peak {s['rss_peak_mib']:.0f} MiB",
         ]
     return "\n".join(lines) + "\n"
+
+
+# Issue 36's targets for clients that ignore Retry-After: rho=auto keeps this share of its goodput with
+# polite clients at the same offered load, and its accepted p99 within this multiple of its target.
+IMPOLITE_GOODPUT_SHARE = 0.8
+DEFAULT_TARGET_S: float = Settings.model_fields["auto_latency_target_s"].default
+P99_TARGET_MULTIPLE = 2.0
+
+
+def impolite_targets(report: dict[str, Any], target_s: float) -> list[str]:
+    """Per offered load: rho=auto with impolite clients against the targets (goodput vs polite clients
+    and vs fixed rho = min_rho, accepted p99 vs ``target_s``, zero 5xx), as markdown lines."""
+    cells = {(c["policy"], c["multiple"], c.get("clients", "none")): c for c in report["results"]}
+    lines = [
+        f"Targets with impolite clients (rho=auto, latency target {1000 * target_s:.0f} ms):",
+        "",
+        "| x capacity | auto goodput impolite / polite | ≥ 80%? | rho_min goodput impolite |"
+        " auto ≥ rho_min? | auto p99 ms | ≤ 2× target? | 5xx (all policies) |",
+        "|---:|---:|---|---:|---|---:|---|---:|",
+    ]
+    for multiple in sorted({c["multiple"] for c in report["results"]}):
+        rude, polite = cells.get(("auto", multiple, "impolite")), cells.get(("auto", multiple, "polite"))
+        floor = cells.get(("rho_min", multiple, "impolite"))
+        if rude is None or polite is None:
+            continue
+        share = rude["goodput_rps"] / polite["goodput_rps"] if polite["goodput_rps"] else 0.0
+        p99 = rude["p99_ms"]
+        errors = sum(c["server_errors"] for c in report["results"] if c["multiple"] == multiple)
+        floor_goodput = floor["goodput_rps"] if floor is not None else None
+        beats = (
+            "-" if floor_goodput is None else ("yes" if rude["goodput_rps"] >= floor_goodput else "**no**")
+        )
+        in_target = p99 is not None and p99 <= P99_TARGET_MULTIPLE * 1000 * target_s
+        lines.append(
+            f"| {multiple:g} | {rude['goodput_rps']:.1f} / {polite['goodput_rps']:.1f} = {100 * share:.0f}% "
+            f"| {'yes' if share >= IMPOLITE_GOODPUT_SHARE else '**no**'} | {fmt(floor_goodput)} | {beats} "
+            f"| {fmt(p99, 0)} | {'yes' if in_target else '**no**'} | {errors} |"
+        )
+    return lines
 
 
 def across_rounds(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -509,6 +599,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--plot", type=Path, help="the plot's path (default: --out with .png)")
     parser.add_argument("--policies", nargs="+", default=["auto", "rho1", "rho_min", "tei_cap"])
     parser.add_argument("--multiples", nargs="+", type=float, default=list(MULTIPLES))
+    parser.add_argument(
+        "--clients", nargs="+", choices=CLIENTS, default=["none"], help="what clients do with a 429"
+    )
+    parser.add_argument("--retry-delay", type=float, default=0.05, help="impolite clients' retry delay (s)")
+    parser.add_argument("--give-up-s", type=float, default=10.0, help="a retrying client gives up after this")
+    parser.add_argument(
+        "--server-env", nargs="*", default=[], metavar="KEY=VALUE", help="extra server settings (RETENTION_*)"
+    )
     parser.add_argument("--seconds", type=float, default=20.0, help="arrivals per cell")
     parser.add_argument(
         "--rounds", type=int, default=1, help="run every policy this many times, interleaved (noise)"

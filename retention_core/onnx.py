@@ -11,12 +11,15 @@ CUDA_PROVIDER = "CUDAExecutionProvider"
 
 
 def session_options(
-    intra_op_threads: int = 0, inter_op_threads: int = 0, cpu_mem_arena: bool = True
+    intra_op_threads: int = 0, inter_op_threads: int = 0, cpu_mem_arena: bool = True, mem_pattern: bool = True
 ) -> ort.SessionOptions:
     """0 threads = onnxruntime's default (one per core). ``cpu_mem_arena=False``: buffers go straight to
-    the allocator instead of ORT's CPU arena, which keeps (never returns) its largest footprint."""
+    the allocator instead of ORT's CPU arena, which keeps (never returns) its largest footprint.
+    ``mem_pattern=False``: no memory pattern per input shape (ORT plans and keeps one for every distinct
+    shape it sees, which only pays when the shapes repeat: a server's batches come in many shapes)."""
     options = ort.SessionOptions()
     options.enable_cpu_mem_arena = cpu_mem_arena
+    options.enable_mem_pattern = mem_pattern
     # Several sessions may share the process: spinning threads would burn the cores of the others.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
@@ -38,9 +41,10 @@ def open_session(
     inter_op_threads: int = 0,
     use_cuda: bool = False,
     cpu_mem_arena: bool = True,
+    mem_pattern: bool = True,
 ) -> ort.InferenceSession:
     return ort.InferenceSession(
         str(path),
-        sess_options=session_options(intra_op_threads, inter_op_threads, cpu_mem_arena),
+        sess_options=session_options(intra_op_threads, inter_op_threads, cpu_mem_arena, mem_pattern),
         providers=providers(use_cuda),
     )

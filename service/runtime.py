@@ -145,6 +145,7 @@ def load_model(directory: Path, settings: Settings, name: str | None = None) -> 
             settings.inter_op_threads,
             use_cuda=settings.use_cuda,
             cpu_mem_arena=settings.cpu_mem_arena,
+            mem_pattern=settings.ort_mem_pattern,
         )
     except Exception as exc:
         log.error("onnxruntime could not load %s: %s", model_path, exc)

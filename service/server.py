@@ -123,6 +123,14 @@ class ModelServer:
         """429 before tokenizing when the work already queued for ``model`` ends after ``due``."""
         self.batcher(model).shed_early(time.monotonic(), due, by_target)
 
+    def shed_before_body(self, model: ServedModel, due: float, by_target: bool) -> None:
+        """429 before the body is read when requests are queued for ``model`` and that work ends after
+        ``due`` (``service.api.early``). Without a queue, nothing: a request arriving as a batch finishes
+        (its answers go out before the worker notices it is done) is left to the normal path."""
+        batcher = self.batcher(model)
+        if batcher.queue:
+            batcher.shed_early(time.monotonic(), due, by_target)
+
     # ------------------------------------------------------------------ loading
     async def load_all(self) -> ReloadReport:
         """The first load; then, with ``reload_interval_s`` set, rescan the root periodically."""

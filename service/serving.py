@@ -89,4 +89,9 @@ class Server(Protocol):
 
     def shed_early(self, model: ServedModel, due: float, by_target: bool) -> None: ...
 
+    def shed_before_body(self, model: ServedModel, due: float, by_target: bool) -> None:
+        """429 (``Overloaded``) before the request's body is read: requests are queued for ``model``
+        (a backlog, not only a batch finishing) and that work ends after ``due``."""
+        ...
+
     async def reload(self) -> ReloadReport: ...

@@ -34,6 +34,11 @@ class Settings(BaseSettings):
         default=True,
         description="onnxruntime's CPU memory arena (fast reuse; keeps its peak); false: plain allocations",
     )
+    ort_mem_pattern: bool = Field(
+        default=False,
+        description="onnxruntime's memory pattern: one allocation plan kept per input shape seen; off, "
+        "since batches come in many shapes (rows x padded length)",
+    )
     warmup: bool = True
     reload_interval_s: float = Field(
         default=0.0,
@@ -54,6 +59,12 @@ class Settings(BaseSettings):
         description="QA / summarization windows per input; more is truncated (or 413)",
     )
     max_items: int = Field(default=64, ge=1, description="texts / questions per request (413 beyond)")
+    max_embedding_inputs: int = Field(
+        default=2048,
+        ge=1,
+        description="texts per /embed or /v1/embeddings request (413 beyond): OpenAI's limit; a large "
+        "request is served across several batches, interleaved with the small ones",
+    )
     admission_control: bool = Field(
         default=True,
         description="refuse (429) a request whose predicted completion misses its deadline or rho=auto "
@@ -61,6 +72,24 @@ class Settings(BaseSettings):
     )
     max_concurrent_requests: int = Field(
         default=0, ge=0, description="inference requests in the server at once before 429 (0 = no cap)"
+    )
+    early_refusal: bool = Field(
+        default=True,
+        description="decide a 429 from the path, query and headers before the body is read, when the "
+        "work already queued would make even a minimal request late",
+    )
+    refusal_hold_s: float = Field(
+        default=1.0,
+        ge=0.0,
+        description="hold a 429 open this long (never past its Retry-After) before answering it: slows "
+        "clients that retry at once; costs a connection, not a core (0 = answer at once)",
+    )
+    max_held_refusals: int = Field(
+        default=4096, ge=0, description="429s held open at once; beyond, they are answered at once"
+    )
+    refusal_connection_close: bool = Field(
+        default=False,
+        description="send 'Connection: close' with every 429 (measured once, loaded machine: unconfirmed)",
     )
     pad_multiple: int = Field(
         default=16,

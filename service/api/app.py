@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import signal
 import time
@@ -17,14 +16,17 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.deps import LATENCY_TARGET_HEADER, TIMEOUT_HEADER, require_admin_key, require_api_key
+from service.api.early import OPENAI_EMBEDDINGS_PATH, hint, refusal
 from service.api.faces import EMBEDDING, FACES
+from service.api.refusal import RefusalHold, send_error
 from service.api.routers import admin, explorer, health, models, openai_compat
 from service.api.routers import metrics as metrics_router
 from service.api.routers.common import route_task
 from service.api.routers.tasks import task_router
-from service.errors import error_payload, install_error_handlers
+from service.errors import PayloadTooLarge, install_error_handlers
 from service.metrics import Metrics, status_class
 from service.server import ModelServer
+from service.serving import Server
 from service.settings import Settings
 
 log = logging.getLogger("service")
@@ -43,14 +45,26 @@ def endpoint_label(scope: Scope) -> str:
     return path.strip("/") or "root"
 
 
-class RequestMiddleware:
-    """Pure ASGI: arrival time, body size limit (413), in-flight gauge, request count and latency (by
-    endpoint and the task the route serves)."""
+def task_paths() -> dict[str, str]:
+    """Path -> task of every inference route (what early refusal reads a request's task from)."""
+    paths = {face.path: face.task for face in FACES.values()}
+    if EMBEDDING in FACES:
+        paths[OPENAI_EMBEDDINGS_PATH] = EMBEDDING
+    return paths
 
-    def __init__(self, app: ASGIApp, settings: Settings, metrics: Metrics) -> None:
+
+class RequestMiddleware:
+    """Pure ASGI: arrival time, early refusal (429 from the request line and headers, before the body:
+    ``service.api.early``), body size limit (413), the hold of every 429 (``service.api.refusal``),
+    in-flight gauge, request count and latency (by endpoint and the task the route serves)."""
+
+    def __init__(self, app: ASGIApp, settings: Settings, metrics: Metrics, server: Server) -> None:
         self.app = app
         self.settings = settings
         self.metrics = metrics
+        self.server = server
+        self.tasks = task_paths()
+        self.holds = RefusalHold(settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -65,17 +79,41 @@ class RequestMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                if status == 429:
+                    headers = list(message.get("headers") or [])
+                    await self.holds.hold(headers)
+                    if self.holds.close:
+                        message = {**message, "headers": [*headers, (b"connection", b"close")]}
             await send(message)
 
+        labels: dict[str, str] | None = None
         try:
+            if await self._refused_early(scope, start, send_wrapper):
+                path = str(scope.get("path", ""))
+                labels = {"endpoint": path.strip("/"), "task": self.tasks[path]}
+                return
             limited = await self._limited(scope, receive, send_wrapper)
             if limited is not None:
                 await self.app(scope, limited, send_wrapper)
         finally:
             self.metrics.in_flight.dec()
-            labels = {"endpoint": endpoint_label(scope), "task": route_task(scope.get("route"))}
+            labels = labels or {"endpoint": endpoint_label(scope), "task": route_task(scope.get("route"))}
             self.metrics.requests.labels(**labels, status_class=status_class(status)).inc()
             self.metrics.request_duration.labels(**labels).observe(time.monotonic() - start)
+
+    async def _refused_early(self, scope: Scope, arrival: float, send: Send) -> bool:
+        """Answer 429 now, before the body is read, when even a minimal request of this kind would be late
+        (``service.api.early``). False: the request goes on."""
+        if not self.settings.early_refusal or not self.settings.admission_control:
+            return False
+        found = hint(scope, self.tasks, self.settings, arrival)
+        error = refusal(self.server, found) if found is not None else None
+        if error is None:
+            return False
+        self.metrics.rejections.labels(reason=error.reason).inc()
+        self.metrics.shed.labels(reason=error.reason).inc()
+        await send_error(send, str(scope.get("path", "")), error)
+        return True
 
     async def _limited(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
         """Reject bodies over ``max_body_bytes`` before the app reads them; returns None when rejected."""
@@ -123,19 +161,7 @@ class RequestMiddleware:
     async def _reject(self, scope: Scope, send: Send) -> None:
         self.metrics.rejections.labels(reason="payload_too_large").inc()
         message = f"request body larger than {self.settings.max_body_bytes} bytes"
-        body = error_payload(str(scope.get("path", "")), 413, "payload_too_large", message)
-        payload = json.dumps(body).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})
+        await send_error(send, str(scope.get("path", "")), PayloadTooLarge(message))
 
 
 def _install_sighup(server: ModelServer) -> bool:
@@ -247,5 +273,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "Retry-After",
             ],
         )
-    app.add_middleware(RequestMiddleware, settings=settings, metrics=metrics)
+    app.add_middleware(RequestMiddleware, settings=settings, metrics=metrics, server=server)
     return app

@@ -234,11 +234,11 @@ class InferenceContext:
         else the task's default."""
         return self.server.resolve(named or self.query.model, task)
 
-    def check_items(self, count: int, param: str | None = None) -> None:
-        if count > self.settings.max_items:
-            raise PayloadTooLarge(
-                f"at most {self.settings.max_items} items per request, got {count}", param=param
-            )
+    def check_items(self, count: int, param: str | None = None, limit: int | None = None) -> None:
+        """413 past ``limit`` inputs (default: ``max_items``)."""
+        most = self.settings.max_items if limit is None else limit
+        if count > most:
+            raise PayloadTooLarge(f"at most {most} items per request, got {count}", param=param)
 
 
 async def inference_context(

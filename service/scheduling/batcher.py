@@ -32,7 +32,7 @@ from service.scheduling.admission import Verdict, admit, choose_batch_rho, reaso
 from service.scheduling.cost import tokens_through
 from service.scheduling.delivery import Delivery
 from service.scheduling.execution import execute, ort_thread
-from service.scheduling.jobs import AutoBudget, Job, JobResult, RowResult
+from service.scheduling.jobs import AutoBudget, Job, JobResult, RowResult, Slice
 from service.scheduling.learning import ModelCosts
 from service.scheduling.planner import plan_runs, shape_length
 from service.settings import Settings
@@ -226,15 +226,15 @@ class Batcher:
             wait = self.queue[0].enqueued + self.settings.max_batch_wait_ms / 1000.0 - time.monotonic()
             if wait > 0 and self.queued_tokens < self.settings.max_batch_tokens and not self.closing:
                 await asyncio.sleep(wait)
-            jobs = self._take()
-            if not jobs:
+            slices = self._take()
+            if not slices:
                 continue
-            self._assign_rhos(jobs, time.monotonic())
+            self._assign_rhos(slices, time.monotonic())
             self.busy = True
             try:
-                await self._run(loop, jobs)
+                await self._run(loop, slices)
             except Exception as exc:  # the worker must survive anything one batch does
-                self._fail(jobs, exc)
+                self._fail([piece.job for piece in slices], exc)
             finally:
                 self.busy, self.delivery = False, None
 
@@ -246,13 +246,23 @@ class Batcher:
                 error.__cause__ = exc
                 job.future.set_exception(error)
 
-    def _take(self) -> list[Job]:
-        """Pop jobs in arrival order up to the token budget (always at least one); drop expired ones.
+    def _take(self) -> list[Slice]:
+        """Take jobs in arrival order up to the token budget (always at least one row); drop expired ones.
         A batch holding rho=auto jobs also stops where its predicted time at their min_rho would pass
         ``BATCH_TARGET_SHARE`` of the tightest latency target among them: every job of a batch waits for
         its own run, and the batch's runs go shortest first, so one long batch at min_rho (8,192 tokens
-        of reviews: ~0.3 s on one core) would make its oldest requests late by itself."""
-        jobs: list[Job] = []
+        of reviews: ~0.3 s on one core) would make its oldest requests late by itself.
+
+        A job larger than the budget (an OpenAI-sized embeddings request: hundreds of inputs) is served
+        a slice at a time, as many rows as the batch has room for; it stays queued, and the next batch
+        takes the jobs that arrived meanwhile first (``resumed``): a one-input request is never held
+        behind it for more than the batch that was running when it arrived."""
+        budget = self.settings.max_batch_tokens
+        if self.queue and self.queue[0].resumed:  # round robin: behind whatever arrived meanwhile
+            job = self.queue.popleft()
+            job.resumed = False
+            self.queue.append(job)
+        slices: list[Slice] = []
         tokens, min_work = 0, 0.0
         limit_s = math.inf
         now = time.monotonic()
@@ -262,48 +272,81 @@ class Batcher:
                 self.queue.popleft()
                 self._count(job, -1)
                 continue
-            if jobs and tokens + job.tokens > self.settings.max_batch_tokens:
+            piece = self._slice(job, budget - tokens, first=not slices)
+            if piece is None:
                 break
-            work = job.tokens * self.costs.fraction(job.min_rho, job.length)
-            if job.auto is not None:
+            work = piece.tokens * self.costs.fraction(job.min_rho, job.length)
+            if job.open_auto and job.auto is not None:
                 limit_s = min(limit_s, BATCH_TARGET_SHARE * (job.auto.due - job.enqueued))
-            if jobs and self.costs.tail_seconds(tokens + job.tokens, min_work + work) > limit_s:
+            if slices and self.costs.tail_seconds(tokens + piece.tokens, min_work + work) > limit_s:
                 break
-            self.queue.popleft()
-            self._count(job, -1)
-            jobs.append(job)
-            tokens += job.tokens
+            if piece.end < len(job.rows):  # stays queued for its next slice, counted for its rest
+                self._count(job, -1)
+                job.taken, job.tokens, job.resumed = piece.end, job.tokens - piece.tokens, True
+                self._count(job, +1)
+            else:
+                self.queue.popleft()
+                self._count(job, -1)
+                job.taken = piece.end
+            slices.append(piece)
+            tokens += piece.tokens
             min_work += work
-        return jobs
+            if job.resumed:
+                break  # the budget is full
+        return slices
 
-    def _assign_rhos(self, jobs: list[Job], now: float) -> None:
+    def _slice(self, job: Job, room: int, first: bool) -> Slice | None:
+        """The rows of ``job`` the batch takes with ``room`` padded tokens left: all of them when they
+        fit; a job larger than a whole batch: as many as fit (at least one in an empty batch); else
+        None (it waits, whole, for the next batch)."""
+        if job.tokens <= room or (first and job.tokens <= self.settings.max_batch_tokens):
+            return Slice.whole(job)
+        if job.tokens <= self.settings.max_batch_tokens:
+            return None
+        multiple, longest = self.settings.pad_multiple, self.model.manifest.max_length
+        end, size = job.taken, 0
+        while end < len(job.rows):
+            row = shape_length(len(job.rows[end]), multiple, longest)
+            if size + row > room and (size or not first):
+                break
+            end, size = end + 1, size + row
+        return Slice(job, job.taken, end, size) if end > job.taken else None
+
+    def _assign_rhos(self, slices: list[Slice], now: float) -> None:
         """rho of the batch's auto jobs, from the work still queued behind it (``choose_batch_rho``);
-        then the batch's predicted end, which admission counts as work ahead."""
-        batch = [job.pending() for job in jobs]
+        then the batch's predicted end, which admission counts as work ahead. A job served across batches
+        gets its rho with its first slice and keeps it."""
+        jobs = [piece.job for piece in slices]
+        batch = [piece.job.pending(piece.tokens) for piece in slices]
         costs = self.costs
-        if any(job.auto is not None for job in jobs):
+        if any(job.open_auto for job in jobs):
             queued = [job.pending() for job in self.queue if not job.cancelled]
             shedding = now - self.last_shed < SHED_MEMORY_S
             budget, factor = self.settings.max_batch_tokens, costs.tail.value
-            load_max_rho = self._load_max_rho(jobs, now)
+            load_max_rho = self._load_max_rho(slices, now)
             choice = choose_batch_rho(now, batch, queued, costs.cost, budget, factor, shedding, load_max_rho)
             for job, pending, rho in zip(jobs, batch, choice.rhos(batch), strict=True):
-                if job.auto is not None:
-                    job.rho = rho
+                if job.open_auto:
+                    queued_still = job.resumed  # its rest is counted in the queue's sums at min_rho
+                    if queued_still:
+                        self._count(job, -1)
+                    job.rho, job.rho_chosen = rho, True
                     job.reason = reason_for(pending, rho)
-        tokens = sum(job.tokens for job in jobs)
+                    if queued_still:
+                        self._count(job, +1)
+        tokens = sum(piece.tokens for piece in slices)
         self.recent_batch_tokens = 0.7 * self.recent_batch_tokens + 0.3 * tokens
-        work = sum(costs.fraction(job.rho, job.length) * job.tokens for job in jobs)
+        work = sum(costs.fraction(piece.job.rho, piece.job.length) * piece.tokens for piece in slices)
         self.batch_predicted = costs.mean_seconds(tokens, work)
         self.busy_until = now + costs.tail.value * self.batch_predicted
         self._drain.set(self.drain_seconds(now))
 
-    def _load_max_rho(self, jobs: list[Job], now: float) -> float:
+    def _load_max_rho(self, slices: list[Slice], now: float) -> float:
         """The highest rho the recent arrival rate can be served at (``sustainable_rho``, the model busy at
         most all of the time), a request costed like this batch's mean one at the cost model's mean (a
         throughput condition, not a tail one; without the per-run cost a full batch shares)."""
-        tokens = sum(job.tokens for job in jobs) / len(jobs)
-        length = round(sum(job.length for job in jobs) / len(jobs))
+        tokens = sum(piece.tokens for piece in slices) / len(slices)
+        length = round(sum(piece.job.length for piece in slices) / len(slices))
         cost, fraction = self.costs.cost, self.costs.fraction
 
         def seconds(rho: float) -> float:
@@ -311,9 +354,10 @@ class Batcher:
 
         return sustainable_rho(self.costs.arrivals.value(now), seconds, cap=SUSTAINABLE_BUSY)
 
-    async def _run(self, loop: asyncio.AbstractEventLoop, jobs: list[Job]) -> None:
-        rows = [row for job in jobs for row in job.rows]
-        rhos = [job.rho for job in jobs for _ in job.rows]  # the graph's rho input is per row
+    async def _run(self, loop: asyncio.AbstractEventLoop, slices: list[Slice]) -> None:
+        rows = [row for piece in slices for row in piece.rows]
+        rhos = [piece.job.rho for piece in slices for _ in piece.rows]  # the graph's rho input is per row
+        jobs = [piece.job for piece in slices]
         multiple, longest = self.settings.pad_multiple, self.model.manifest.max_length
         lengths = [shape_length(len(row), multiple, longest) for row in rows]
         runs = plan_runs(lengths, self.settings.max_batch_tokens, self.costs.run_overhead_tokens(rhos))
@@ -321,8 +365,9 @@ class Batcher:
         name = self.model.name
         queue_duration = self.metrics.queue_duration.labels(model=name, task=self.model.task)
         for job in jobs:
-            queue_duration.observe(start - job.enqueued)
-        delivery = self.delivery = Delivery(jobs, start)
+            if job.started is None:  # a job served across batches waited in the queue once
+                queue_duration.observe(start - job.enqueued)
+        delivery = self.delivery = Delivery(slices, start)
 
         def run_done(done: list[tuple[int, RowResult]], end: float) -> None:  # worker thread
             loop.call_soon_threadsafe(delivery.add, done, end)

@@ -51,18 +51,50 @@ class Job:
     cancelled: bool = False
     reason: RhoReason | None = None
     predicted_wait: float = 0.0
+    # A job with more rows than one batch holds is served across batches (``Slice``), interleaved with
+    # the jobs that arrive meanwhile. ``tokens`` then counts only the rows not yet taken.
+    taken: int = 0  # rows handed to a batch so far
+    rho_chosen: bool = False  # rho=auto: its first batch chose its rho; every later slice keeps it
+    resumed: bool = False  # part of it ran in the last batch: the next batch serves the arrivals first
+    started: float | None = None  # its first batch began
+    results: list[RowResult | None] = field(default_factory=list)  # per row, filled as its runs finish
+    answered_rows: int = 0
+
+    @property
+    def open_auto(self) -> bool:
+        """rho=auto with its rho still to be chosen."""
+        return self.auto is not None and not self.rho_chosen
 
     @property
     def min_rho(self) -> float:
         """The lowest rho this job may still get."""
-        return self.auto.min_rho if self.auto is not None else self.rho
+        return self.auto.min_rho if self.auto is not None and self.open_auto else self.rho
 
     @property
     def due(self) -> float:
         return min(self.deadline, self.auto.due) if self.auto is not None else self.deadline
 
-    def pending(self) -> Pending:
-        """The job as the rho controller sees it."""
-        if self.auto is not None:
-            return Pending(self.tokens, self.auto.min_rho, self.auto.max_rho, self.due, True, self.length)
-        return Pending(self.tokens, self.rho, self.rho, self.due, False, self.length)
+    def pending(self, tokens: int | None = None) -> Pending:
+        """The job (or ``tokens`` of it: a slice) as the rho controller sees it."""
+        size = self.tokens if tokens is None else tokens
+        if self.auto is not None and self.open_auto:
+            return Pending(size, self.auto.min_rho, self.auto.max_rho, self.due, True, self.length)
+        return Pending(size, self.rho, self.rho, self.due, False, self.length)
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Rows ``[begin, end)`` of a job, as one batch holds them (a whole job: all its rows)."""
+
+    job: Job
+    begin: int
+    end: int
+    tokens: int  # their padded tokens
+
+    @classmethod
+    def whole(cls, job: Job) -> Slice:
+        return cls(job, job.taken, len(job.rows), job.tokens)
+
+    @property
+    def rows(self) -> list[Row]:
+        return self.job.rows[self.begin : self.end]

@@ -71,6 +71,7 @@ def settings_for(root: Path, **overrides: Any) -> Settings:
         "intra_op_threads": 1,
         "max_batch_wait_ms": 1.0,
         "auto_latency_target_s": 30.0,  # no accidental pressure on a busy machine; tests that want it set it
+        "refusal_hold_s": 0.0,  # 429s answered at once; the tests of the hold set it
     }
     base.update(overrides)
     return Settings(**base)

@@ -19,7 +19,7 @@ from service.metrics import Metrics
 from service.runtime import load_model
 from service.scheduling.batcher import Batcher
 from service.scheduling.delivery import Delivery
-from service.scheduling.jobs import Job, JobResult, RowResult
+from service.scheduling.jobs import Job, JobResult, RowResult, Slice
 from service.scheduling.planner import plan_runs, shape_length
 from tests.service.conftest import blocked_inference, running, server_of, settings_for, wait_until
 
@@ -93,7 +93,7 @@ def test_delivery_answers_each_job_as_soon_as_the_runs_holding_its_rows_are_done
         loop = asyncio.get_running_loop()
         short = Job([Row((1, 2))], 0.5, loop.create_future(), 1e9, enqueued=1.0)
         long = Job([Row((1, 2, 3)), Row((1, 2, 3, 4))], 0.3, loop.create_future(), 1e9, enqueued=0.0)
-        delivery = Delivery([short, long], start=2.0)
+        delivery = Delivery([Slice.whole(short), Slice.whole(long)], start=2.0)
         delivery.add([(0, row_result(0)), (2, row_result(2))], 3.0)  # first run: rows 0 and 2
         long_waited = short.future.done() and not long.future.done() and not delivery.answered
         delivery.add([(1, row_result(1))], 5.0)
@@ -106,6 +106,24 @@ def test_delivery_answers_each_job_as_soon_as_the_runs_holding_its_rows_are_done
     assert (long.queue_time, long.inference_time, long.rho) == (2.0, 3.0, 0.3)
     assert [output[0] for output in long.outputs] == [1.0, 2.0]  # its rows in their own order
     assert long.kept_counts.tolist() == [[1, 1], [2, 2]] and long.depths is None
+
+
+def test_a_job_served_across_batches_is_answered_once_its_last_slice_is_done() -> None:
+    def row_result(row: int) -> RowResult:
+        return np.full(2, float(row)), np.array([row, row], dtype=np.int64), None
+
+    async def scenario() -> tuple[JobResult, bool]:
+        loop = asyncio.get_running_loop()
+        big = Job([Row((1, 2))] * 3, 0.5, loop.create_future(), 1e9, enqueued=0.0)
+        Delivery([Slice(big, 0, 2, 32)], start=1.0).add([(0, row_result(0)), (1, row_result(1))], 2.0)
+        early = big.future.done()
+        Delivery([Slice(big, 2, 3, 16)], start=4.0).add([(0, row_result(2))], 5.0)
+        return big.future.result(), early
+
+    result, early = asyncio.run(scenario())
+    assert not early
+    assert (result.queue_time, result.inference_time) == (1.0, 4.0)  # from its first batch to its last
+    assert [output[0] for output in result.outputs] == [0.0, 1.0, 2.0]
 
 
 @pytest.mark.parametrize("task", ["classification", "qa", "summarization", "embedding"])
@@ -275,7 +293,7 @@ def test_a_batch_of_auto_requests_stops_at_a_share_of_their_latency_target(
     rows = model.codec.encode(" ".join(["word"] * 40)).rows
     target = 0.002  # seconds: a tiny model's runs take well under a millisecond
 
-    async def taken(auto: bool) -> tuple[list[Job], Batcher]:
+    async def taken(auto: bool) -> tuple[list[Slice], Batcher]:
         batcher = Batcher(model, settings, Metrics())  # not started: the queue is filled by hand
         loop = asyncio.get_running_loop()
         now = time.monotonic()
@@ -292,10 +310,10 @@ def test_a_batch_of_auto_requests_stops_at_a_share_of_their_latency_target(
     assert len(fixed_jobs) == 50  # 50 x 48 padded tokens: within the token budget
     assert 1 <= len(auto_jobs) < 50
 
-    def seconds(jobs: list[Job]) -> float:
-        tokens = sum(job.tokens for job in jobs)
+    def seconds(pieces: list[Slice]) -> float:
+        tokens = sum(piece.tokens for piece in pieces)
         return batcher.costs.tail_seconds(
-            tokens, sum(job.tokens * batcher.costs.fraction(0.1, job.length) for job in jobs)
+            tokens, sum(piece.tokens * batcher.costs.fraction(0.1, piece.job.length) for piece in pieces)
         )
 
     assert len(auto_jobs) == 1 or seconds(auto_jobs) <= BATCH_TARGET_SHARE * target

@@ -222,7 +222,7 @@ def test_openai_errors_outside_the_body(client: TestClient) -> None:
 
 
 def test_limits_on_both_endpoints(models_root: Path) -> None:
-    with running(settings_for(models_root, max_items=4, max_body_bytes=2000)) as (_, client):
+    with running(settings_for(models_root, max_embedding_inputs=4, max_body_bytes=2000)) as (_, client):
         for path, field in (("/embed", "texts"), ("/v1/embeddings", "input")):
             too_many = client.post(path, json={field: ["a"] * 5})
             assert too_many.status_code == 413, too_many.text

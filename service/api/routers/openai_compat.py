@@ -54,7 +54,7 @@ def encoded_vector(vector: list[float], encoding_format: str) -> list[float] | s
 async def create_embeddings(body: OpenAIEmbeddingRequest, ctx: InferenceDep) -> OpenAIEmbeddingResponse:
     """OpenAI-compatible embeddings (always L2-normalised, as OpenAI's are). Errors in OpenAI's shape."""
     texts = body.texts()
-    ctx.check_items(len(texts), param="input")
+    ctx.check_items(len(texts), param="input", limit=ctx.settings.max_embedding_inputs)
     model = ctx.model_for(EMBEDDING, body.model)
     check_dimensions(model, body.dimensions)
     served = await run(

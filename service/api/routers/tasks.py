@@ -11,10 +11,17 @@ from typing import Any
 from fastapi import APIRouter
 
 from service.api.deps import ExplainQueryDep, InferenceContext, InferenceDep
-from service.api.faces import Answer, TaskFace
+from service.api.faces import EMBEDDING, Answer, TaskFace
 from service.api.inference import explain_requested, run
 from service.api.routers.common import ERROR_RESPONSES, serving
 from service.api.schemas import ExplainOptions
+
+
+def item_limit(face: TaskFace[Any, Any], ctx: InferenceContext) -> int:
+    """Inputs one request may carry: OpenAI's embeddings limit for the embedding task (a large request
+    is served across batches), ``max_items`` for the others (each input may be many windows)."""
+    settings = ctx.settings
+    return settings.max_embedding_inputs if face.task == EMBEDDING else settings.max_items
 
 
 async def answer(
@@ -23,7 +30,7 @@ async def answer(
     """The one pipeline of a task route: the body's inputs checked, the task's model, explain checked
     before any inference, then ``inference.run`` (budget, shedding, encoding, the batcher) and the
     face's response."""
-    ctx.check_items(face.count(body))
+    ctx.check_items(face.count(body), limit=item_limit(face, ctx))
     model = ctx.model_for(face.task)
     explained = explain_requested(model, body.explain, explain)
     served = await run(ctx, face.endpoint, model, body, lambda: face.encode(model.codec, body))

@@ -26,6 +26,7 @@ SHED_REASONS = (
     "queue_full",  # the model's queue holds max_queue_requests
     "over_target",  # rho=auto: predicted completion (work ahead at its min_rho) misses its latency target
     "over_deadline",  # predicted completion misses the request deadline
+    "expired_queued",  # admitted, but its deadline passed while still queued: nothing was computed
     "concurrency",  # max_concurrent_requests requests already in the server
 )
 # reason label of retention_rejections_total, bounded

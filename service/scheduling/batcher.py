@@ -150,6 +150,8 @@ class Batcher:
         except TimeoutError:
             job.cancelled = True
             self._forget(job)
+            if job.started is None:  # never reached the model: shed late (429), not a failure (5xx)
+                raise self._expired(time.monotonic()) from None
             raise DeadlineExceeded() from None
         except asyncio.CancelledError:  # client went away
             job.cancelled = True
@@ -182,6 +184,20 @@ class Batcher:
             "server overloaded: predicted completion misses the "
             + ("latency target" if by_target else "request deadline")
             + ", retry later",
+        )
+        error.headers[PREDICTED_WAIT_HEADER] = f"{wait:.6f}"
+        return error
+
+    def _expired(self, now: float) -> Overloaded:
+        """A job admitted on a prediction the queue then failed to keep, its deadline passed before any of
+        it ran: a refusal like admission's (429 + Retry-After, safe to retry), since nothing was
+        computed; 504 stays for a request whose run had started."""
+        self.last_shed = now
+        wait = self.drain_seconds(now)
+        error = Overloaded(
+            "expired_queued",
+            max(self.settings.retry_after_s, math.ceil(wait)),
+            "server overloaded: the request deadline passed while it was queued, retry later",
         )
         error.headers[PREDICTED_WAIT_HEADER] = f"{wait:.6f}"
         return error

@@ -207,12 +207,25 @@ def test_queue_full_is_429_with_retry_after(models_root: Path) -> None:
         assert 'retention_rejections_total{reason="queue_full"} 1.0' in metrics
 
 
-def test_deadline_is_504(models_root: Path) -> None:
+def test_deadline_is_504_once_running_and_a_late_shed_429_while_queued(models_root: Path) -> None:
     with running(settings_for(models_root)) as (app, client):
         with blocked_inference(app, "tiny-classification"):
+            # taken into a batch at once (the model is idle), then its run waits behind the block: 504
             late = client.post("/classify", json={"text": TEXTS[0]}, headers={"x-request-timeout": "0.05"})
             assert late.status_code == 504
             assert late.json()["error"]["code"] == "deadline_exceeded"
+        batcher = server_of(app).batcher_of("tiny-classification")
+        wait_until(lambda: batcher.idle and not batcher.busy, what="the late request's batch closed")
+        pool = ThreadPoolExecutor(1)
+        with blocked_inference(app, "tiny-classification"):
+            running_job = pool.submit(client.post, "/classify", json={"text": TEXTS[1]})
+            wait_until(lambda: batcher.busy and not batcher.queue, what="that request's batch running")
+            # queued behind that batch, its deadline passes before any of it runs: shed late, 429
+            queued = client.post("/classify", json={"text": TEXTS[2]}, headers={"x-request-timeout": "0.2"})
+        assert queued.status_code == 429 and int(queued.headers["retry-after"]) >= 1
+        assert queued.json()["error"]["code"] == "overloaded"
+        assert running_job.result().status_code == 200
+        pool.shutdown()
         assert client.post("/classify", json={"text": TEXTS[0]}).status_code == 200
         assert (
             client.post("/classify", json={"text": "x"}, headers={"x-request-timeout": "nope"}).status_code

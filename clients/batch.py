@@ -433,8 +433,10 @@ class Sender:
 # ------------------------------------------------------------------------------------------------- run
 
 
-async def run_batch(cfg: BatchConfig) -> Summary:
-    """Process ``cfg.input_path`` into ``cfg.output_path``; resumes from what is already there."""
+def prepare_output(cfg: BatchConfig) -> tuple[Summary, int, dict[int, dict[str, Any]]]:
+    """Start or resume a run, whatever its engine: the output (and journal) cleared with ``overwrite``,
+    then what is already written — rows ``done`` in order, ``recovered`` out of order in the journal —
+    counted into a new summary."""
     summary = Summary()
     if cfg.overwrite:
         cfg.output_path.unlink(missing_ok=True)
@@ -443,6 +445,12 @@ async def run_batch(cfg: BatchConfig) -> Summary:
     done, recovered = load_resume_state(cfg.output_path, cfg.journal_path)
     summary.rows = count_rows(cfg.input_path, cfg.input_format)
     summary.resumed = min(done + len(recovered), summary.rows)
+    return summary, done, recovered
+
+
+async def run_batch(cfg: BatchConfig) -> Summary:
+    """Process ``cfg.input_path`` into ``cfg.output_path``; resumes from what is already there."""
+    summary, done, recovered = prepare_output(cfg)
     usage = _UsageTotals()
     window = max(4 * cfg.concurrency, 64)  # bounds the reorder buffer behind a slow row
     queue: asyncio.Queue[tuple[int, dict[str, Any]] | None] = asyncio.Queue(maxsize=2 * cfg.concurrency)

@@ -30,9 +30,8 @@ from clients.batch import (
     Summary,
     _UsageTotals,
     answered_record,
-    count_rows,
     failed_record,
-    load_resume_state,
+    prepare_output,
     query_params,
     read_rows,
     start_record,
@@ -102,15 +101,8 @@ class AppActor:
 
 def run_ray_batch(cfg: BatchConfig) -> Summary:
     """Process ``cfg.input_path`` into ``cfg.output_path`` on Ray; resumes from what is already there."""
-    summary = Summary()
-    if cfg.overwrite:
-        cfg.output_path.unlink(missing_ok=True)
-        cfg.journal_path.unlink(missing_ok=True)
-    cfg.output_path.parent.mkdir(parents=True, exist_ok=True)
     # The HTTP engine's journal (rows it finished out of order) counts as written too.
-    done, recovered = load_resume_state(cfg.output_path, cfg.journal_path)
-    summary.rows = count_rows(cfg.input_path, cfg.input_format)
-    summary.resumed = min(done + len(recovered), summary.rows)
+    summary, done, recovered = prepare_output(cfg)
     items = [
         {"index": index, "row": json.dumps(row, ensure_ascii=False)}
         for index, row in enumerate(read_rows(cfg.input_path, cfg.input_format))

@@ -4,12 +4,14 @@
 # 2,000 SQuAD dev questions (paired with the teacher's dense scores). Long on 2 CPU cores: run it nice'd,
 # RETENTION_RUNS_DIR outside the work tree; rerun the same command after an interruption.
 #   RETENTION_RUNS_DIR=/root/retention-runs nice -n 19 bash experiments/squad_lengthdrop.sh
+# PRECISION=bf16 trains with bf16 autocast (≈ 1.8x faster on this machine's AMX cores); evaluation is fp32.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RECIPE=experiments/recipes/squad-teacher.yaml
 RUNS=${RETENTION_RUNS_DIR:?set RETENTION_RUNS_DIR (outside the work tree)}
 OUT=${OUT:-results/experiments/qa-lengthdrop}
 PY=${PYTHON:-python}
+PRECISION=${PRECISION:-fp32}
 LIMIT=2000
 
 fit() {  # fit <profile>: skip a finished run, resume an interrupted one
@@ -17,7 +19,7 @@ fit() {  # fit <profile>: skip a finished run, resume an interrupted one
   if [ -f "$run/weights.safetensors" ]; then return; fi
   local resume=()
   if [ -f "$run/checkpoint.pt" ]; then resume=(--resume); fi
-  HF_HUB_OFFLINE=1 "$PY" -m training fit "$RECIPE" --profile "$1" "${resume[@]}"
+  HF_HUB_OFFLINE=1 "$PY" -m training fit "$RECIPE" --profile "$1" --precision "$PRECISION" "${resume[@]}"
 }
 
 evaluate() {  # evaluate <profile> <out name> <args...>: once per output directory

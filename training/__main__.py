@@ -42,6 +42,7 @@ def cmd_fit(args: argparse.Namespace) -> None:
         init_run=init_run_for(recipe, args.runs_dir),
         resume=args.resume,
         stop_at=args.stop_at,
+        precision=args.precision,
     )
     if args.stop_at is not None and args.stop_at < recipe.steps:
         print(f"stopped after step {args.stop_at} of {recipe.steps}; continue with: fit ... --resume")
@@ -69,7 +70,7 @@ def cmd_retrofit(args: argparse.Namespace) -> None:
     except (KeyError, ValueError, OSError) as exc:
         raise SystemExit(f"retrofit: {exc}") from exc
     run_dir = args.run_dir or run_dir_for(recipe, args.runs_dir)
-    fit(recipe, run_dir, device=args.device, progress=not args.no_progress)
+    fit(recipe, run_dir, device=args.device, progress=not args.no_progress, precision=args.precision)
     print(f"run written to {run_dir}; export with: python -m training export {run_dir}")
 
 
@@ -287,6 +288,13 @@ def add_training_run_options(command: argparse.ArgumentParser) -> None:
     )
     command.add_argument("--run-dir", type=Path, default=None, help="default: <runs-dir>/<name>-<profile>")
     command.add_argument("--device", default="cpu", help="torch device to train on, e.g. cuda")
+    command.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="the forward passes' autocast: bf16 nearly halves a step on CPUs with AMX and on GPUs "
+        "(weights, optimizer and scorers stay fp32; evaluation and export are fp32)",
+    )
 
 
 def add_data_root_option(command: argparse.ArgumentParser) -> None:

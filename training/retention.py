@@ -67,6 +67,11 @@ class RetentionScorer(nn.Module):
 
     def forward(self, hidden: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """hidden (B, T, d), valid (B, T) bool → scores (B, T). Invalid slots do not feed the summary."""
+        if torch.is_autocast_enabled(hidden.device.type):
+            # Mixed-precision training: scores in fp32, since the gates' log-odds and the top-M order
+            # they feed are sensitive where bf16 keeps 8 bits of mantissa.
+            with torch.autocast(hidden.device.type, enabled=False):
+                return self.forward(hidden.float(), valid)
         projected = self.U(hidden) * valid.unsqueeze(-1).to(hidden.dtype)  # (B, T, r)
         summary = torch.matmul(self.summary_weights(hidden), projected)  # (T,T)@(B,T,r) → (B, T, r)
         return self.v(torch.tanh(self.W(hidden) + summary)).squeeze(-1)  # (B, T)

@@ -81,11 +81,23 @@ class Settings(BaseSettings):
     refusal_hold_s: float = Field(
         default=1.0,
         ge=0.0,
-        description="hold a 429 open this long (never past its Retry-After) before answering it: slows "
-        "clients that retry at once; costs a connection, not a core (0 = answer at once)",
+        description="hold a 429 open at least this long (never past its Retry-After) before answering it: "
+        "slows clients that retry at once; costs a connection, not a core (0 = answer at once, no hold)",
     )
     max_held_refusals: int = Field(
         default=4096, ge=0, description="429s held open at once; beyond, they are answered at once"
+    )
+    refusal_retry_budget_per_s: float = Field(
+        default=200.0,
+        gt=0.0,
+        description="under a retry storm every 429 is held long enough that the held clients come back "
+        "at most this often a second in all (hold = refusals held now / this; Little's law), between "
+        "refusal_hold_s and max_refusal_hold_s",
+    )
+    max_refusal_hold_s: float = Field(
+        default=8.0,
+        ge=0.0,
+        description="the longest a 429 is held under a storm (keep it under the clients' timeouts)",
     )
     refusal_connection_close: bool = Field(
         default=False,

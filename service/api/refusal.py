@@ -1,11 +1,17 @@
 """How a refusal is sent from the ASGI middleware: the error body of ``service.errors`` (one mapping,
 OpenAI's shape under ``/v1/``) written straight to ``send``, and the bounded hold of a 429.
 
-Holding a 429 open before answering it (``refusal_hold_s``, never longer than its ``Retry-After``)
-slows a client that retries as soon as it is answered: a loop that retries 50 ms after each 429 sends
-one request per hold instead of twenty a second. An ``asyncio.sleep`` costs the server a connection
-and a few hundred bytes, not a core; at most ``max_held_refusals`` are held at once, the rest are
-answered at once, so the hold never costs more than a bounded number of sockets.
+Holding a 429 open before answering it slows a client that retries as soon as it is answered: a loop
+that retries 50 ms after each 429 sends one request per hold instead of twenty a second. An
+``asyncio.sleep`` costs the server a connection and a few hundred bytes, not a core.
+
+How long: ``refusal_hold_s`` (never past the 429's ``Retry-After``) while refusals are few. Under a
+storm the hold grows with the number of refusals held now, so that the clients held come back at most
+``refusal_retry_budget_per_s`` times a second in all (Little's law: the rate they return at is
+held / hold): with 3,000 clients retrying, a 1 s hold lets 3,000 requests a second be parsed only to
+be refused, and those parses take the core the accepted requests need. Bounded by
+``max_refusal_hold_s`` (under the clients' timeouts) and by ``max_held_refusals`` (the rest are
+answered at once), so the hold never costs more than a bounded number of sockets for a bounded time.
 """
 
 from __future__ import annotations
@@ -44,18 +50,26 @@ def retry_after_of(headers: list[tuple[bytes, bytes]]) -> float | None:
 
 
 class RefusalHold:
-    """Holds 429s for ``refusal_hold_s`` (at most their Retry-After), ``max_held_refusals`` at a time."""
+    """Holds 429s: ``refusal_hold_s`` (at most their Retry-After), longer under a storm (module doc),
+    ``max_held_refusals`` at a time."""
 
     def __init__(self, settings: Settings) -> None:
         self.hold_s = settings.refusal_hold_s
         self.capacity = settings.max_held_refusals
+        self.retry_budget_per_s = settings.refusal_retry_budget_per_s
+        self.max_hold_s = settings.max_refusal_hold_s
         self.close = settings.refusal_connection_close
         self.held = 0  # refusals being held now
 
     def seconds(self, headers: list[tuple[bytes, bytes]]) -> float:
-        """How long a 429 with ``headers`` is held: the setting, never past its Retry-After."""
+        """How long a 429 with ``headers`` is held now: the setting (never past its Retry-After), or
+        under a storm as long as keeps the held clients' return rate within the budget (capped)."""
+        if self.hold_s <= 0:
+            return 0.0
         retry_after = retry_after_of(headers)
-        return self.hold_s if retry_after is None else min(self.hold_s, retry_after)
+        calm = self.hold_s if retry_after is None else min(self.hold_s, retry_after)
+        storm = (self.held + 1) / self.retry_budget_per_s  # this refusal included
+        return max(calm, min(storm, self.max_hold_s))
 
     async def hold(self, headers: list[tuple[bytes, bytes]]) -> None:
         seconds = self.seconds(headers)

@@ -114,7 +114,7 @@ def test_no_early_refusal_without_a_backlog_or_for_unreadable_requests(models_ro
             assert httpx.post(f"{url}{TIGHT}", json={"text": TEXT}, headers=auth).status_code == 429
 
 
-def test_refusals_are_held_no_longer_than_the_setting_and_their_retry_after(models_root: Path) -> None:
+def test_refusals_are_held_the_setting_while_calm_and_longer_under_a_storm(models_root: Path) -> None:
     hold = 0.3
     with live(models_root, refusal_hold_s=hold) as (app, url), backlog(app, url):
         begin = time.monotonic()
@@ -125,6 +125,19 @@ def test_refusals_are_held_no_longer_than_the_setting_and_their_retry_after(mode
     assert holds.seconds([(b"retry-after", b"2")]) == 2.0
     assert holds.seconds([(b"retry-after", b"9")]) == 5.0
     assert holds.seconds([]) == 5.0
+    # under a storm: long enough that the held clients return at most the budget a second, capped
+    storm = RefusalHold(
+        settings_for(
+            models_root, refusal_hold_s=1.0, refusal_retry_budget_per_s=200.0, max_refusal_hold_s=8.0
+        )
+    )
+    storm.held = 99  # + this one: 100 held / 200 a second = 0.5 s, under the calm hold
+    assert storm.seconds([(b"retry-after", b"3")]) == 1.0
+    storm.held = 999  # 1,000 held: 5 s, longer than the Retry-After
+    assert storm.seconds([(b"retry-after", b"3")]) == 5.0
+    storm.held = 3999  # 20 s wanted: the cap
+    assert storm.seconds([(b"retry-after", b"3")]) == 8.0
+    assert RefusalHold(settings_for(models_root, refusal_hold_s=0.0)).seconds([]) == 0.0  # no hold at all
 
 
 def test_held_refusals_beyond_the_cap_are_answered_at_once(models_root: Path) -> None:

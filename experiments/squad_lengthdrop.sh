@@ -30,11 +30,19 @@ evaluate() {  # evaluate <profile> <out name> <args...>: once per output directo
     --out "$OUT/$name" "$@"
 }
 
+survival() {  # survival <profile>: answer survival at rho 0.5 and 0.3 (500 questions), once
+  if [ -f "$OUT/$1/answer_survival.json" ]; then return; fi
+  HF_HUB_OFFLINE=1 "$PY" -m experiments.answer_survival "$RUNS/squad-minilm-$1" --rhos 0.5 0.3 \
+    --out "$OUT/$1/answer_survival.json"
+}
+
 fit teacher
 evaluate teacher teacher --rhos 1.0 --methods learned
 fit warmup
 evaluate warmup warmup --rhos 1.0 0.5 0.3 --methods learned attention \
   --paired-reference "$OUT/teacher"
+survival warmup
 fit lengthdrop-pilot
 evaluate lengthdrop-pilot lengthdrop-pilot --rhos 1.0 0.7 0.5 0.3 0.2 --methods learned attention random truncation \
   --paired-reference "$OUT/teacher"
+survival lengthdrop-pilot

@@ -124,6 +124,13 @@ class Settings(BaseSettings):
         default=0.1, gt=0.0, le=1.0, description="rho=auto's min_rho when the client sends none"
     )
     auto_max_rho: float = Field(default=1.0, gt=0.0, le=1.0, description="rho=auto without load")
+    auto_tail_quantile: float = Field(
+        default=0.9,
+        gt=0.0,
+        le=1.0,
+        description="admission and the rho controller scale the cost model's predictions by this quantile "
+        "of recent batches' actual/predicted ratios (higher: fewer late answers, more refusals)",
+    )
 
     # ------------------------------------------------------------------ security
     api_key: SecretStr | None = Field(

@@ -66,7 +66,7 @@ class Batcher:
         self.batch_predicted = 0.0  # the cost model's (mean) seconds for the running batch
         self.recent_batch_tokens = 0.0  # EWMA of the padded tokens of the batches formed
         self.closing = False
-        self.costs = ModelCosts(model, metrics, settings.max_batch_tokens)
+        self.costs = ModelCosts(model, metrics, settings.max_batch_tokens, settings.auto_tail_quantile)
         self.last_shed = -math.inf  # time.monotonic() admission last refused a request (429)
         self.executor = ort_thread(model.name)
         self._wakeup = asyncio.Event()

@@ -27,7 +27,9 @@ WARMUP_TOKENS = 32  # padded tokens of the warm-up run (2 short rows) that seeds
 class ModelCosts:
     """One model's cost model, tail factor and arrival rate, with the kept-fraction of its schedule."""
 
-    def __init__(self, model: LoadedModel, metrics: Metrics, max_batch_tokens: int) -> None:
+    def __init__(
+        self, model: LoadedModel, metrics: Metrics, max_batch_tokens: int, tail_quantile: float = 0.9
+    ) -> None:
         self.name = model.name
         self.metrics = metrics
         self.max_batch_tokens = max_batch_tokens
@@ -39,7 +41,7 @@ class ModelCosts:
         self.cost = CostModel(
             self.fraction, model.warmup_seconds, WARMUP_TOKENS, seed_rho=model.manifest.default_rho
         )
-        self.tail = TailFactor()
+        self.tail = TailFactor(quantile=tail_quantile)
         self.arrivals = ArrivalRate()
         self.publish()
 

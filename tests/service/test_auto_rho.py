@@ -259,3 +259,15 @@ def test_one_rho_decision_per_request(client: TestClient, monkeypatch: pytest.Mo
         assert len(decided) == before + 1
     assert decided[0].auto is not None and decided[0].target_s == pytest.approx(0.5)
     assert decided[1].rho == 0.5 and decided[1].auto is None
+
+
+@pytest.mark.parametrize(("quantile", "factor"), [(0.5, 1.0), (0.9, 5.0)])
+def test_tail_quantile_setting_decides_how_far_admission_scales_its_predictions(
+    models_root: Path, quantile: float, factor: float
+) -> None:
+    with running(settings_for(models_root, auto_tail_quantile=quantile)) as (app, _):
+        costs = server_of(app).batcher_of(MODEL).costs
+        for overran in [False] * 13 + [True] * 7:  # 7 of 20 batches ran 5x their prediction
+            costs.tail.observe(predicted_s=0.1, actual_s=0.5 if overran else 0.1)
+        assert costs.tail.value == pytest.approx(factor)
+        assert costs.tail_seconds(256, 128) == pytest.approx(factor * costs.mean_seconds(256, 128))

@@ -235,7 +235,8 @@ class Objective:
         if self.weights.distill <= 0.0:
             return None
         assert self.task.distill is not None  # from_recipe refuses distillation without it
-        return self.task.distill(student, teacher, batch)
+        # fp32 under bf16 autocast: log-softmax over a window's 256 positions loses the tail in bf16
+        return self.task.distill(student.float(), teacher.float(), batch)
 
     def stage_hard_pass_losses(
         self,

@@ -322,6 +322,8 @@ RANK_TARGET_FLOOR = 1e-12  # log() of a candidate that received no attention sta
 def attention_received(probs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """The attention each token receives, summed over heads and valid queries (PoWER-BERT, H2O, the
     Length-Adaptive Transformer's ranking): probs (B, H, T, T), valid (B, T) bool → (B, T)."""
+    if probs.dtype != torch.float32:  # bf16 autocast: sum in fp32, the ranking target needs the digits
+        probs = probs.float()
     query_weight = valid.to(probs.dtype)[:, None, :, None]  # (B, 1, T, 1)
     return (probs * query_weight).sum(dim=(1, 2))  # (B, T)
 

@@ -150,3 +150,42 @@ def test_answer_block_term_trains_on_the_soft_pass_of_a_qa_stage(runs: Path) -> 
     no_soft = stage_recipe(True, objective=spec.model_copy(update={"soft_loss_weight": 0.0}))
     with pytest.raises(ValueError, match="answer_block_weight needs the soft pass"):
         Objective.from_recipe(no_soft)
+
+
+# ---------------------------------------------------------------------- the study's stages in bf16
+def pilot_recipe() -> Recipe:
+    """As the lengthdrop-pilot profile: tuned backbone, soft pass + Lagrangian, the rank term and the
+    sandwich distilled from the frozen teacher."""
+    spec = ObjectiveSpec(
+        pruned_loss_weight=1.0, distill_weight=1.0, attention_rank_weight=1.0, sandwich_random_budgets=2
+    )
+    return stage_recipe(False, objective=spec)
+
+
+@pytest.mark.parametrize("make_recipe", [warmup_recipe, pilot_recipe], ids=["warmup", "pilot"])
+def test_the_study_stages_train_under_bf16_autocast_close_to_fp32(runs: Path, make_recipe) -> None:  # noqa: F811
+    logs = {}
+    for dtype in (None, torch.bfloat16):
+        state, objective = stage_state(make_recipe(), runs)
+        state.autocast_dtype = dtype
+        logs[dtype] = [
+            train_step(state, objective, qa_batch(4), StepSchedule(3, 0, 1.0)).log(0.0) for _ in range(2)
+        ]
+    for full, mixed in zip(logs[None], logs[torch.bfloat16], strict=True):
+        assert math.isfinite(mixed.loss) and mixed.rank_loss is not None
+        assert mixed.loss == pytest.approx(full.loss, rel=0.05, abs=0.05)
+        assert mixed.rank_loss == pytest.approx(full.rank_loss, rel=0.05, abs=0.01)
+
+
+def test_attention_received_and_distillation_are_fp32_under_autocast() -> None:
+    probs = torch.softmax(torch.randn(2, 3, 6, 6), dim=-1)  # (B, H, T, T)
+    valid = torch.ones(2, 6, dtype=torch.bool)
+    received = R.attention_received(probs.to(torch.bfloat16), valid)
+    assert received.dtype == torch.float32
+    torch.testing.assert_close(received, R.attention_received(probs.to(torch.bfloat16).float(), valid))
+    objective = Objective.from_recipe(pilot_recipe())
+    batch = qa_batch(2)
+    student = torch.randn(*batch.input_ids.shape, 2)  # (N, T, 2) span logits
+    teacher = torch.randn_like(student)
+    divergence = objective.divergence(student.to(torch.bfloat16), teacher.to(torch.bfloat16), batch)
+    assert divergence is not None and divergence.dtype == torch.float32

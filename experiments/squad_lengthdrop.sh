@@ -46,3 +46,6 @@ fit lengthdrop-pilot
 evaluate lengthdrop-pilot lengthdrop-pilot --rhos 1.0 0.7 0.5 0.3 0.2 --methods learned attention random truncation \
   --paired-reference "$OUT/teacher"
 survival lengthdrop-pilot
+if [ ! -f "$OUT/lengthdrop-pilot/pilot_rule.json" ]; then  # the plan's stop rule against the calibrated chain
+  "$PY" -m experiments.qa_pilot_rule "$OUT/lengthdrop-pilot" --out "$OUT/lengthdrop-pilot/pilot_rule.json"
+fi

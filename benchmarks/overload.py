@@ -121,6 +121,41 @@ class Cell:
     batcher_p99_ms: float | None = None
     outside_p50_ms: float | None = None
     outside_p99_ms: float | None = None
+    # The server's event loop during the cell (retention_event_loop_lag_seconds: how late a 100 ms timer
+    # ran): the p99 bucket's upper bound and the share of probes later than 100 ms.
+    loop_lag_p99_ms: float | None = None
+    loop_lag_over_100ms: float | None = None
+
+
+LOOP_LAG = "retention_event_loop_lag_seconds"
+
+
+def loop_lag_buckets(url: str) -> dict[float, float]:
+    """The server's event-loop lag histogram now: cumulative count per upper bound (inf included)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        if family.name == LOOP_LAG:
+            return {
+                float(sample.labels["le"]): sample.value
+                for sample in family.samples
+                if sample.name == f"{LOOP_LAG}_bucket"
+            }
+    return {}
+
+
+def loop_lag_summary(
+    before: dict[float, float], after: dict[float, float]
+) -> tuple[float | None, float | None]:
+    """(p99 bucket bound in ms, share of probes over 100 ms) of the probes between two scrapes."""
+    delta = {bound: after[bound] - before.get(bound, 0.0) for bound in sorted(after)}
+    total = delta.get(float("inf"), 0.0)
+    if total <= 0:
+        return None, None
+    p99 = next(bound for bound, count in delta.items() if count >= 0.99 * total)
+    over = 1.0 - delta.get(0.1, total) / total
+    return 1000 * p99, over
 
 
 def pinned(command: list[str], cpus: list[int] | None) -> list[str]:
@@ -318,6 +353,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     cell = Cell(
                         policy.name, multiple, multiple * capacity, args.seconds, round_index, clients
                     )
+                    lag_before = loop_lag_buckets(url)
                     with RssSampler(pid) as rss:
                         cell.rss_start_mib = rss.mib()
                         retry = retry_mode(clients, args.retry_delay)
@@ -326,6 +362,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         )
                         records = drive(url, path, load, bodies, args.grace, workdir, args.client_cpus)
                     summarize(cell, records)
+                    cell.loop_lag_p99_ms, cell.loop_lag_over_100ms = loop_lag_summary(
+                        lag_before, loop_lag_buckets(url)
+                    )
                     cell.loadavg_1m = os.getloadavg()[0]
                     cell.rss_peak_mib = max(rss.samples)
                     cell.rss_end_mib = rss.samples[-1]
@@ -413,6 +452,7 @@ def summary_line(cell: Cell) -> str:
             f"client lag p99 {fmt(cell.send_lag_p99_ms)} ms",
             f"batcher p50/p99 {fmt(cell.batcher_p50_ms)}/{fmt(cell.batcher_p99_ms)} ms",
             f"outside p50/p99 {fmt(cell.outside_p50_ms)}/{fmt(cell.outside_p99_ms)} ms",
+            f"loop lag p99 {fmt(cell.loop_lag_p99_ms)} ms (>100 ms {fmt(cell.loop_lag_over_100ms, 3)})",
         ]
     )
 

@@ -28,6 +28,7 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 RHO_BUCKETS = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)
 TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 MEMORY_BUCKETS = tuple(float(2**k) for k in range(12, 34, 2))  # 4 KiB .. 8 GiB
 
 
@@ -121,6 +122,13 @@ class Metrics:
         )
         process = psutil.Process()
         self.resident_memory.set_function(lambda: float(process.memory_info().rss))
+        self.event_loop_lag = Histogram(
+            "retention_event_loop_lag_seconds",
+            "how late the event loop ran a timer (service.api.loop_lag): HTTP parsing, admission and "
+            "answers all wait this long",
+            buckets=LOOP_LAG_BUCKETS,
+            registry=r,
+        )
         self.activation_memory = Histogram(
             "retention_activation_memory_estimate_bytes",
             "estimated peak activation bytes per request",

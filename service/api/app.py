@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.api.deps import LATENCY_TARGET_HEADER, TIMEOUT_HEADER, require_admin_key, require_api_key
 from service.api.early import OPENAI_EMBEDDINGS_PATH, hint, refusal
 from service.api.faces import EMBEDDING, FACES
+from service.api.loop_lag import probe_loop_lag
 from service.api.refusal import RefusalHold, send_error
 from service.api.routers import admin, explorer, health, models, openai_compat
 from service.api.routers import metrics as metrics_router
@@ -225,10 +226,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 server.started = True
 
         load_task = asyncio.create_task(first_load())
+        lag_probe = asyncio.create_task(probe_loop_lag(metrics.event_loop_lag))
         sighup = _install_sighup(server)
         try:
             yield
         finally:
+            lag_probe.cancel()
             if sighup:
                 with contextlib.suppress(Exception):
                     asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)

@@ -34,6 +34,7 @@ GAUGES = {
     "retention_cost_model_tail_factor",
 }
 HISTOGRAMS = {
+    "retention_event_loop_lag_seconds",
     "retention_request_duration_seconds",
     "retention_queue_duration_seconds",
     "retention_inference_duration_seconds",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -9,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from retention_core.tasks import TASKS
 from service.api.app import create_app
 from service.metrics import Metrics
-from tests.service.conftest import running, settings_for
+from tests.service.conftest import running, settings_for, wait_until
 
 NAMES = {
     "retention_requests_total": "counter",
@@ -28,6 +29,7 @@ NAMES = {
     "retention_token_layers_saved_total": "counter",
     "retention_degraded_requests_total": "counter",
     "retention_process_resident_memory_bytes": "gauge",
+    "retention_event_loop_lag_seconds": "histogram",
     "retention_activation_memory_estimate_bytes": "histogram",
     "retention_model_info": "gauge",
 }
@@ -191,3 +193,16 @@ def test_every_task_of_the_registry_has_its_series_from_startup(models_root: Pat
         assert value(text, "retention_requests_total", endpoint=endpoint, task=task, status_class="5xx") == 0
     for endpoint in ("livez", "readyz", "metrics", "models", "other"):
         assert label_values(text, "retention_requests_total", "task", endpoint=endpoint) == {""}
+
+
+def test_a_blocked_event_loop_shows_as_loop_lag(models_root: Path) -> None:
+    with running(settings_for(models_root)) as (_, client):
+        assert client.portal is not None
+        client.portal.call(time.sleep, 0.4)  # runs on the event loop itself: nothing else runs meanwhile
+        late = "retention_event_loop_lag_seconds_bucket"
+
+        def over_quarter_second() -> float:
+            text = client.get("/metrics").text
+            return value(text, "retention_event_loop_lag_seconds_count") - value(text, late, le="0.25")
+
+        wait_until(lambda: over_quarter_second() >= 1, what="a probe that woke more than 0.25 s late")

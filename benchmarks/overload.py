@@ -124,6 +124,8 @@ class Cell:
     # The server's event loop during the cell (retention_event_loop_lag_seconds: how late a 100 ms timer
     # ran): the p99 bucket's upper bound and the share of probes later than 100 ms.
     loop_lag_p99_ms: float | None = None
+    queue_over_prediction_p50_ms: float | None = None  # queue time minus admission's predicted wait
+    queue_over_prediction_p99_ms: float | None = None
     loop_lag_over_100ms: float | None = None
 
 
@@ -306,6 +308,11 @@ def summarize(cell: Cell, records: list[dict[str, Any]]) -> Cell:
             outside = [r["latency_s"] - b for r, b in zip(split, batcher, strict=True)]
             cell.batcher_p50_ms, cell.batcher_p99_ms = (1000 * percentile(batcher, q) for q in (0.5, 0.99))
             cell.outside_p50_ms, cell.outside_p99_ms = (1000 * percentile(outside, q) for q in (0.5, 0.99))
+            # admission's error: the queue time an accepted request had beyond what admission predicted
+            late = [r["queue_s"] - r.get("predicted_wait_s", 0.0) for r in split]
+            cell.queue_over_prediction_p50_ms, cell.queue_over_prediction_p99_ms = (
+                1000 * percentile(late, q) for q in (0.5, 0.99)
+            )
     for record in accepted:
         reason = str(record.get("rho_reason"))
         cell.reasons[reason] = cell.reasons.get(reason, 0) + 1
@@ -453,6 +460,8 @@ def summary_line(cell: Cell) -> str:
             f"batcher p50/p99 {fmt(cell.batcher_p50_ms)}/{fmt(cell.batcher_p99_ms)} ms",
             f"outside p50/p99 {fmt(cell.outside_p50_ms)}/{fmt(cell.outside_p99_ms)} ms",
             f"loop lag p99 {fmt(cell.loop_lag_p99_ms)} ms (>100 ms {fmt(cell.loop_lag_over_100ms, 3)})",
+            f"queue - predicted p50/p99 {fmt(cell.queue_over_prediction_p50_ms)}/"
+            f"{fmt(cell.queue_over_prediction_p99_ms)} ms",
         ]
     )
 

@@ -91,6 +91,7 @@ class Driver(FastHttpUser):
                     # the batcher's share of the latency (the rest: HTTP, tokenizing, decoding, the client)
                     record["queue_s"] = float(response.headers.get("x-queue-time") or 0.0)
                     record["inference_s"] = float(response.headers.get("x-inference-time") or 0.0)
+                    record["predicted_wait_s"] = float(response.headers.get("x-predicted-wait") or 0.0)
                 response.success()  # 429s are an outcome here, not a locust failure
         except Exception as exc:  # connection refused / reset: recorded as status 0
             record.update(status=0, latency_s=time.monotonic() - scheduled, error=type(exc).__name__)

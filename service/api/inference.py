@@ -17,7 +17,7 @@ from service.api.deps import InferenceContext
 from service.api.schemas import ExplainedToken, Explanation, InferenceOptions, Usage
 from service.errors import InferenceFailed, InputTooLong, InvalidRequest
 from service.scheduling.admission import REASON_DEFAULT, REASON_REQUESTED
-from service.scheduling.jobs import AutoBudget, JobResult
+from service.scheduling.jobs import PREDICTED_WAIT_HEADER, AutoBudget, JobResult
 from service.serving import ServedModel
 
 T = TypeVar("T")
@@ -227,6 +227,8 @@ async def infer(
     work = token_work(model.manifest, [len(row) for row in rows], result.kept_counts)
     usage = usage_of(encoded, budget, result, work)
     record(ctx, endpoint, model, usage, budget, work)
+    # admission's prediction beside what happened (x-queue-time): how far off it was, per request
+    ctx.response.headers[PREDICTED_WAIT_HEADER] = f"{result.predicted_wait:.6f}"
     depths = per_item(encoded, result.depths) if result.depths is not None else None
     return Outcome(per_item(encoded, result.outputs), usage, depths)
 

@@ -32,14 +32,13 @@ from service.scheduling.admission import Verdict, admit, choose_batch_rho, reaso
 from service.scheduling.cost import tokens_through
 from service.scheduling.delivery import Delivery
 from service.scheduling.execution import execute, ort_thread
-from service.scheduling.jobs import AutoBudget, Job, JobResult, RowResult, Slice
+from service.scheduling.jobs import PREDICTED_WAIT_HEADER, AutoBudget, Job, JobResult, RowResult, Slice
 from service.scheduling.learning import ModelCosts
 from service.scheduling.planner import plan_runs, shape_length
 from service.settings import Settings
 
 log = logging.getLogger("service")
 
-PREDICTED_WAIT_HEADER = "x-predicted-wait"  # seconds, on a 429 from admission: Retry-After, unrounded
 # After admission refuses a request, rho=auto batches formed within this many seconds run at their
 # min_rho: while demand exceeds what the model serves, capacity goes to admitting, not to a higher rho.
 SHED_MEMORY_S = 1.0

@@ -12,6 +12,10 @@ import numpy as np
 from retention_core.codecs.base import Row
 from service.scheduling.admission import Pending, RhoReason
 
+# Seconds admission predicted the work ahead would take: on a 429 (Retry-After, unrounded) and on every
+# answer (beside x-queue-time, what it then took).
+PREDICTED_WAIT_HEADER = "x-predicted-wait"
+
 
 @dataclass(frozen=True)
 class AutoBudget:

@@ -34,6 +34,7 @@ def assert_headers(response, rho: float) -> None:
     assert float(response.headers["x-rho-effective"]) == pytest.approx(rho)
     assert float(response.headers["x-queue-time"]) >= 0
     assert float(response.headers["x-inference-time"]) >= 0
+    assert float(response.headers["x-predicted-wait"]) >= 0  # admission's prediction, idle here
 
 
 def test_classify_single_and_list(client: TestClient) -> None:

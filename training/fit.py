@@ -144,7 +144,8 @@ class TrainState:
     # model is its own teacher (or has none).
     teacher: RetentionModel | None = None
     # Mixed precision of the forward passes (None = fp32). bf16 autocast on CPUs with AMX (and on
-    # GPUs) nearly halves a MiniLM step; weights, optimizer state, λ and the scorers stay fp32.
+    # GPUs) cuts a MiniLM step 1.75x (results/bench/train-step-precision.json); weights, optimizer
+    # state, λ and the scorers stay fp32.
     autocast_dtype: torch.dtype | None = None
 
 

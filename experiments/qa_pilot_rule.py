@@ -3,6 +3,9 @@
 ``python -m experiments.qa_pilot_rule <pilot eval dir> --reference results/squad-minilm-calibrated/eval.json
 --out <dir>/pilot_rule.json``
 
+Also reported: the learned scorers minus attention top-k on the same weights, paired, at every ρ the
+evaluation measured both (the warm-up's rule).
+
 At each learned cell of the reference chain (its token-work and F1), the pilot's learned F1 at that
 token-work: per question, linear in token-work between the pilot's two measured ρ around it (so the
 interpolated F1 has a per-question SD too). The pilot passes where it beats the reference by more than
@@ -27,6 +30,7 @@ from benchmarks.cli import publish
 
 MARGIN_SE = 2.0
 METHOD = "learned"
+ATTENTION = "attention"
 DENSE = "1"
 
 
@@ -45,6 +49,25 @@ def at_token_work(curve: list[tuple[float, np.ndarray]], work: float) -> np.ndar
             share = (work - low_work) / (high_work - low_work)
             return (1.0 - share) * low + share * high
     raise ValueError(f"token-work {work:.3f} is outside the pilot's measured range")
+
+
+def versus_attention(eval_dir: Path) -> list[dict[str, Any]]:
+    """Learned minus attention top-k on the same weights, per ρ both measured (the warm-up's rule: the
+    learned scorers within 1 paired SE of attention's ranking, or above it)."""
+    scores = json.loads((eval_dir / "per_example.json").read_text(encoding="utf-8"))["scores"]
+    if ATTENTION not in scores:
+        return []
+    rows = []
+    for rho in sorted(set(scores[METHOD]) & set(scores[ATTENTION]) - {DENSE}, key=float):
+        difference = np.asarray(scores[METHOD][rho]) - np.asarray(scores[ATTENTION][rho])  # (N,)
+        rows.append(
+            {
+                "rho": float(rho),
+                "difference": round(float(difference.mean()), 2),
+                "paired_standard_error": round(float(difference.std(ddof=1) / math.sqrt(len(difference))), 2),
+            }
+        )
+    return rows
 
 
 def verdict(pilot_dir: Path, reference: Path) -> dict[str, Any]:
@@ -75,6 +98,7 @@ def verdict(pilot_dir: Path, reference: Path) -> dict[str, Any]:
         "margin_se": MARGIN_SE,
         "points": points,
         "passes": all(point["passes"] for point in points),
+        "learned_minus_attention": versus_attention(pilot_dir),
     }
 
 
@@ -90,7 +114,16 @@ def markdown(payload: dict[str, Any]) -> str:
             f"| {p['pilot_f1']:.1f} | {difference} | {'yes' if p['passes'] else 'no'} |"
         )
     verdict_line = "passes" if payload["passes"] else "does not pass"
-    return "# QA pilot's stop rule\n\n" + "\n".join(lines) + f"\n\nThe pilot {verdict_line} the rule.\n"
+    table = "# QA pilot's stop rule\n\n" + "\n".join(lines) + f"\n\nThe pilot {verdict_line} the rule.\n"
+    versus = payload["learned_minus_attention"]
+    if versus:
+        table += "\nLearned minus attention top-k on the same weights (F1 ± paired SE):\n\n"
+        table += "\n".join(
+            f"- ρ {row['rho']:g}: {row['difference']:+.2f} ± {row['paired_standard_error']:.2f}"
+            for row in versus
+        )
+        table += "\n"
+    return table
 
 
 def main(argv: list[str] | None = None) -> None:

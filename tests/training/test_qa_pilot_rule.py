@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.qa_pilot_rule import main
+from experiments.qa_pilot_rule import main, versus_attention
 
 REFERENCE = {
     "0.3": {"f1": 59.5, "token_work": 0.525},
@@ -46,3 +46,13 @@ def test_pilot_passes_only_more_than_two_unpaired_se_above_the_reference(
     assert at_half["pilot_f1"] == pytest.approx(measured, abs=0.01)  # an exact token-work: that cell
     assert 1.0 < at_half["unpaired_standard_error"] < 2.0  # √2 · 49 / √2000 for 0/100 scores near 65
     assert verdict["passes"] is passes and all(p["passes"] is passes for p in verdict["points"])
+    assert verdict["learned_minus_attention"] == []  # no attention cells written here
+
+
+def test_learned_minus_attention_is_paired_per_rho(tmp_path: Path) -> None:
+    root = write_pilot(tmp_path / "run", {"0.5": 60.0, "1": 68.9}, {"0.5": 0.68, "1": 1.0})
+    scores = json.loads((root / "per_example.json").read_text())["scores"]
+    learned = np.asarray(scores["learned"]["0.5"])
+    scores["attention"] = {"0.5": (learned - 2.0).tolist(), "1": scores["learned"]["1"]}  # 2 points lower
+    (root / "per_example.json").write_text(json.dumps({"scores": scores}))
+    assert versus_attention(root) == [{"rho": 0.5, "difference": 2.0, "paired_standard_error": 0.0}]

@@ -124,9 +124,9 @@ class Cell:
     # The server's event loop during the cell (retention_event_loop_lag_seconds: how late a 100 ms timer
     # ran): the p99 bucket's upper bound and the share of probes later than 100 ms.
     loop_lag_p99_ms: float | None = None
+    loop_lag_over_100ms: float | None = None
     queue_over_prediction_p50_ms: float | None = None  # queue time minus admission's predicted wait
     queue_over_prediction_p99_ms: float | None = None
-    loop_lag_over_100ms: float | None = None
 
 
 LOOP_LAG = "retention_event_loop_lag_seconds"

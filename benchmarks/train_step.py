@@ -28,16 +28,8 @@ PRECISIONS = ("fp32", "bf16")
 
 def step_seconds(recipe_path: Path, profile: str, steps: int, rounds: int) -> dict[str, Any]:
     from training.encoders import load_backbone, load_tokenizer
-    from training.fit import (
-        PRECISIONS as AUTOCAST,
-    )
-    from training.fit import (
-        StepSchedule,
-        initial_state,
-        train_step,
-        training_rows,
-        usable_cores,
-    )
+    from training.fit import PRECISIONS as AUTOCAST
+    from training.fit import StepSchedule, initial_state, train_step, training_rows, usable_cores
     from training.objective import Objective
     from training.recipes import load_recipe
 

@@ -3,15 +3,15 @@
 ``python -m experiments.qa_pilot_rule <pilot eval dir> --reference results/squad-minilm-calibrated/eval.json
 --out <dir>/pilot_rule.json``
 
-Also reported: the learned scorers minus attention top-k on the same weights, paired, at every ρ the
-evaluation measured both (the warm-up's rule).
-
 At each learned cell of the reference chain (its token-work and F1), the pilot's learned F1 at that
 token-work: per question, linear in token-work between the pilot's two measured ρ around it (so the
 interpolated F1 has a per-question SD too). The pilot passes where it beats the reference by more than
 ``MARGIN_SE`` unpaired standard errors, √(SE_pilot² + SE_reference²), SE = per-question SD / √n. The
 reference's per-question scores are gone with its weights, so its SE is taken equal to the pilot's at
 that point (F1's per-question SD is ~40 points for both).
+
+Also reported: the learned scorers minus attention top-k on the same weights, paired, at every ρ the
+evaluation measured both (the warm-up's rule).
 """
 
 from __future__ import annotations

@@ -41,18 +41,17 @@ evaluate teacher teacher --rhos 1.0 --methods learned
 fit warmup
 evaluate warmup warmup --rhos 1.0 0.5 0.3 --methods learned attention \
   --paired-reference "$OUT/teacher"
-survival warmup
 fit lengthdrop-pilot
 evaluate lengthdrop-pilot lengthdrop-pilot --rhos 1.0 0.7 0.5 0.3 0.2 --methods learned attention random truncation \
   --paired-reference "$OUT/teacher"
 survival lengthdrop-pilot
-if [ ! -f "$OUT/lengthdrop-pilot/pilot_rule.json" ]; then  # the plan's stop rule against the calibrated chain
-  "$PY" -m experiments.qa_pilot_rule "$OUT/lengthdrop-pilot" --out "$OUT/lengthdrop-pilot/pilot_rule.json"
+if [ ! -f "$OUT/lengthdrop-pilot/rule.json" ]; then  # the plan's stop rule against the calibrated chain
+  "$PY" -m experiments.qa_pilot_rule "$OUT/lengthdrop-pilot" --out "$OUT/lengthdrop-pilot/rule.json"
 fi
 fit answer-block  # step 3, the plan's fallback (its own rule, in the study)
 evaluate answer-block answer-block --rhos 1.0 0.7 0.5 0.3 0.2 --methods learned attention \
   --paired-reference "$OUT/teacher"
 survival answer-block
-if [ ! -f "$OUT/answer-block/pilot_rule.json" ]; then
-  "$PY" -m experiments.qa_pilot_rule "$OUT/answer-block" --out "$OUT/answer-block/pilot_rule.json"
+if [ ! -f "$OUT/answer-block/rule.json" ]; then
+  "$PY" -m experiments.qa_pilot_rule "$OUT/answer-block" --out "$OUT/answer-block/rule.json"
 fi

@@ -149,10 +149,10 @@ class Backlog:
         tokens = 0.0
         kept = 0.0
         groups = [self.batch] + [self.queued[begin:end] for begin, end in self.groups()]
-        for count, members in enumerate(groups, start=1):  # every batch pays a run
+        for members in groups:
             tokens += sum(job.tokens for job in members)
             kept += sum(job.tokens * cost.fraction(rho_of(job), job.length) for job in members)
-            seconds = self.factor * cost.predict(max(count, runs_for(tokens, budget)), tokens, kept)
+            seconds = self.factor * cost.predict(runs_for(tokens, budget), tokens, kept)
             ends.extend([now + seconds] * len(members))
         return ends
 

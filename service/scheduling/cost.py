@@ -64,11 +64,9 @@ def batches_for(
     if jobs <= runs or not math.isfinite(limit_s):
         return runs
     room = limit_s - cost.per_run  # what one batch has left for its tokens
-    per_job = cost.predict(0.0, tokens, kept) / jobs  # the mean job's tokens
-    if room <= 0.0 or per_job <= 0.0:
-        return jobs if room <= 0.0 else runs
-    per_batch = max(1, math.floor(room / per_job))  # whole jobs: a batch never takes part of a job here
-    return min(jobs, max(runs, math.ceil(jobs / per_batch)))
+    if room <= 0.0:
+        return jobs
+    return min(jobs, max(runs, math.ceil(cost.predict(0.0, tokens, kept) / room)))
 
 
 def tokens_through(cumulative: float, max_batch_tokens: int, fill: float) -> float:

@@ -14,7 +14,6 @@ from service.scheduling.admission import (
     REASON_IDLE,
     REASON_MIN_RHO,
     RHO_GRID,
-    Backlog,
     Pending,
     admit,
     choose_batch_rho,
@@ -27,7 +26,6 @@ from service.scheduling.cost import (
     ArrivalRate,
     CostModel,
     TailFactor,
-    batches_for,
     runs_for,
     schedule_fraction,
     tokens_through,
@@ -211,33 +209,6 @@ def test_queue_is_cut_into_batches_as_the_batcher_cuts_it_and_runs_fill_up() -> 
     assert tokens_through(300, 256, fill=256) == 512  # the second run fills up behind the job
     assert tokens_through(300, 256, fill=0) == 300  # light load: nothing joins
     assert tokens_through(100, 256, fill=64) == 100
-
-
-def test_auto_batches_are_cut_by_time_too_and_the_queue_counts_each_batchs_run() -> None:
-    """A storm of one-text rho=auto requests: the batcher cuts their batches at a share of the latency
-    target, so a queue of 20 is many batches, each paying the per-run cost, not one full run."""
-    model = trained()
-    jobs = [auto(64, due=10.0, min_rho=0.1) for _ in range(20)]
-    tokens = 64 * len(jobs)
-    kept = tokens * fraction(0.1)
-    two, three = (model.predict(1, 64 * n, 64 * n * fraction(0.1)) for n in (2, 3))
-    limit = (two + three) / 2  # two jobs fit a batch, three do not
-    assert run_groups([64] * 20, 8192) == [(0, 20)]  # the token budget alone: one batch
-
-    def seconds(begin: int, end: int, size: int) -> float:
-        return model.predict(1, size, size * fraction(0.1))
-
-    groups = run_groups([64] * 20, 8192, seconds, limit)
-    assert groups == [(i, i + 2) for i in range(0, 20, 2)]
-    # the closed form admission uses agrees with the walk, and a fixed-rho queue keeps one batch
-    assert batches_for(model, tokens, kept, len(jobs), 8192, limit) == len(groups)
-    assert batches_for(model, tokens, kept, len(jobs), 8192, math.inf) == 1
-    assert batches_for(model, tokens, kept, len(jobs), 8192, model.per_run / 2) == len(jobs)  # one each
-    # the controller predicts its backlog in the same batches: the last job ends after ten runs
-    backlog = Backlog(jobs[:2], jobs[2:], model, 8192, batch_limit_s=limit)  # a batch of two forming
-    assert backlog.groups() == groups[:-1]
-    ends = backlog.ends(0.0, lambda job: job.min_rho)
-    assert ends[-1] == pytest.approx(10 * model.predict(1, 128, 128 * fraction(0.1)))
 
 
 def test_tail_factor_is_a_high_quantile_of_the_recent_overruns_and_never_below_one() -> None:

@@ -37,22 +37,13 @@ REASON_MIN_RHO: RhoReason = "auto:floor"
 RHO_REASONS: tuple[RhoReason, ...] = get_args(RhoReason)
 
 
-def run_groups(
-    tokens: Sequence[int],
-    max_batch_tokens: int,
-    seconds: Callable[[int, int, int], float] | None = None,
-    limit_s: float = math.inf,
-) -> list[tuple[int, int]]:
+def run_groups(tokens: Sequence[int], max_batch_tokens: int) -> list[tuple[int, int]]:
     """How the batcher will cut a queue into batches (arrival order, up to the token budget, at least
-    one job each): ``(begin, end)`` job indices of each batch. With ``seconds(begin, end, tokens)`` (the
-    predicted seconds of jobs ``begin:end``, ``tokens`` padded tokens) a batch also ends before it would
-    pass ``limit_s``, as the batcher cuts batches of rho=auto jobs."""
+    one job each): ``(begin, end)`` job indices of each batch."""
     groups: list[tuple[int, int]] = []
     begin, total = 0, 0
     for index, size in enumerate(tokens):
-        grown = total + size
-        over_time = seconds is not None and index > begin and seconds(begin, index + 1, grown) > limit_s
-        if index > begin and (grown > max_batch_tokens or over_time):
+        if index > begin and total + size > max_batch_tokens:
             groups.append((begin, index))
             begin, total = index, 0
         total += size
@@ -107,34 +98,13 @@ def rho_for(job: Pending, candidate: float) -> float:
 @dataclass(frozen=True)
 class Backlog:
     """What the controller predicts over: the batch being formed, the queue behind it (in order), the
-    cost model, the batcher's token budget, the tail factor every predicted duration is scaled by, and
-    the mean seconds a batch holding rho=auto jobs may take (the batcher's cut; infinite: none)."""
+    cost model, the batcher's token budget and the tail factor every predicted duration is scaled by."""
 
     batch: Sequence[Pending]
     queued: Sequence[Pending]
     cost: CostModel
     max_batch_tokens: int
     factor: float = 1.0
-    batch_limit_s: float = math.inf
-
-    def groups(self) -> list[tuple[int, int]]:
-        """The queue cut into batches as the batcher will cut it: by the token budget, and batches with an
-        auto job by ``batch_limit_s`` at every job's min_rho (so a storm's many short batches each pay
-        the per-run cost)."""
-        queued, cost, budget = self.queued, self.cost, self.max_batch_tokens
-        if not math.isfinite(self.batch_limit_s):
-            return run_groups([j.tokens for j in queued], budget)
-        kept, autos = [0.0], [0]  # prefix sums: each candidate cut costs O(1)
-        for job in queued:
-            kept.append(kept[-1] + job.tokens * cost.fraction(job.min_rho, job.length))
-            autos.append(autos[-1] + job.auto)
-
-        def seconds(begin: int, end: int, tokens: int) -> float:
-            if autos[end] == autos[begin]:
-                return 0.0  # no auto job: only the token budget cuts
-            return cost.predict(runs_for(tokens, budget), tokens, kept[end] - kept[begin])
-
-        return run_groups([j.tokens for j in queued], budget, seconds, self.batch_limit_s)
 
     @property
     def jobs(self) -> list[Pending]:
@@ -148,7 +118,9 @@ class Backlog:
         ends: list[float] = []
         tokens = 0.0
         kept = 0.0
-        groups = [self.batch] + [self.queued[begin:end] for begin, end in self.groups()]
+        groups = [self.batch] + [
+            self.queued[begin:end] for begin, end in run_groups([j.tokens for j in self.queued], budget)
+        ]
         for members in groups:
             tokens += sum(job.tokens for job in members)
             kept += sum(job.tokens * cost.fraction(rho_of(job), job.length) for job in members)
@@ -193,7 +165,6 @@ def choose_batch_rho(
     factor: float = 1.0,
     shedding: bool = False,
     load_max_rho: float = 1.0,
-    batch_limit_s: float = math.inf,
 ) -> BatchRho:
     """The highest rho (grid, min_rhos and max_rhos) at which the batch and the queue behind it meet
     the due times of every job that can still meet its own at its min_rho, every predicted duration
@@ -203,8 +174,7 @@ def choose_batch_rho(
     every auto job at its min_rho, whatever the queue allows, so that compute is degraded before anyone
     else is turned away (above its min_rho a job spends capacity the next arrivals are refused for).
     ``load_max_rho`` (``sustainable_rho`` of the recent arrival rate): no candidate above it, however
-    short the queue — at the start of a flood the queue is short while requests pour in behind it.
-    ``batch_limit_s``: the batcher's cut of batches holding auto jobs (``Backlog``)."""
+    short the queue — at the start of a flood the queue is short while requests pour in behind it."""
     autos = [job for job in batch if job.auto]
     if not autos:
         return BatchRho(1.0, False)
@@ -215,7 +185,7 @@ def choose_batch_rho(
     if shedding:
         return BatchRho(bottom, bottom < highest)
     candidates = sorted({rho for rho in (*RHO_GRID, *edges) if bottom <= rho <= top}, reverse=True)
-    backlog = Backlog(batch, queued, cost, max_batch_tokens, factor, batch_limit_s)
+    backlog = Backlog(batch, queued, cost, max_batch_tokens, factor)
     lost = backlog.lost_at_min_rho(now)
     lost_here = frozenset(i for i in lost if i < len(batch))
     # Lower rho only ends jobs earlier, so feasibility is monotone: binary search the descending list

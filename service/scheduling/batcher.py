@@ -46,8 +46,8 @@ SHED_MEMORY_S = 1.0
 # busy more than this share of the time: above it the queue grows whatever it holds now (the start of a
 # flood, when the queue is still short, is where this matters).
 SUSTAINABLE_BUSY = 1.0
-# A batch holding rho=auto jobs is predicted (at their min_rho, the cost model's mean) to take at most
-# this share of the tightest latency target among them (``Batcher._take``).
+# A batch holding rho=auto jobs is predicted (at their min_rho) to take at most this share of the
+# tightest latency target among them (``Batcher._take``).
 BATCH_TARGET_SHARE = 0.25
 
 
@@ -59,7 +59,6 @@ class Batcher:
         self.queue: deque[Job] = deque()
         self.queued_tokens = 0  # padded tokens of the queued jobs
         self.queued_min_work = 0.0  # their kept token-work at the lowest rho each may get
-        self.queued_auto = 0  # queued rho=auto jobs whose rho is still open (their batches are cut short)
         self.busy = False
         self.delivery: Delivery | None = None  # the running batch's, while it runs
         self.busy_until = 0.0  # predicted end of the running batch (time.monotonic()), tail-scaled
@@ -114,20 +113,9 @@ class Batcher:
         running = max(0.0, self.busy_until - now) if self.busy else 0.0
         if not self.queued_tokens:
             return running
-        limit, jobs = self._batch_limit_s(auto=False), len(self.queue)
-        return running + self.costs.queue_seconds(self.queued_tokens, self.queued_min_work, jobs, limit)
+        return running + self.costs.tail_seconds(self.queued_tokens, self.queued_min_work)
 
-    def _batch_limit_s(self, auto: bool) -> float:
-        """The mean seconds a batch may take (``_take``'s cut) as the queue's prediction counts it: a share
-        of the server's latency target while rho=auto jobs are queued (or ``auto``: one joins), else none.
-        (A request with its own, tighter target cuts its batch shorter than this counts.)"""
-        if not (auto or self.queued_auto):
-            return math.inf
-        return BATCH_TARGET_SHARE * self.settings.auto_latency_target_s
-
-    def completion_seconds(
-        self, now: float, tokens: int, min_rho: float, length: int = 0, auto: bool = False
-    ) -> float:
+    def completion_seconds(self, now: float, tokens: int, min_rho: float, length: int = 0) -> float:
         """Predicted seconds until a job of ``tokens`` queued now is done at ``min_rho``: the work ahead,
         then its run, counted as full as recent batches (requests behind it join its run until it forms)."""
         running = max(0.0, self.busy_until - now) if self.busy else 0.0
@@ -135,8 +123,7 @@ class Batcher:
         through = tokens_through(cumulative, self.settings.max_batch_tokens, self.recent_batch_tokens)
         own = tokens * self.costs.fraction(min_rho, length)
         work = (self.queued_min_work + own) * through / cumulative
-        limit = self._batch_limit_s(auto)
-        return running + self.costs.queue_seconds(through, work, len(self.queue) + 1, limit)
+        return running + self.costs.tail_seconds(through, work)
 
     async def submit(
         self, rows: list[Row], rho: float, deadline: float, auto: AutoBudget | None = None
@@ -217,7 +204,7 @@ class Batcher:
     def _admit(self, job: Job, now: float) -> None:
         """Refuse ``job`` (429) when the work ahead at its lowest rho leaves no time for its own run."""
         wait = self.drain_seconds(now)
-        own = self.completion_seconds(now, job.tokens, job.min_rho, job.length, job.open_auto) - wait
+        own = self.completion_seconds(now, job.tokens, job.min_rho, job.length) - wait
         job.predicted_wait = wait
         self.metrics.predicted_wait.labels(model=self.model.name, task=self.model.task).observe(wait)
         self._drain.set(wait + own)
@@ -232,9 +219,8 @@ class Batcher:
         """Keep the queue's running sums (tokens, min_rho work, depth gauge) in step with its contents."""
         self.queued_tokens += sign * job.tokens
         self.queued_min_work += sign * job.tokens * self.costs.fraction(job.min_rho, job.length)
-        self.queued_auto += sign * job.open_auto
         if not self.queue:  # no float drift left behind by an emptied queue
-            self.queued_tokens, self.queued_min_work, self.queued_auto = 0, 0.0, 0
+            self.queued_tokens, self.queued_min_work = 0, 0.0
         self._depth.set(len(self.queue))
 
     def _forget(self, job: Job) -> None:
@@ -280,10 +266,7 @@ class Batcher:
         A batch holding rho=auto jobs also stops where its predicted time at their min_rho would pass
         ``BATCH_TARGET_SHARE`` of the tightest latency target among them: every job of a batch waits for
         its own run, and the batch's runs go shortest first, so one long batch at min_rho (8,192 tokens
-        of reviews: ~0.3 s on one core) would make its oldest requests late by itself. The cut reads the
-        cost model's mean, not its tail: under a storm the tail factor reached 2-4, cut batches to one
-        row, and the per-run cost of every batch (most of a one-text batch's time) halved what the model
-        served (docs/service.md, "Batches a storm cuts to one row").
+        of reviews: ~0.3 s on one core) would make its oldest requests late by itself.
 
         A job larger than the budget (an OpenAI-sized embeddings request: hundreds of inputs) is served
         a slice at a time, as many rows as the batch has room for; it stays queued, and the next batch
@@ -310,7 +293,7 @@ class Batcher:
             work = piece.tokens * self.costs.fraction(job.min_rho, job.length)
             if job.open_auto and job.auto is not None:
                 limit_s = min(limit_s, BATCH_TARGET_SHARE * (job.auto.due - job.enqueued))
-            if slices and self.costs.mean_seconds(tokens + piece.tokens, min_work + work) > limit_s:
+            if slices and self.costs.tail_seconds(tokens + piece.tokens, min_work + work) > limit_s:
                 break
             if piece.end < len(job.rows):  # stays queued for its next slice, counted for its rest
                 self._count(job, -1)
@@ -356,10 +339,7 @@ class Batcher:
             shedding = now - self.last_shed < SHED_MEMORY_S
             budget, factor = self.settings.max_batch_tokens, costs.tail.value
             load_max_rho = self._load_max_rho(slices, now)
-            limit = self._batch_limit_s(auto=True)
-            choice = choose_batch_rho(
-                now, batch, queued, costs.cost, budget, factor, shedding, load_max_rho, limit
-            )
+            choice = choose_batch_rho(now, batch, queued, costs.cost, budget, factor, shedding, load_max_rho)
             for job, pending, rho in zip(jobs, batch, choice.rhos(batch), strict=True):
                 if job.open_auto:
                     queued_still = job.resumed  # its rest is counted in the queue's sums at min_rho

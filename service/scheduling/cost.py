@@ -52,23 +52,6 @@ def runs_for(tokens: float, max_batch_tokens: int) -> int:
     return max(1, math.ceil(tokens / max_batch_tokens))
 
 
-def batches_for(
-    cost: CostModel, tokens: float, kept: float, jobs: int, max_batch_tokens: int, limit_s: float
-) -> int:
-    """Batches ``jobs`` queued jobs of ``tokens`` padded tokens and ``kept`` token-work are cut into: the
-    token budget's count, more where no batch may take longer than ``limit_s`` at the cost model's mean
-    (the batcher's cut for rho=auto jobs), at most one a job. Under a storm of one-text requests that cut
-    makes a batch a few rows, and the per-run cost of every batch is most of the queue's time: counting
-    the queue as full batches predicted half of it."""
-    runs = runs_for(tokens, max_batch_tokens)
-    if jobs <= runs or not math.isfinite(limit_s):
-        return runs
-    room = limit_s - cost.per_run  # what one batch has left for its tokens
-    if room <= 0.0:
-        return jobs
-    return min(jobs, max(runs, math.ceil(cost.predict(0.0, tokens, kept) / room)))
-
-
 def tokens_through(cumulative: float, max_batch_tokens: int, fill: float) -> float:
     """Padded tokens of the runs up to the one that holds the last of ``cumulative`` queued tokens, that
     last run counted at least ``fill`` tokens full: requests arriving behind a job join its run until

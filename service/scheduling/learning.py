@@ -16,7 +16,6 @@ from service.scheduling.cost import (
     CostModel,
     KeptFraction,
     TailFactor,
-    batches_for,
     runs_for,
     schedule_fraction,
 )
@@ -54,13 +53,6 @@ class ModelCosts:
     def tail_seconds(self, tokens: float, kept: float) -> float:
         """``mean_seconds`` scaled by the tail factor: what admission and the controller plan with."""
         return self.tail.value * self.mean_seconds(tokens, kept)
-
-    def queue_seconds(self, tokens: float, kept: float, jobs: int, limit_s: float) -> float:
-        """Tail-scaled seconds of ``jobs`` queued jobs (``tokens`` padded tokens, ``kept`` token-work), in
-        as many batches as the batcher will cut them into (``batches_for``; ``limit_s``: the mean seconds
-        one batch may take, infinite without rho=auto jobs): each batch pays the per-run cost."""
-        batches = batches_for(self.cost, tokens, kept, jobs, self.max_batch_tokens, limit_s)
-        return self.tail.value * self.cost.predict(batches, tokens, kept)
 
     def run_overhead_tokens(self, rhos: list[float]) -> float:
         """The fixed cost of one ONNX run in padded-token equivalents at the batch's mean rho (learned: the

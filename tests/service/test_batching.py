@@ -297,7 +297,7 @@ def test_a_batch_of_auto_requests_stops_at_a_share_of_their_latency_target(
     tiny_models: dict[str, Path],
 ) -> None:
     """Fifty queued requests: rho=auto ones are taken only up to BATCH_TARGET_SHARE of their target (at
-    their min_rho, by the cost model's mean), fixed-rho ones up to the token budget."""
+    their min_rho, by the cost model), fixed-rho ones up to the token budget."""
     from service.scheduling.batcher import BATCH_TARGET_SHARE
     from service.scheduling.jobs import AutoBudget, Job
 
@@ -325,7 +325,7 @@ def test_a_batch_of_auto_requests_stops_at_a_share_of_their_latency_target(
 
     def seconds(pieces: list[Slice]) -> float:
         tokens = sum(piece.tokens for piece in pieces)
-        return batcher.costs.mean_seconds(
+        return batcher.costs.tail_seconds(
             tokens, sum(piece.tokens * batcher.costs.fraction(0.1, piece.job.length) for piece in pieces)
         )
 

@@ -1,7 +1,7 @@
 """The QA LengthDrop pilot's stop rule (docs/experiments/2026-11-26-qa-lengthdrop.md, plan step 3).
 
 ``python -m experiments.qa_pilot_rule <pilot eval dir> --reference results/squad-minilm-calibrated/eval.json
---out <dir>/pilot_rule.json``
+--out <dir>/rule.json``
 
 At each learned cell of the reference chain (its token-work and F1), the pilot's learned F1 at that
 token-work: per question, linear in token-work between the pilot's two measured ρ around it (so the

@@ -36,6 +36,11 @@ survival() {  # survival <profile>: answer survival at rho 0.5 and 0.3 (500 ques
     --out "$OUT/$1/answer_survival.json"
 }
 
+rule() {  # rule <profile>: the plan's stop rule against the calibrated chain, once
+  if [ -f "$OUT/$1/rule.json" ]; then return; fi
+  "$PY" -m experiments.qa_pilot_rule "$OUT/$1" --out "$OUT/$1/rule.json"
+}
+
 fit teacher
 evaluate teacher teacher --rhos 1.0 --methods learned
 fit warmup
@@ -45,13 +50,11 @@ fit lengthdrop-pilot
 evaluate lengthdrop-pilot lengthdrop-pilot --rhos 1.0 0.7 0.5 0.3 0.2 --methods learned attention random truncation \
   --paired-reference "$OUT/teacher"
 survival lengthdrop-pilot
-if [ ! -f "$OUT/lengthdrop-pilot/rule.json" ]; then  # the plan's stop rule against the calibrated chain
-  "$PY" -m experiments.qa_pilot_rule "$OUT/lengthdrop-pilot" --out "$OUT/lengthdrop-pilot/rule.json"
-fi
+rule lengthdrop-pilot
 fit answer-block  # step 3, the plan's fallback (its own rule, in the study)
 evaluate answer-block answer-block --rhos 1.0 0.7 0.5 0.3 0.2 --methods learned attention \
   --paired-reference "$OUT/teacher"
+evaluate answer-block answer-block-baselines --rhos 0.5 0.3 --methods random truncation \
+  --paired-reference "$OUT/teacher"
 survival answer-block
-if [ ! -f "$OUT/answer-block/rule.json" ]; then
-  "$PY" -m experiments.qa_pilot_rule "$OUT/answer-block" --out "$OUT/answer-block/rule.json"
-fi
+rule answer-block

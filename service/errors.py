@@ -27,6 +27,7 @@ SHED_REASONS = (
     "over_target",  # rho=auto: predicted completion (work ahead at its min_rho) misses its latency target
     "over_deadline",  # predicted completion misses the request deadline
     "expired_queued",  # admitted, but its deadline passed while still queued: nothing was computed
+    "late_queued",  # rho=auto, admitted, still queued auto_late_after_targets targets after it arrived
     "concurrency",  # max_concurrent_requests requests already in the server
 )
 # reason label of retention_rejections_total, bounded

@@ -138,6 +138,12 @@ class Settings(BaseSettings):
         description="admission and the rho controller scale the cost model's predictions by this quantile "
         "of recent batches' actual/predicted ratios (higher: fewer late answers, more refusals)",
     )
+    auto_late_after_targets: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="a rho=auto request still queued (none of it run) this many latency targets after it "
+        "arrived is refused (429 late_queued, Retry-After) rather than answered late (0 = never)",
+    )
 
     # ------------------------------------------------------------------ security
     api_key: SecretStr | None = Field(

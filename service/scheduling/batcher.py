@@ -187,16 +187,19 @@ class Batcher:
         error.headers[PREDICTED_WAIT_HEADER] = f"{wait:.6f}"
         return error
 
-    def _expired(self, now: float) -> Overloaded:
-        """A job admitted on a prediction the queue then failed to keep, its deadline passed before any of
-        it ran: a refusal like admission's (429 + Retry-After, safe to retry), since nothing was
-        computed; 504 stays for a request whose run had started."""
+    def _expired(self, now: float, late: bool = False) -> Overloaded:
+        """A job admitted on a prediction the queue then failed to keep, its deadline (``late``: its
+        rho=auto late time, ``_late_at``) passed before any of it ran: a refusal like admission's (429 +
+        Retry-After, safe to retry), since nothing was computed; 504 stays for a request whose run had
+        started."""
         self.last_shed = now
         wait = self.drain_seconds(now)
         error = Overloaded(
-            "expired_queued",
+            "late_queued" if late else "expired_queued",
             max(self.settings.retry_after_s, math.ceil(wait)),
-            "server overloaded: the request deadline passed while it was queued, retry later",
+            "server overloaded: the request "
+            + ("waited past its latency target" if late else "deadline passed")
+            + " while it was queued, retry later",
         )
         error.headers[PREDICTED_WAIT_HEADER] = f"{wait:.6f}"
         return error
@@ -261,6 +264,29 @@ class Batcher:
                 error.__cause__ = exc
                 job.future.set_exception(error)
 
+    def _late_at(self, job: Job) -> float:
+        """When a queued rho=auto job is no longer worth running: ``auto_late_after_targets`` latency
+        targets after it arrived (inf when that is off or the job is not rho=auto)."""
+        factor = self.settings.auto_late_after_targets
+        if factor <= 0 or job.auto is None:
+            return math.inf
+        return job.enqueued + factor * max(job.auto.due - job.enqueued, 0.0)
+
+    def _shed_late(self, now: float) -> None:
+        """Refuse (429 ``late_queued``) every queued rho=auto job none of which has run by its late time.
+        Under a storm the runs take longer than admission predicted, and a client that asked for a
+        latency is better served by a refusal with a Retry-After than by an answer several targets late."""
+        if self.settings.auto_late_after_targets <= 0:
+            return
+        late = [
+            job for job in self.queue if job.open_auto and job.started is None and self._late_at(job) <= now
+        ]
+        for job in late:
+            self.queue.remove(job)
+            self._count(job, -1)
+            if not job.future.done() and not job.cancelled:
+                job.future.set_exception(self._expired(now, late=True))
+
     def _take(self) -> list[Slice]:
         """Take jobs in arrival order up to the token budget (always at least one row); drop expired ones.
         A batch holding rho=auto jobs also stops where its predicted time at their min_rho would pass
@@ -281,6 +307,7 @@ class Batcher:
         tokens, min_work = 0, 0.0
         limit_s = math.inf
         now = time.monotonic()
+        self._shed_late(now)
         while self.queue:
             job = self.queue[0]
             if job.cancelled or job.future.done() or job.deadline <= now:

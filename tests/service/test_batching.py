@@ -234,6 +234,33 @@ def test_deadline_is_504_once_running_and_a_late_shed_429_while_queued(models_ro
         assert 'retention_rejections_total{reason="deadline"} 1.0' in client.get("/metrics").text
 
 
+@pytest.mark.parametrize("late_after_targets", [0.0, 2.0])
+def test_a_queued_auto_request_past_its_late_time_is_refused_not_answered_late(
+    models_root: Path, late_after_targets: float
+) -> None:
+    """Admitted (admission off, so the prediction cannot refuse it), then queued behind a blocked run
+    for several latency targets: with auto_late_after_targets it gets 429 late_queued when the next
+    batch is formed; without it, its late answer."""
+    settings = settings_for(models_root, admission_control=False, auto_late_after_targets=late_after_targets)
+    with running(settings) as (app, client), ThreadPoolExecutor(2) as pool:
+        batcher = server_of(app).batcher_of("tiny-classification")
+        with blocked_inference(app, "tiny-classification"):
+            first = pool.submit(client.post, "/classify", json={"text": TEXTS[1]})
+            wait_until(lambda: batcher.busy and not batcher.queue, what="the first batch running")
+            auto = pool.submit(client.post, "/classify?rho=auto&max_latency_ms=50", json={"text": TEXTS[2]})
+            wait_until(lambda: len(batcher.queue) == 1, what="the rho=auto request queued")
+            time.sleep(0.2)  # four targets
+        assert first.result().status_code == 200
+        answer = auto.result()
+        if late_after_targets == 0:
+            assert answer.status_code == 200
+            return
+        assert answer.status_code == 429 and int(answer.headers["retry-after"]) >= 1
+        assert answer.json()["error"]["code"] == "overloaded"
+        assert 'retention_shed_requests_total{reason="late_queued"} 1.0' in client.get("/metrics").text
+        assert client.post("/classify?rho=auto", json={"text": TEXTS[2]}).status_code == 200
+
+
 def test_shutdown_drains_in_flight_requests(models_root: Path) -> None:
     """Requests queued when the model server closes (lifespan shutdown) still get their answer."""
     from service.server import ModelServer

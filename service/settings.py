@@ -29,13 +29,6 @@ class Settings(BaseSettings):
         default=0, ge=0, description="onnxruntime intra-op threads (0 = ORT default)"
     )
     inter_op_threads: int = Field(default=1, ge=1)
-    inference_thread_nice: int = Field(
-        default=0,
-        ge=0,
-        le=19,
-        description="nice value of each model's inference thread (Linux): above 0 the event loop wins the "
-        "core when both want it, so requests are read and refused promptly under a storm",
-    )
     use_cuda: bool = Field(default=True, description="use CUDAExecutionProvider when onnxruntime offers it")
     cpu_mem_arena: bool = Field(
         default=True,

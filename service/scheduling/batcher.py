@@ -67,7 +67,7 @@ class Batcher:
         self.closing = False
         self.costs = ModelCosts(model, metrics, settings.max_batch_tokens, settings.auto_tail_quantile)
         self.last_shed = -math.inf  # time.monotonic() admission last refused a request (429)
-        self.executor = ort_thread(model.name, settings.inference_thread_nice)
+        self.executor = ort_thread(model.name)
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._depth = metrics.queue_depth.labels(model=model.name)

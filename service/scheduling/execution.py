@@ -6,9 +6,6 @@ as soon as that run finishes (``RunDone``, ``service.scheduling.delivery``)."""
 
 from __future__ import annotations
 
-import functools
-import os
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -31,17 +28,9 @@ class RunStats:
     kept_work: float  # padded tokens x the schedule's kept fraction at each row's rho
 
 
-def ort_thread(model_name: str, nice: int = 0) -> ThreadPoolExecutor:
-    """The model's one inference thread, at ``nice`` (Linux: a thread has its own nice value; raising it
-    needs no privilege). With one intra-op thread onnxruntime computes on this thread itself."""
-    initializer = functools.partial(lower_thread_priority, nice) if nice > 0 else None
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ort-{model_name}", initializer=initializer)
-
-
-def lower_thread_priority(nice: int) -> None:
-    """Give the calling thread nice value ``nice`` (no-op where the OS has no per-thread priority)."""
-    if hasattr(os, "setpriority"):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+def ort_thread(model_name: str) -> ThreadPoolExecutor:
+    """The model's one inference thread."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ort-{model_name}")
 
 
 def execute(

@@ -281,12 +281,12 @@ class Encoder:
     def layer_exit(self, rows: list[Any], num_layers: int) -> tuple[np.ndarray, float]:
         """The dense model stopped after ``num_layers`` layers: vectors (N, d), token-work k / L."""
         from training.evaluation import length_sorted_chunks, rows_to_tensors
-        from training.model import layer_exit_pooled
+        from training.model import layer_exit
 
         vectors: list[np.ndarray] = [np.empty(0)] * len(rows)
         for members in length_sorted_chunks([len(row) for row in rows], self.batch_size):
             feeds = rows_to_tensors([rows[i] for i in members], self.pad_id())
-            pooled = layer_exit_pooled(self.model, feeds["input_ids"], feeds["attention_mask"], num_layers)
+            pooled = layer_exit(self.model, feeds["input_ids"], feeds["attention_mask"], num_layers)
             for i, member in enumerate(members):
                 vectors[member] = pooled[i].numpy()
         return np.stack(vectors).astype(np.float32), num_layers / self.model.num_points

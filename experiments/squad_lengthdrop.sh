@@ -58,3 +58,7 @@ evaluate answer-block answer-block-baselines --rhos 0.5 0.3 --methods random tru
   --paired-reference "$OUT/teacher"
 survival answer-block
 rule answer-block
+# Layer exit on the same weights (the dense model stopped after the layer count nearest each ρ's
+# token-work: 4 of 6 at ρ 0.5, 3 at 0.3), the cheap baseline the study had not measured.
+evaluate answer-block answer-block-layer-exit --rhos 0.5 0.3 --methods layer_exit \
+  --paired-reference "$OUT/teacher"

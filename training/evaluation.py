@@ -31,12 +31,23 @@ from retention_core.tasks import CodecOptions, TaskSpec, task_spec
 from retention_core.text import backend_tokenizer
 from training import retention as R
 from training.data import EVAL_SEED, Example
-from training.model import RetentionModel, Selector, attention_selector, leading_selector, random_selector
+from training.model import (
+    RetentionModel,
+    Selector,
+    attention_selector,
+    layer_exit,
+    leading_selector,
+    random_selector,
+)
 from training.recipes import EvalSpec, Recipe
 
 LEARNED = "learned"
 TRUNCATION = "truncation"
+LAYER_EXIT = "layer_exit"
 CODEC_METHODS = (LEARNED, "random", "attention", TRUNCATION)
+# Accepted by --methods, not run by default: the dense model stopped after the layer count whose
+# token-work is nearest the learned schedule's at each ρ, its head reading those states.
+CODEC_EXTRA_METHODS = (LAYER_EXIT,)
 # Training learns from every window of a long document; serving (and so evaluation) caps the windows.
 EVERY_WINDOW = CodecOptions(max_windows=sys.maxsize)
 SERVING = CodecOptions()
@@ -94,7 +105,7 @@ def codec_task_evaluation(
 ) -> TaskEvaluation:
     """The evaluation of a task measured by the codec loop below: its methods, merging and table."""
     return TaskEvaluation(
-        methods=CODEC_METHODS,
+        methods=CODEC_METHODS + CODEC_EXTRA_METHODS,
         default_methods=CODEC_METHODS,
         report=report,
         merge=merge_method_results,
@@ -207,6 +218,34 @@ def predict_rows(
     return [prediction for prediction in predictions if prediction is not None]
 
 
+def exit_layers(model: RetentionModel, rho: float) -> int:
+    """The layer count whose token-work (k / L) is nearest the learned schedule's at ``rho`` (its mean
+    keep fraction over the pruning points, floors aside), at least one layer."""
+    fractions = R.keep_fractions(torch.tensor([float(rho)]), model.num_points, model.config.schedule_power)
+    return max(1, round(float(fractions.mean()) * model.num_points))
+
+
+@torch.no_grad()
+def layer_exit_rows(
+    model: RetentionModel, rows: list[Row], num_layers: int, pad_id: int, batch_size: int = 16
+) -> list[RowPrediction]:
+    """``layer_exit`` over codec rows in padded batches; every token kept, token-work k / L."""
+    model.eval()
+    device = next(model.parameters()).device
+    work = num_layers / model.num_points
+    predictions: list[RowPrediction | None] = [None] * len(rows)
+    for members in length_sorted_chunks([len(row) for row in rows], batch_size):
+        chunk = [rows[i] for i in members]
+        feeds = {name: tensor.to(device) for name, tensor in rows_to_tensors(chunk, pad_id).items()}
+        out = layer_exit(
+            model, feeds["input_ids"], feeds["attention_mask"], num_layers, feeds.get("token_type_ids")
+        )
+        logits = out.cpu().numpy()
+        for i, (member, row) in enumerate(zip(members, chunk, strict=True)):
+            predictions[member] = RowPrediction(unpad(logits, i, len(row)), 1.0, work)
+    return [prediction for prediction in predictions if prediction is not None]
+
+
 # ---------------------------------------------------------------------- onnxruntime predictions
 def onnx_predict_rows(
     session: Any, rows: list[Row], rho: float, pad_id: int, batch_size: int
@@ -296,6 +335,9 @@ def _method_predictions(
     batch_size: int,
 ) -> tuple[list[Encoded], list[RowPrediction]]:
     """The encodings the method runs on and one prediction per row of them."""
+    if method == LAYER_EXIT:
+        flat = [row for encoded in encodings for row in encoded.rows]
+        return encodings, layer_exit_rows(model, flat, exit_layers(model, rho), loop.pad_id, batch_size)
     if method != TRUNCATION:
         flat = [row for encoded in encodings for row in encoded.rows]
         return encodings, predict_rows(model, flat, rho, loop.pad_id, make_selector(method), batch_size)

@@ -484,13 +484,18 @@ def attention_selector() -> Selector:
 
 
 @torch.no_grad()
-def layer_exit_pooled(
-    model: RetentionModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_layers: int
+def layer_exit(
+    model: RetentionModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    num_layers: int,
+    token_type_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Layer-exit baseline: the dense model stopped after its first ``num_layers`` layers, every token
-    kept, then the model's pooled head. (B, T) → (B, d); token-work num_layers / L."""
+    kept, then the model's own head on those states (token-work num_layers / L). (B, T) → the head's
+    output: pooled (B, d), sequence (B, C), token (B, T, C)."""
     valid = attention_mask.bool()  # (B, T)
-    hidden = model.backbone.embed(input_ids)  # (B, T, d)
+    hidden = model.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
     for layer in model.backbone.views[:num_layers]:
         hidden = layer(hidden, R.attention_bias(valid, hidden.dtype))
-    return model.head(hidden, valid)
+    return model._head(hidden, valid)

@@ -121,7 +121,7 @@ def with_evaluation(recipe: Any, rhos: tuple[float, ...], batch_size: int) -> An
 
 
 def test_qa_train_export_serve_round_trip(tmp_path: Path) -> None:
-    from training.evaluation import EvaluationRun, markdown_table
+    from training.evaluation import EvaluationRun, exit_layers, markdown_table
     from training.export import export_model
     from training.fit import LOG_FILE, load_run
     from training.qa import evaluate, onnx_quality_curve
@@ -158,6 +158,18 @@ def test_qa_train_export_serve_round_trip(tmp_path: Path) -> None:
     dense = {method: report["results"][method]["1"]["f1"] for method in report["results"]}
     assert len(set(dense.values())) == 1
     assert "| learned |" in markdown_table(report, ("exact_match", "f1"))
+
+    # Layer exit (asked for, not a default): every layer at ρ = 1 is the dense model, per question;
+    # at ρ 0.3 the layer count whose k / L is nearest the schedule's token-work there.
+    exits = evaluate(
+        EvaluationRun(model, tokenizer, recipe, SQUAD_ROWS[:3]), rhos=(0.3, 1.0), methods=("layer_exit",)
+    )
+    full, short = exits["results"]["layer_exit"]["1"], exits["results"]["layer_exit"]["0.3"]
+    assert full["per_example"]["f1"] == pytest.approx(report["results"]["learned"]["1"]["per_example"]["f1"])
+    assert full["token_work"] == pytest.approx(1.0)
+    assert exit_layers(model, 0.3) < model.num_points
+    assert short["token_work"] == pytest.approx(exit_layers(model, 0.3) / model.num_points)
+    assert short["kept_fraction"] == pytest.approx(1.0)
     # The manifest curve (onnxruntime through the serving codec) agrees with torch evaluation.
     curve = onnx_quality_curve(
         tmp_path / "model" / C.MODEL_FILE, tokenizer, SQUAD_ROWS[:3], with_evaluation(recipe, (0.3, 1.0), 2)

@@ -183,7 +183,28 @@ def unpad(first: np.ndarray, index: int, length: int) -> np.ndarray:
     return first[index, :length] if first.ndim == 3 else first[index]
 
 
+# A batch's forward: padded feeds (B, T) → head outputs, kept fraction (B,), token-work fraction (B,).
+BatchForward = Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
 @torch.no_grad()
+def batched_predictions(
+    model: RetentionModel, rows: list[Row], pad_id: int, batch_size: int, forward: BatchForward
+) -> list[RowPrediction]:
+    """``forward`` over codec rows in padded batches of similar length; unpadded outputs in row order."""
+    model.eval()
+    device = next(model.parameters()).device
+    predictions: list[RowPrediction | None] = [None] * len(rows)
+    for members in length_sorted_chunks([len(row) for row in rows], batch_size):
+        chunk = [rows[i] for i in members]
+        feeds = {name: tensor.to(device) for name, tensor in rows_to_tensors(chunk, pad_id).items()}
+        logits, kept, work = (value.cpu() for value in forward(feeds))
+        outputs = logits.numpy()
+        for i, (member, row) in enumerate(zip(members, chunk, strict=True)):
+            predictions[member] = RowPrediction(unpad(outputs, i, len(row)), float(kept[i]), float(work[i]))
+    return [prediction for prediction in predictions if prediction is not None]
+
+
 def predict_rows(
     model: RetentionModel,
     rows: list[Row],
@@ -193,17 +214,13 @@ def predict_rows(
     batch_size: int = 16,
 ) -> list[RowPrediction]:
     """Run ``forward_pruned`` over codec rows in padded batches; unpadded outputs in row order."""
-    model.eval()
-    device = next(model.parameters()).device
-    predictions: list[RowPrediction | None] = [None] * len(rows)
-    for members in length_sorted_chunks([len(row) for row in rows], batch_size):
-        chunk = [rows[i] for i in members]
-        feeds = {name: tensor.to(device) for name, tensor in rows_to_tensors(chunk, pad_id).items()}
-        rho_tensor = torch.full((len(chunk),), float(rho), device=device)
+
+    def forward(feeds: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch = len(feeds["input_ids"])
         out = model.forward_pruned(
             feeds["input_ids"],
             feeds["attention_mask"],
-            rho_tensor,
+            torch.full((batch,), float(rho), device=feeds["input_ids"].device),
             protected=feeds["protected_mask"].bool() if "protected_mask" in feeds else None,
             token_type_ids=feeds.get("token_type_ids"),
             selector=selector,
@@ -211,11 +228,9 @@ def predict_rows(
         num_real = feeds["attention_mask"].sum(1)  # (B,)
         work = R.encoder_token_work(out.kept_counts, num_real, model.last_layer_queries)  # (B,)
         kept = out.kept_counts[:, -1].to(torch.float32) / num_real.to(torch.float32)  # (B,)
-        logits = out.logits.cpu().numpy()
-        kept, work = kept.cpu(), work.cpu()
-        for i, (member, row) in enumerate(zip(members, chunk, strict=True)):
-            predictions[member] = RowPrediction(unpad(logits, i, len(row)), float(kept[i]), float(work[i]))
-    return [prediction for prediction in predictions if prediction is not None]
+        return out.logits, kept, work
+
+    return batched_predictions(model, rows, pad_id, batch_size, forward)
 
 
 def exit_layers(model: RetentionModel, rho: float) -> int:
@@ -225,25 +240,18 @@ def exit_layers(model: RetentionModel, rho: float) -> int:
     return max(1, round(float(fractions.mean()) * model.num_points))
 
 
-@torch.no_grad()
 def layer_exit_rows(
     model: RetentionModel, rows: list[Row], num_layers: int, pad_id: int, batch_size: int = 16
 ) -> list[RowPrediction]:
     """``layer_exit`` over codec rows in padded batches; every token kept, token-work k / L."""
-    model.eval()
-    device = next(model.parameters()).device
-    work = num_layers / model.num_points
-    predictions: list[RowPrediction | None] = [None] * len(rows)
-    for members in length_sorted_chunks([len(row) for row in rows], batch_size):
-        chunk = [rows[i] for i in members]
-        feeds = {name: tensor.to(device) for name, tensor in rows_to_tensors(chunk, pad_id).items()}
-        out = layer_exit(
-            model, feeds["input_ids"], feeds["attention_mask"], num_layers, feeds.get("token_type_ids")
-        )
-        logits = out.cpu().numpy()
-        for i, (member, row) in enumerate(zip(members, chunk, strict=True)):
-            predictions[member] = RowPrediction(unpad(logits, i, len(row)), 1.0, work)
-    return [prediction for prediction in predictions if prediction is not None]
+
+    def forward(feeds: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ids = feeds["input_ids"]
+        out = layer_exit(model, ids, feeds["attention_mask"], num_layers, feeds.get("token_type_ids"))
+        batch = torch.ones(len(ids))  # (B,)
+        return out, batch, batch * (num_layers / model.num_points)
+
+    return batched_predictions(model, rows, pad_id, batch_size, forward)
 
 
 # ---------------------------------------------------------------------- onnxruntime predictions
@@ -335,11 +343,10 @@ def _method_predictions(
     batch_size: int,
 ) -> tuple[list[Encoded], list[RowPrediction]]:
     """The encodings the method runs on and one prediction per row of them."""
-    if method == LAYER_EXIT:
-        flat = [row for encoded in encodings for row in encoded.rows]
-        return encodings, layer_exit_rows(model, flat, exit_layers(model, rho), loop.pad_id, batch_size)
     if method != TRUNCATION:
         flat = [row for encoded in encodings for row in encoded.rows]
+        if method == LAYER_EXIT:
+            return encodings, layer_exit_rows(model, flat, exit_layers(model, rho), loop.pad_id, batch_size)
         return encodings, predict_rows(model, flat, rho, loop.pad_id, make_selector(method), batch_size)
     cut = [loop.truncate(encoded, rho, model.config.min_kept_tokens) for encoded in encodings]
     inputs = [encoded for encoded, _ in cut]

@@ -314,7 +314,7 @@ class RetentionModel(nn.Module):
         open_prob = torch.stack(open_probs, dim=1)  # (B, P, T)
         # A head that restores nothing (pooled) weighs each token by its soft survival, as inference
         # pools the tokens that reach the end.
-        logits = self._head(hidden, attention_mask if self.spec.restores_tokens else gate_product)
+        logits = self.head_output(hidden, attention_mask if self.spec.restores_tokens else gate_product)
         return SoftOutput(logits, torch.stack(expected, dim=1), target, num_real, open_prob)
 
     @torch.no_grad()
@@ -422,10 +422,14 @@ class RetentionModel(nn.Module):
             if restore:
                 restored = _scatter_valid(restored, positions, hidden, valid)
         pool_weights = sizes if merge else valid  # a merged survivor stands for every token it holds
-        out = self._head(restored, inputs.attention_mask) if restore else self._head(hidden, pool_weights)
+        out = (
+            self.head_output(restored, inputs.attention_mask)
+            if restore
+            else self.head_output(hidden, pool_weights)
+        )
         return PrunedOutput(out, counts, depth)
 
-    def _head(self, hidden: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def head_output(self, hidden: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """``weights`` (B, T): the tokens a mean-pooled head averages (ignored by the other heads)."""
         if self.spec.head == "pooled":
             return self.head(hidden, weights)  # (B, T, d) or CLS pooling's (B, 1, d) → (B, d)
@@ -498,4 +502,4 @@ def layer_exit(
     hidden = model.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
     for layer in model.backbone.views[:num_layers]:
         hidden = layer(hidden, R.attention_bias(valid, hidden.dtype))
-    return model._head(hidden, valid)
+    return model.head_output(hidden, valid)

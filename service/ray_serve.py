@@ -96,10 +96,13 @@ class ReplicaLostAs503:
     ``send_http_response_on_exception`` does not send, the proxy's ASGI app returns without a response
     and uvicorn then sends its bare ``500 Internal Server Error``. The router retries a request on
     another replica only before the replica accepted it, so every request in flight on a crashed
-    replica ends that way. This middleware, wrapped around the proxy, turns "the proxy returned (or
-    raised) without starting a response" into what a client can act on: 503 + Retry-After in our error
-    format (the batch client and load balancers retry it; a 500 they must not). A response the replica
-    started is passed through untouched, whatever its status."""
+    replica ends that way. The replica's messages also reach the proxy in batches, so a replica can die
+    after its ``http.response.start`` went out and before its body did: the client then gets headers
+    and a closed connection (a protocol error, not a status). This middleware, wrapped around the
+    proxy, holds each response's start until its first body message and turns "the proxy returned (or
+    raised) before any body" into what a client can act on: 503 + Retry-After in our error format (the
+    batch client and load balancers retry it; a 500 they must not). A response whose body began is
+    passed through untouched, whatever its status (our routes send each body whole, in one message)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -108,20 +111,26 @@ class ReplicaLostAs503:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
+        held_start: Message | None = None
+        body_sent = False
 
-        async def tracking(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
+        async def holding_start(message: Message) -> None:
+            nonlocal held_start, body_sent
+            if message["type"] == "http.response.start":
+                held_start = message  # sent with the first body: a replica lost in between never shows
+                return
+            if held_start is not None and not body_sent:
+                await send(held_start)
+            body_sent = True
             await send(message)
 
         try:
-            await self.app(scope, receive, tracking)
+            await self.app(scope, receive, holding_start)
         except Exception:
-            if started:
+            if body_sent:
                 raise
-            log.warning("the proxy raised before a response for %s: answered 503", scope.get("path"))
-        if not started:
+            log.warning("the proxy raised before a response body for %s: answered 503", scope.get("path"))
+        if not body_sent:
             response = replica_lost_response(str(scope.get("path", "")))
             await send(response["start"])
             await send(response["body"])

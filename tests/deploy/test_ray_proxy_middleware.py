@@ -1,5 +1,6 @@
 """The proxy middleware alone, over ASGI: what Ray 2.60's proxy app does when the replica serving a
-request dies (returns without starting a response, or raises) becomes 503 + Retry-After with our error
+request dies (returns without starting a response, or raises, or after the replica's start went out
+but before its body did) becomes 503 + Retry-After with our error
 body; any response the replica started passes through untouched. The same middleware inside a real
 proxy, with a replica SIGKILLed under load: tests/deploy/test_ray.py."""
 
@@ -14,6 +15,12 @@ from starlette.types import Receive, Scope, Send
 
 from service.ray_serve import REPLICA_LOST_RETRY_AFTER_S, ReplicaLostAs503, proxy_middlewares
 
+JSON_200_START = {
+    "type": "http.response.start",
+    "status": 200,
+    "headers": [(b"content-type", b"application/json")],
+}
+
 
 async def returns_without_response(scope: Scope, receive: Receive, send: Send) -> None:
     """Ray's proxy for a request whose replica died: the RayActorError becomes a 500 it never sends."""
@@ -21,6 +28,16 @@ async def returns_without_response(scope: Scope, receive: Receive, send: Send) -
 
 
 async def raises(scope: Scope, receive: Receive, send: Send) -> None:
+    raise RuntimeError("proxy failure")
+
+
+async def starts_then_returns(scope: Scope, receive: Receive, send: Send) -> None:
+    """The replica died between its two message batches: the start reached the proxy, the body never."""
+    await send(JSON_200_START)
+
+
+async def starts_then_raises(scope: Scope, receive: Receive, send: Send) -> None:
+    await send(JSON_200_START)
     raise RuntimeError("proxy failure")
 
 
@@ -39,7 +56,11 @@ def post(app: object, path: str = "/classify") -> httpx.Response:
     return asyncio.run(go())
 
 
-@pytest.mark.parametrize("app", [returns_without_response, raises], ids=["no-response", "raised"])
+@pytest.mark.parametrize(
+    "app",
+    [returns_without_response, raises, starts_then_returns, starts_then_raises],
+    ids=["no-response", "raised", "start-only", "start-then-raised"],
+)
 def test_a_request_whose_replica_died_gets_503_with_retry_after(app: object) -> None:
     response = post(app)
     assert response.status_code == 503

@@ -248,8 +248,8 @@ def layer_exit_rows(
     def forward(feeds: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         ids = feeds["input_ids"]
         out = layer_exit(model, ids, feeds["attention_mask"], num_layers, feeds.get("token_type_ids"))
-        batch = torch.ones(len(ids))  # (B,)
-        return out, batch, batch * (num_layers / model.num_points)
+        every_token_kept = torch.ones(len(ids))  # (B,)
+        return out, every_token_kept, every_token_kept * (num_layers / model.num_points)
 
     return batched_predictions(model, rows, pad_id, batch_size, forward)
 

@@ -500,6 +500,7 @@ def layer_exit(
     output: pooled (B, d), sequence (B, C), token (B, T, C)."""
     valid = attention_mask.bool()  # (B, T)
     hidden = model.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
+    bias = R.attention_bias(valid, hidden.dtype)  # every token kept: one mask for every layer
     for layer in model.backbone.views[:num_layers]:
-        hidden = layer(hidden, R.attention_bias(valid, hidden.dtype))
+        hidden = layer(hidden, bias)
     return model.head_output(hidden, valid)

@@ -35,6 +35,7 @@ tiny random checkpoint (the real MiniLM vocabulary) and times 32-token documents
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -76,7 +77,11 @@ REFERENCE_CANDIDATES = (PEER, TORCH_SDPA)  # the fp32 dense variants; the faster
 # Families, in the order the table lists them.
 DENSE_FAMILY, LEARNED_FAMILY = "dense", "learned"
 TRUNCATION_FAMILY, LAYER_EXIT_FAMILY = "truncation", "layer-exit"
-INT8_DENSE_FAMILY, INT8_LEARNED_FAMILY = "int8-dense", "int8-learned"
+INT8_DENSE_FAMILY, INT8_LEARNED_FAMILY, INT8_TRUNCATION_FAMILY = (
+    "int8-dense",
+    "int8-learned",
+    "int8-truncation",
+)
 FAMILIES = (
     DENSE_FAMILY,
     LEARNED_FAMILY,
@@ -84,13 +89,21 @@ FAMILIES = (
     LAYER_EXIT_FAMILY,
     INT8_DENSE_FAMILY,
     INT8_LEARNED_FAMILY,
+    INT8_TRUNCATION_FAMILY,
 )
+# "speed at equal quality": each learned family against the truncation family of its precision, whose
+# curve starts at the dense graph of that precision (the full length)
+RIVALS = {
+    LEARNED_FAMILY: (TRUNCATION_FAMILY, DENSE_FAMILY),
+    INT8_LEARNED_FAMILY: (INT8_TRUNCATION_FAMILY, INT8_DENSE_FAMILY),
+}
 FAMILY_LABELS = {
     LEARNED_FAMILY: "learned ρ sweep (fp32)",
     TRUNCATION_FAMILY: "first-k truncation (fused peer)",
     LAYER_EXIT_FAMILY: "layer exit k (fused peer)",
     INT8_DENSE_FAMILY: "int8 dense (fused peer)",
     INT8_LEARNED_FAMILY: "int8 + learned ρ",
+    INT8_TRUNCATION_FAMILY: "int8 + first-k truncation",
 }
 
 Cell = dict[str, Any]  # one retrieval.json cell
@@ -188,15 +201,21 @@ def int8_dense_point(int8: dict[str, Any] | None, seq_len: int, num_layers: int)
     return Point(PEER_INT8, INT8_DENSE_FAMILY, "int8", None, num_layers, seq_len, quality)
 
 
-def truncation_points(payload: dict[str, Any], seq_len: int, num_layers: int) -> list[Point]:
-    """The fused peer on each truncation cell's share of the tokens (same rounding as the retrieval)."""
+def truncation_points(
+    payload: dict[str, Any], seq_len: int, num_layers: int, int8: bool = False
+) -> list[Point]:
+    """The fused peer (its int8 form for an int8 file) on each truncation cell's share of the tokens
+    (same rounding as the retrieval)."""
+    family, precision, prefix = (
+        (INT8_TRUNCATION_FAMILY, "int8", "int8-truncation")
+        if int8
+        else (TRUNCATION_FAMILY, "fp32", "truncation")
+    )
     points = []
     for key, cell in sorted(cells(payload, TRUNCATION).items(), key=lambda item: -float(item[0])):
         tokens = truncated_length(seq_len, cell["document_token_work"])
-        quality = cell_quality(cell, "retrieval")
-        points.append(
-            Point(f"truncation@{key}", TRUNCATION_FAMILY, "fp32", float(key), num_layers, tokens, quality)
-        )
+        quality = cell_quality(cell, "retrieval-int8" if int8 else "retrieval")
+        points.append(Point(f"{prefix}@{key}", family, precision, float(key), num_layers, tokens, quality))
     return points
 
 
@@ -221,6 +240,7 @@ def frontier_points(
         *truncation_points(payload, seq_len, num_layers),
         *layer_exit_points(payload, seq_len, num_layers),
         int8_dense_point(int8, seq_len, num_layers),
+        *([] if int8 is None else truncation_points(int8, seq_len, num_layers, int8=True)),
     ]
     return sorted(points, key=lambda point: FAMILIES.index(point.family))
 
@@ -308,8 +328,9 @@ def point_runs(
     runs: dict[str, Run] = {name: run for name, (_, run) in onnx_variants(sessions, feeds, rhos).items()}
     runs[TORCH_SDPA] = torch_sdpa_run(graphs.checkpoint, feeds, threads)
     for point in points:
-        if point.family == TRUNCATION_FAMILY:
-            runs[point.variant] = partial(sessions[PEER].run, None, truncated_feeds(feeds, point.tokens))
+        if point.family in (TRUNCATION_FAMILY, INT8_TRUNCATION_FAMILY):
+            peer = sessions[PEER_INT8 if point.family == INT8_TRUNCATION_FAMILY else PEER]
+            runs[point.variant] = partial(peer.run, None, truncated_feeds(feeds, point.tokens))
         elif point.family == LAYER_EXIT_FAMILY:
             runs[point.variant] = partial(sessions[point.variant].run, None, feeds)
     missing = {p.variant for p in points} - set(runs)
@@ -334,6 +355,43 @@ def timing(rounds: dict[str, list[float]], name: str, reference: str, batch: int
         speedup_min=min(paired),
         speedup_max=max(paired),
     )
+
+
+def interpolated_speed(curve: list[tuple[float, float]], quality: float) -> float | None:
+    """Documents/s of a rival family at ``quality``, linear between its two points that bracket it
+    (``curve``: (nDCG, docs/s) pairs); None outside the curve's range."""
+    ordered = sorted(curve)
+    for (low_q, low_speed), (high_q, high_speed) in itertools.pairwise(ordered):
+        if low_q <= quality <= high_q:
+            share = 0.0 if high_q == low_q else (quality - low_q) / (high_q - low_q)
+            return low_speed + share * (high_speed - low_speed)
+    return None
+
+
+def equal_quality_speedups(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Each learned point's documents/s over its rival truncation curve's at the same nDCG@10 (fp32
+    against fp32 truncation from the fp32 dense point, int8 against int8): ``{variant: ratio}``, None
+    where its quality lies outside the rival curve or was not measured."""
+
+    def curve(families: tuple[str, ...]) -> list[tuple[float, float]]:
+        return [
+            (row["quality"]["ndcg_at_10"], row["documents_per_second"])
+            for row in rows
+            if row["family"] in families
+            and row["quality"]["ndcg_at_10"] is not None
+            and (row["family"] != DENSE_FAMILY or row["variant"] == PEER)
+        ]
+
+    out: dict[str, float | None] = {}
+    for family, rivals in RIVALS.items():
+        rival_curve = curve(rivals)
+        for row in [
+            row for row in rows if row["family"] == family and row["rho"] is not None and row["rho"] < 1
+        ]:
+            quality = row["quality"]["ndcg_at_10"]
+            speed = None if quality is None else interpolated_speed(rival_curve, quality)
+            out[row["variant"]] = None if speed is None else row["documents_per_second"] / speed
+    return out
 
 
 def read_json(path: Path | None) -> dict[str, Any] | None:
@@ -377,6 +435,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     results = [
         {**asdict(point), **asdict(timing(rounds, point.variant, reference, args.batch))} for point in points
     ]
+    speedups = equal_quality_speedups(results)
+    for row in results:
+        row["speedup_vs_truncation_at_equal_ndcg"] = speedups.get(row["variant"])
     return {
         "settings": {
             "seq_len": args.seq_len,
@@ -411,6 +472,13 @@ def knob(row: dict[str, Any], num_layers: int) -> str:
     return "—" if row["rho"] is None else f"ρ = {row['rho']:g}"
 
 
+def equal_quality_cell(row: dict[str, Any]) -> str:
+    if row["family"] not in RIVALS or row["rho"] is None or row["rho"] >= 1:
+        return "—"
+    ratio = row.get("speedup_vs_truncation_at_equal_ndcg")
+    return "outside truncation's range" if ratio is None else f"{ratio:.2f}×"
+
+
 def paired_cell(paired: dict[str, float] | None) -> str:
     return "—" if paired is None else f"{paired['difference']:+.2f} ± {paired['se']:.2f}"
 
@@ -438,8 +506,8 @@ def markdown(payload: dict[str, Any]) -> str:
         + (f" (`{payload['retrieval_int8']['path']}`)." if payload["retrieval_int8"] else "."),
         "",
         "| family | variant | knob | docs/s | speed-up vs reference (min–max) | nDCG@10 | vs dense ± SE "
-        "| vs truncation ± SE |",
-        "|---|---|---|---|---|---|---|---|",
+        "| vs truncation ± SE | docs/s vs truncation at equal nDCG |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in payload["results"]:
         quality = row["quality"]
@@ -447,7 +515,8 @@ def markdown(payload: dict[str, Any]) -> str:
             f"| {row['family']} | {row['variant']} | {knob(row, payload['num_layers'])} | "
             f"{row['documents_per_second']:.1f} | {row['speedup_vs_reference']:.2f}× "
             f"({row['speedup_min']:.2f}–{row['speedup_max']:.2f}) | {quality_cell(row)} | "
-            f"{paired_cell(quality['ndcg_vs_dense'])} | {paired_cell(quality['ndcg_vs_truncation'])} |"
+            f"{paired_cell(quality['ndcg_vs_dense'])} | {paired_cell(quality['ndcg_vs_truncation'])} | "
+            f"{equal_quality_cell(row)} |"
         )
     lines += ["", f"Command: `{payload.get('command', '')}` ({payload.get('wall_seconds', '?')} s)."]
     return "\n".join(lines) + "\n"

@@ -41,6 +41,7 @@ import hashlib
 import json
 import math
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -311,6 +312,60 @@ class Encoder:
         return predictions
 
 
+GRAPHS = ("torch", "onnx", "onnx-int8")  # --graph: what encodes the texts
+ONNX_METHODS = (DENSE, LEARNED, TRUNCATION)  # what the exported graph can run (its own scorers, ρ = 1)
+
+
+@dataclass
+class OnnxEncoder(Encoder):
+    """The run's exported graph in onnxruntime (``training.export.export_onnx``: what the service serves),
+    fp32 or its int8 form (``training.export.quantize_int8``): dense is the graph at ρ = 1, learned at ρ,
+    truncation the graph at ρ = 1 on each document's first tokens. The torch encoder's other methods
+    (random, attention, leading, layer exit) need a selector the graph does not have."""
+
+    session: Any = None
+    graph: str = "onnx"
+
+    def encode(self, texts: Sequence[str], method: str, rho: Budget) -> tuple[np.ndarray, float]:
+        from training.evaluation import onnx_predict_rows
+
+        if method not in ONNX_METHODS:
+            raise ValueError(f"--graph {self.graph} runs {ONNX_METHODS}, not {method!r}")
+        if isinstance(rho, tuple):
+            raise ValueError(f"--graph {self.graph} takes one ρ for every text")
+        rows = self.rows(texts)
+        budget = 1.0 if method == DENSE else float(rho)
+        if method == TRUNCATION:
+            work = self.schedule_work([len(row) for row in rows], budget)
+            cut = [truncated_to_work(row, fraction) for row, fraction in zip(rows, work, strict=True)]
+            token_work = float(np.mean([len(short) / len(row) for short, row in zip(cut, rows, strict=True)]))
+            rows, budget = cut, 1.0
+        else:
+            token_work = float(np.mean(self.schedule_work([len(row) for row in rows], budget)))
+        vectors = onnx_predict_rows(self.session, rows, budget, self.pad_id(), self.batch_size)
+        return np.stack(vectors).astype(np.float32), token_work
+
+
+def onnx_encoder(model: Any, tokenizer: Any, max_length: int, graph: str, workdir: Path) -> OnnxEncoder:
+    """Export the model (and quantize it for ``onnx-int8``) into ``workdir``; its session's encoder."""
+    from retention_core.onnx import open_session
+    from training.export import export_onnx, quantize_int8
+
+    path = workdir / "model.onnx"
+    export_onnx(model, path, model.backbone.info_vocab_size)
+    if graph == "onnx-int8":
+        quantize_int8(path, workdir / "model.int8.onnx")
+        path = workdir / "model.int8.onnx"
+    return OnnxEncoder(model, tokenizer, max_length, session=open_session(path), graph=graph)
+
+
+def encoder_description(encoder: Encoder) -> str:
+    if isinstance(encoder, OnnxEncoder):
+        precision = "int8 weights (training.export.quantize_int8)" if encoder.graph == "onnx-int8" else "fp32"
+        return f"the exported graph in onnxruntime (training.export.export_onnx), {precision}, CPU"
+    return ENCODER
+
+
 def budget_label(rho: Budget) -> str:
     """One ρ as ``0.5``; per-row ρ as a digest of the values (cache keys, cache metadata)."""
     if isinstance(rho, tuple):
@@ -378,6 +433,8 @@ class EmbeddingStore:
             self._fingerprints[kind] = weights_fingerprint(self.encoder.model, method)
         parts = [self._fingerprints[kind], texts_fingerprint(texts), method, budget_label(rho)]
         parts += [str(self.encoder.max_length), str(self.encoder.batch_size), "EVAL_SEED=0"]
+        if isinstance(self.encoder, OnnxEncoder):  # torch keys stay those of the runs made before
+            parts.append(self.encoder.graph)
         if method != DENSE:  # the keep schedule fixes every pruned method's per-layer counts
             config = self.encoder.model.config
             parts.append(f"schedule {self.encoder.model.num_points}^{config.schedule_power}")
@@ -521,6 +578,7 @@ def retrieval_grid(
     query_rhos: Sequence[float],
     layer_exits: Sequence[int] = (),
     baseline_store: EmbeddingStore | None = None,
+    own_methods: Sequence[str] = (LEARNED,),
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """``{"dense": {"1": cell}, "<method>": {"<ρ>": cell}, "learned+queries": {"<ρ>": cell},
     "layer-exit": {"<k>": cell}}``; learned+queries at ``query_rhos`` only (queries pruned with the
@@ -529,7 +587,8 @@ def retrieval_grid(
     ``baseline_store``: the user's original model (a retrofit that tuned its backbone is another model):
     every baseline runs on it, searched with its own dense queries, as the user would cut their text;
     every cell's ``ndcg_vs_dense`` is then against the original's dense search, and ``original`` holds
-    that search (this run's dense cell pairs with it: the cost at ρ = 1)."""
+    that search (this run's dense cell pairs with it: the cost at ρ = 1). ``own_methods`` run on this
+    run's store even then (an int8 graph's truncation is int8 too)."""
     own = DenseSide.of(store, data)
     base = own if baseline_store is None else DenseSide.of(baseline_store, data)
     results: dict[str, dict[str, dict[str, Any]]] = {DENSE: {"1": own.cell(DENSE, 1.0, data, base.ranks)[0]}}
@@ -540,7 +599,7 @@ def retrieval_grid(
     ordered = sorted(methods, key=lambda method: method != TRUNCATION)
     all_ranks: dict[tuple[str, str], np.ndarray] = {}
     for method in ordered:
-        side = own if method == LEARNED else base
+        side = own if method in own_methods else base
         for rho in pruned_rhos:
             key = f"{rho:g}"
             results.setdefault(method, {})[key], ranks = side.cell(method, rho, data, base.ranks)
@@ -662,6 +721,8 @@ def retrieval_benchmark(
     layer_exits: Sequence[int] = (),
     merge: bool | None = None,
     baselines_from: Path | None = None,
+    graph: str = "torch",
+    workdir: Path | None = None,
 ) -> dict[str, Any]:
     import torch
 
@@ -670,14 +731,25 @@ def retrieval_benchmark(
     start = time.perf_counter()
     model, recipe, tokenizer = load_embedding_run(run_dir, min_kept_tokens, merge)
     data = read_retrieval_set(data_path, limit_queries, dataset)
-    store = EmbeddingStore(Encoder(model, tokenizer, recipe.max_length), dataset_cache(cache_dir, dataset))
+    if graph == "torch":
+        encoder = Encoder(model, tokenizer, recipe.max_length)
+    else:
+        if workdir is None or baselines_from is not None or paired_run is not None or layer_exits:
+            raise ValueError(f"--graph {graph}: one run, no --baselines-from / --paired-with / --layer-exits")
+        encoder = onnx_encoder(model, tokenizer, recipe.max_length, graph, workdir)
+    store = EmbeddingStore(encoder, dataset_cache(cache_dir, dataset))
     query_rhos = list(rhos) if query_rhos is None else list(query_rhos)
     baseline_store = None
+    own_methods: tuple[str, ...] = (LEARNED,)
+    if graph == "onnx-int8":  # every int8 cell (queries int8 too) is paired with the fp32 model's search
+        fp32 = Encoder(model, tokenizer, recipe.max_length)
+        baseline_store, own_methods = EmbeddingStore(fp32, dataset_cache(cache_dir, dataset)), ONNX_METHODS
     if baselines_from is not None:
         base_model, base_recipe, base_tokenizer = load_embedding_run(baselines_from, min_kept_tokens, merge)
-        encoder = Encoder(base_model, base_tokenizer, base_recipe.max_length)
-        baseline_store = EmbeddingStore(encoder, dataset_cache(cache_dir, dataset))
-    results = retrieval_grid(store, data, methods, rhos, query_rhos, layer_exits, baseline_store)
+        baseline_store = EmbeddingStore(
+            Encoder(base_model, base_tokenizer, base_recipe.max_length), dataset_cache(cache_dir, dataset)
+        )
+    results = retrieval_grid(store, data, methods, rhos, query_rhos, layer_exits, baseline_store, own_methods)
     paired: dict[str, Any] = {}
     if paired_run is not None:
         other_model, other_recipe, other_tokenizer = load_embedding_run(paired_run, min_kept_tokens, merge)
@@ -699,7 +771,8 @@ def retrieval_benchmark(
         "merge_dropped": bool(model.config.merge_dropped),
         "leading_share": model.config.leading_share,
         "schedule_power": model.config.schedule_power,
-        "encoder": ENCODER,
+        "encoder": encoder_description(encoder),
+        "graph": graph,
         "search": search_description(dataset),
         "random_seed": EVAL_SEED,
         "methods": list(methods),
@@ -850,6 +923,13 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="merge dropped tokens into kept ones (default: as the run was trained)",
     )
+    parser.add_argument(
+        "--graph",
+        choices=GRAPHS,
+        default="torch",
+        help="what encodes: torch forward_pruned (every method), or the exported graph in onnxruntime, "
+        f"fp32 or int8 ({', '.join(ONNX_METHODS)} only)",
+    )
     long_context = parser.add_argument_group(
         "long context",
         "--long-context: benchmarks.retrieval_long instead of the ρ grid (--methods, "
@@ -873,21 +953,26 @@ def main(argv: list[str] | None = None) -> None:
 
         retrieval_long.run(args, dataset, data_path, f"python -m {MODULE} " + " ".join(argv))
         return
-    payload = retrieval_benchmark(
-        args.run_dir,
-        data_path,
-        args.limit_queries,
-        args.methods,
-        args.rhos,
-        args.cache_dir,
-        args.query_rhos,
-        dataset,
-        args.paired_with,
-        args.min_kept_tokens,
-        args.layer_exits,
-        args.merge,
-        args.baselines_from,
-    )
+    if args.graph != "torch" and set(args.methods) - set(ONNX_METHODS):
+        parser.error(f"--graph {args.graph} runs --methods {' '.join(ONNX_METHODS[1:])} only")
+    with tempfile.TemporaryDirectory(prefix="retrieval-graph-") as workdir:
+        payload = retrieval_benchmark(
+            args.run_dir,
+            data_path,
+            args.limit_queries,
+            args.methods,
+            args.rhos,
+            args.cache_dir,
+            args.query_rhos,
+            dataset,
+            args.paired_with,
+            args.min_kept_tokens,
+            args.layer_exits,
+            args.merge,
+            args.baselines_from,
+            args.graph,
+            Path(workdir),
+        )
     payload["command"] = f"python -m {MODULE} " + " ".join(argv)
     table = markdown(payload)
     write_result(args.out / "retrieval.json", payload, table)

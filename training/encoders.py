@@ -36,6 +36,85 @@ def resolve_backbone_path(name_or_path: str) -> str:
     return name_or_path
 
 
+class FusedSelfAttention(torch.autograd.Function):
+    """onnxruntime's ``com.microsoft.Attention`` contrib operator for the exporter: its symbolic is the one
+    node; its forward the same arithmetic in torch (what the tracer runs). Export only: training and
+    evaluation run ``LayerView.attention``."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor,
+        attention_bias: torch.Tensor,
+        num_heads: int,
+    ) -> torch.Tensor:
+        """hidden (B, T, d), weight (d, 3d) = [Q | K | V], bias (3d,), attention_bias (B, 1, T, T)."""
+        batch, length, width = hidden.shape
+        head_dim = width // num_heads
+        q, k, v = (
+            part.view(batch, length, num_heads, head_dim).transpose(1, 2)  # (B, H, T, dh)
+            for part in (torch.matmul(hidden, weight) + bias).split(width, dim=-1)
+        )
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(head_dim) + attention_bias  # (B,H,T,T)
+        return torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2).reshape(batch, length, width)
+
+    @staticmethod
+    def symbolic(g: Any, hidden: Any, weight: Any, bias: Any, attention_bias: Any, num_heads: int) -> Any:
+        absent = g.op("prim::Constant")  # an optional input left out (mask_index, past)
+        absent.setType(torch._C.NoneType.get())
+        context = g.op(
+            "com.microsoft::Attention",
+            hidden,
+            weight,
+            bias,
+            absent,
+            absent,
+            attention_bias,
+            num_heads_i=num_heads,
+        )
+        context.setType(hidden.type())
+        return context
+
+
+class FusedSkipLayerNorm(torch.autograd.Function):
+    """onnxruntime's ``com.microsoft.SkipLayerNormalization`` for the exporter: LayerNorm(x + bias + skip)
+    in one kernel (the residual sum of a post-LayerNorm block), where the plain export has two Adds and a
+    LayerNormalization that ORT leaves unfused once shapes are data-dependent. Export only."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        projected: torch.Tensor,
+        skip: torch.Tensor,
+        gamma: torch.Tensor,
+        beta: torch.Tensor,
+        bias: torch.Tensor,
+        epsilon: float,
+    ) -> torch.Tensor:
+        """projected, skip (B, T, d); gamma, beta, bias (d,) → (B, T, d)."""
+        return F.layer_norm(projected + bias + skip, gamma.shape, gamma, beta, epsilon)
+
+    @staticmethod
+    def symbolic(g: Any, projected: Any, skip: Any, gamma: Any, beta: Any, bias: Any, epsilon: float) -> Any:
+        normed = g.op(
+            "com.microsoft::SkipLayerNormalization", projected, skip, gamma, beta, bias, epsilon_f=epsilon
+        )
+        normed.setType(projected.type())
+        return normed
+
+
+def skip_layer_norm(
+    inputs: torch.Tensor, projection: nn.Linear, skip: torch.Tensor, norm: nn.LayerNorm
+) -> torch.Tensor:
+    """norm(projection(inputs) + skip) as one fused node: the projection's MatMul, then its bias, the
+    residual and the LayerNorm in ``FusedSkipLayerNorm``. (B, T, d_in), (B, T, d) → (B, T, d)."""
+    projected = torch.matmul(inputs, projection.weight.t())  # (B, T, d)
+    fused = FusedSkipLayerNorm.apply(projected, skip, norm.weight, norm.bias, projection.bias, norm.eps)
+    return cast(torch.Tensor, fused)
+
+
 class LayerView(nn.Module):
     """One encoder layer seen as its parts (post-LayerNorm Transformer block)."""
 
@@ -71,20 +150,45 @@ class LayerView(nn.Module):
         ``num_queries`` computes only the first Tq positions (e.g. 1 for a [CLS] head); keys and
         values still come from all T tokens, so those outputs are exactly the full layer's.
         """
-        batch, _, width = hidden.shape
-        head_dim = self.head_dim
         queries_in = hidden if num_queries is None else hidden[:, :num_queries]  # (B, Tq, d)
-        q = self.query(queries_in).view(batch, -1, self.num_heads, head_dim).transpose(1, 2)  # (B,H,Tq,dh)
-        k = self.key(hidden).view(batch, -1, self.num_heads, head_dim).transpose(1, 2)  # (B, H, T, dh)
-        v = self.value(hidden).view(batch, -1, self.num_heads, head_dim).transpose(1, 2)  # (B, H, T, dh)
-        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(head_dim) + key_bias  # (B, H, Tq, T)
-        probs = F.dropout(torch.softmax(scores, dim=-1), self.attention_dropout, self.training)
-        context = torch.matmul(probs, v).transpose(1, 2).reshape(batch, -1, width)  # (B, Tq, d)
+        if num_queries is None and torch.onnx.is_in_onnx_export():
+            context = self.fused_attention(hidden, key_bias)  # (B, T, d)
+        else:
+            context = self.attention(queries_in, hidden, key_bias)  # (B, Tq, d)
+        if torch.onnx.is_in_onnx_export():  # the residual sums as ORT's fused SkipLayerNormalization
+            attended = skip_layer_norm(context, self.attn_out, queries_in, self.attn_norm)  # (B, Tq, d)
+            return skip_layer_norm(
+                self.activation(self.ffn_in(attended)), self.ffn_out, attended, self.ffn_norm
+            )
         attended = self.attn_norm(
             F.dropout(self.attn_out(context), self.dropout, self.training) + queries_in
         )  # (B, Tq, d)
         expanded = self.ffn_out(self.activation(self.ffn_in(attended)))  # (B, Tq, d)
         return self.ffn_norm(F.dropout(expanded, self.dropout, self.training) + attended)
+
+    def attention(
+        self, queries_in: torch.Tensor, hidden: torch.Tensor, key_bias: torch.Tensor
+    ) -> torch.Tensor:
+        """Multi-head attention of queries_in (B, Tq, d) over hidden (B, T, d), key_bias (B, 1, 1, T) →
+        context before the output projection (B, Tq, d)."""
+        batch, _, width = hidden.shape
+        head_dim = self.head_dim
+        q = self.query(queries_in).view(batch, -1, self.num_heads, head_dim).transpose(1, 2)  # (B,H,Tq,dh)
+        k = self.key(hidden).view(batch, -1, self.num_heads, head_dim).transpose(1, 2)  # (B, H, T, dh)
+        v = self.value(hidden).view(batch, -1, self.num_heads, head_dim).transpose(1, 2)  # (B, H, T, dh)
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(head_dim) + key_bias  # (B, H, Tq, T)
+        probs = F.dropout(torch.softmax(scores, dim=-1), self.attention_dropout, self.training)
+        return torch.matmul(probs, v).transpose(1, 2).reshape(batch, -1, width)  # (B, Tq, d)
+
+    def fused_attention(self, hidden: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
+        """Self-attention of every token, exported as one onnxruntime ``Attention`` node (QKV projection
+        and attention core in one kernel, the operator ORT's optimizer gives a dense BERT). hidden
+        (B, T, d), key_bias (B, 1, 1, T) → context (B, T, d). The bias (padding, log-size) enters as the
+        node's additive attention bias, broadcast over heads: (B, 1, T, T)."""
+        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight], dim=0).t()  # (d, 3d)
+        bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # (3d,)
+        full_bias = key_bias.expand(-1, -1, hidden.shape[1], -1)  # (B, 1, T, T)
+        return cast(torch.Tensor, FusedSelfAttention.apply(hidden, weight, bias, full_bias, self.num_heads))
 
     def attention_probs(self, hidden: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
         """The attention this layer would compute on ``hidden``: (B, H, T, T). Used by baselines."""

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import torch
 from torch import nn
 
@@ -179,17 +180,74 @@ def _check_exact(what: str, onnx_value: np.ndarray, torch_value: torch.Tensor, w
         )
 
 
+INT8_OPERATORS = ["MatMul", "Attention"]  # weights int8; everything else (softmax, norms, gathers) fp32
+FP32_NODE_SCOPES = ("/scorers.",)  # the scorers stay fp32: their scores decide which tokens survive
+ATTENTION_BIAS_INPUT = 5  # com.microsoft.Attention's additive attention bias (padding, log-size)
+
+
 def quantize_int8(source: Path, target: Path) -> None:
-    """Dynamic int8 weights (MatMul/Gemm); activations stay fp32."""
-    import onnx
+    """Dynamic int8 weights, one scale per output channel (per-tensor scales cost 0.94 → 0.99 cosine
+    to fp32 on MiniLM), activations quantized per call; the scorers stay fp32.
+
+    ``QAttention`` has no attention-bias input, so an ``Attention`` node that carries one (ours: padding
+    and merged tokens' log-size) is first split into its packed QKV ``MatMul`` (quantized like every
+    weight) and a ``MultiHeadAttention`` that keeps the bias (``split_biased_attention``); an Attention
+    with a plain key mask (the dense peer's) becomes ``QAttention``."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(
-        str(source),
-        str(target),
-        weight_type=QuantType.QInt8,
-        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-    )
+    model = split_biased_attention(onnx.load(str(source)))
+    with tempfile.TemporaryDirectory(prefix="quantize-") as tmp:
+        staged = Path(tmp) / "split.onnx"
+        onnx.save(model, str(staged))
+        quantize_dynamic(
+            str(staged),
+            str(target),
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            op_types_to_quantize=INT8_OPERATORS,
+            nodes_to_exclude=[
+                node.name for node in model.graph.node if node.name.startswith(FP32_NODE_SCOPES)
+            ],
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+
+
+def split_biased_attention(model: Any) -> Any:
+    """Every ``com.microsoft.Attention`` node with an attention bias → MatMul(x, W_qkv) (B, T, 3d),
+    Split into Q, K, V, and ``MultiHeadAttention``(Q, K, V, b_qkv, attention_bias=…): the same
+    arithmetic, with the projection as a plain MatMul the quantizer can make int8. In place; returned."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    widths = {init.name: init.dims[1] // 3 for init in graph.initializer if len(init.dims) == 2}
+    rewritten = []
+    for node in graph.node:
+        inputs = list(node.input)
+        biased = len(inputs) > ATTENTION_BIAS_INPUT and inputs[ATTENTION_BIAS_INPUT]
+        if node.domain != "com.microsoft" or node.op_type != "Attention" or not biased:
+            rewritten.append(node)
+            continue
+        hidden, weight, bias = inputs[:3]
+        width = widths[weight]
+        heads = next(attr.i for attr in node.attribute if attr.name == "num_heads")
+        packed, sizes = f"{node.name}/qkv", f"{node.name}/qkv_sizes"
+        parts = [f"{node.name}/{part}" for part in ("query", "key", "value")]
+        graph.initializer.append(numpy_helper.from_array(np.array([width] * 3, np.int64), sizes))
+        rewritten += [
+            helper.make_node("MatMul", [hidden, weight], [packed], name=f"{node.name}/MatMul"),
+            helper.make_node("Split", [packed, sizes], parts, name=f"{node.name}/Split", axis=2),
+            helper.make_node(
+                "MultiHeadAttention",
+                [*parts, bias, "", inputs[ATTENTION_BIAS_INPUT]],
+                [node.output[0]],
+                name=f"{node.name}/MultiHeadAttention",
+                domain="com.microsoft",
+                num_heads=heads,
+            ),
+        ]
+    del graph.node[:]
+    graph.node.extend(rewritten)
+    return model
 
 
 def save_serving_tokenizer(tokenizer: Any, path: Path) -> None:

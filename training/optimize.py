@@ -1,15 +1,11 @@
-"""ONNX graphs as ONNX servers ship them: onnxruntime's transformer optimizer, with attention fused.
+"""The dense peer as ONNX servers ship it: onnxruntime's transformer optimizer, with attention fused.
 
-Two graphs go through ``optimize_for_cpu`` (``onnxruntime.transformers.optimizer``, ``model_type="bert"``):
-
-- **The dense peer** (``export_sentence_embedding``): the Hugging Face encoder (eager attention) plus
-  sentence-transformers' mean pooling, exported the way optimum's feature-extraction export does it.
-  This is the graph a user would serve instead of ours, so every embedding speed-up is measured
-  against its fused form.
-- **Our pruned graphs** (``export_fused_pruned``). ORT fuses ``softmax(QKᵀ/√d + mask)`` into one
-  ``Attention`` operator only when the additive mask is built the way BERT builds it (the 2-D key mask
-  unsqueezed to (B, 1, 1, T) first, then cast, then ``(1 − mask) · c``), which is how
-  ``retention.attention_bias`` builds it.
+The dense peer (``export_sentence_embedding``) is the Hugging Face encoder (eager attention) plus
+sentence-transformers' mean pooling, exported the way optimum's feature-extraction export does it and
+optimised by ``optimize_for_cpu`` (``onnxruntime.transformers.optimizer``, ``model_type="bert"``). This is
+the graph a user would serve instead of ours, so every embedding speed-up is measured against its fused
+form. Our own graph needs no optimizer pass: it is exported with the same fused operators
+(``training.encoders.FusedSelfAttention``, ``FusedSkipLayerNorm``).
 """
 
 from __future__ import annotations
@@ -21,8 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.export import OPSET, ParityReport, export_onnx, validate_onnx
-from training.model import RetentionModel
+from training.export import OPSET
 
 FUSED_ATTENTION_OPS = ("Attention", "MultiHeadAttention")
 PEER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # optimum's BERT feature-extraction inputs
@@ -136,23 +131,3 @@ def build_dense_peer(checkpoint: str | Path, workdir: Path, num_layers: int | No
     counts = optimize_for_cpu(unfused, fused, config.num_attention_heads, config.hidden_size)
     require_fused_attention(counts, config.num_hidden_layers, "dense peer")
     return PeerGraphs(unfused=unfused, fused=fused, counts=counts)
-
-
-# ---------------------------------------------------------------------- our pruned graphs
-@dataclass(frozen=True)
-class FusedExport:
-    path: Path
-    counts: FusionCounts
-    parity: ParityReport  # the optimised graph against torch, on export's validation grid
-
-
-def export_fused_pruned(model: RetentionModel, path: Path, workdir: Path) -> FusedExport:
-    """Export ``model``'s pruned graph, optimise it and validate the result
-    against torch (``validate_onnx`` raises on a mismatch)."""
-    model = model.eval()
-    info = model.backbone.info
-    traced = workdir / f"{path.stem}.traced.onnx"
-    export_onnx(model, traced, model.backbone.info_vocab_size)
-    counts = optimize_for_cpu(traced, path, info.num_heads, info.hidden_size)
-    parity = validate_onnx(model, path, model.backbone.info_vocab_size)
-    return FusedExport(path=path, counts=counts, parity=parity)

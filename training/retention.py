@@ -404,11 +404,16 @@ def select_top_tokens(scores: torch.Tensor, counts: torch.Tensor) -> tuple[torch
 
 
 def gather_tokens(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """values (B, T, ...) , index (B, K) → (B, K, ...): physically keep only the selected slots."""
+    """values (B, T, ...) , index (B, K) → (B, K, ...): physically keep only the selected slots.
+
+    States are gathered as rows of the flattened (B·T, d) batch: one ``Gather`` of B·K rows, where an
+    index expanded to (B, K, d) would build and read an int64 tensor as large as the states."""
     if values.dim() == 2:
         return torch.gather(values, 1, index)
-    expanded = index.unsqueeze(-1).expand(-1, -1, values.shape[-1])  # (B, K, d)
-    return torch.gather(values, 1, expanded)
+    batch, length, width = values.shape
+    offsets = torch.arange(batch, device=index.device).unsqueeze(-1) * length  # (B, 1)
+    rows = (index + offsets).reshape(-1)  # (B·K,)
+    return values.reshape(-1, width).index_select(0, rows).view(batch, -1, width)  # (B, K, d)
 
 
 # --------------------------------------------------------------------------------------------
@@ -452,8 +457,10 @@ def merge_dropped(
 
     hidden (B, T, d), sizes (B, T) ≥ 0 (how many original tokens a slot holds; 0 for pads and invalid
     slots), index/kept (B, K) from ``select_top_tokens`` → merged states (B, K, d) and sizes (B, K):
-    x_k ← (s_k·x_k + Σ_{t→k} s_t·x_t) / (s_k + Σ_{t→k} s_t). Only the D dropped tokens are compared
-    and scattered (D ≪ T at most points), never the whole sequence. Invalid slots hold no mass.
+    x_k ← (s_k·x_k + Σ_{t→k} s_t·x_t) / M_k with M_k = s_k + Σ_{t→k} s_t, computed as
+    x_k + Σ_{t→k} (s_t / M_k)·(x_t − x_k): all arithmetic is on the D dropped tokens (D ≪ T at most
+    points, 0 at ρ = 1), and the K kept states are only gathered and scattered into once. Invalid
+    slots receive nothing and hold no mass.
     """
     kept_states = gather_tokens(hidden, index)  # (B, K, d)
     kept_sizes = gather_tokens(sizes, index) * kept.to(sizes.dtype)  # (B, K)
@@ -462,12 +469,10 @@ def merge_dropped(
     drop_sizes = gather_tokens(sizes, drop_index) * drop_valid.to(sizes.dtype)  # (B, D)
     destination = nearest_kept(drop_states, kept_states, kept)  # (B, D)
     mass = kept_sizes.scatter_add(1, destination, drop_sizes)  # (B, K)
-    spread = destination.unsqueeze(-1).expand_as(drop_states)  # (B, D, d)
-    total = (kept_states * kept_sizes.unsqueeze(-1)).scatter_add(
-        1, spread, drop_states * drop_sizes.unsqueeze(-1)
-    )
-    merged = total / mass.clamp(min=1.0).unsqueeze(-1)  # a real slot holds at least itself: mass ≥ 1
-    return torch.where((mass > 0).unsqueeze(-1), merged, kept_states), mass
+    share = drop_sizes / torch.gather(mass, 1, destination).clamp(min=1.0)  # (B, D): s_t / M_k
+    pull = (drop_states - gather_tokens(kept_states, destination)) * share.unsqueeze(-1)  # (B, D, d)
+    spread = destination.unsqueeze(-1).expand_as(pull)  # (B, D, d)
+    return kept_states.scatter_add(1, spread, pull), mass
 
 
 def proportional_bias(valid: torch.Tensor, sizes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

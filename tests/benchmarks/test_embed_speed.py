@@ -11,7 +11,6 @@ import pytest
 
 from benchmarks import embed_speed, encoder_speed
 from training.encoders import load_tokenizer
-from training.recipes import load_recipe
 from training.tiny import TINY_LAYERS, TINY_TOKENIZER
 
 
@@ -22,22 +21,19 @@ def test_quick_embed_speed_measures_every_variant_against_the_fused_peer(tmp_pat
     fusion = payload["fusion"]
     assert fusion["num_layers"] == TINY_LAYERS
     assert fusion["peer_attention_fused"] == TINY_LAYERS
-    # The embedding recipe merges dropped tokens: its attention logits carry log(size), a pattern ONNX
-    # Runtime's attention fusion does not match, so our graph runs unfused (as the service serves it).
-    merges = load_recipe(embed_speed.DEFAULT_RECIPE).retention.merge_dropped
-    assert fusion["ours_attention_fused"] == (0 if merges else TINY_LAYERS)
+    # Our graph is fused at export (one Attention node per layer, merged tokens' log-size in its bias).
+    assert fusion["ours_attention_fused"] == TINY_LAYERS
+    assert fusion["ours_fused_operators"]["SkipLayerNormalization"] == 2 * TINY_LAYERS
     variants = {r["variant"] for r in payload["results"]}
-    ours = (
-        ("ours-onnx", "ours-onnx-int8")
-        if merges
-        else ("ours-onnx", "ours-fused", "ours-onnx-int8", "ours-fused-int8")
-    )
+    ours = ("ours-onnx", "ours-onnx-int8")
     expected = {"peer-fused", "peer-onnx", "peer-fused-int8", "sentence-transformers"} | {
         f"{graph}@{rho}" for graph in ours for rho in ("1", "0.5", "0.3")
     }
     assert variants == expected
     reference = [r for r in payload["results"] if r["variant"] == "peer-fused"]
     assert all(r["speedup_vs_fused_peer"] == 1.0 for r in reference)
+    peer_int8 = [r for r in payload["results"] if r["variant"] == "peer-fused-int8"]
+    assert all(r["speedup_vs_same_precision_peer"] == 1.0 for r in peer_int8)  # int8 against int8
     assert {r["precision"] for r in payload["results"] if "int8" in r["variant"]} == {"int8"}
     assert all(r["sequences_per_second"] > 0 for r in payload["results"])
     assert payload["targets"] == []  # the targets are at 256 tokens; quick mode runs 32
@@ -60,18 +56,17 @@ def test_documents_tokenize_to_exactly_the_asked_length(seq_len: int) -> None:
     }
 
 
-def test_target_checks_pick_the_faster_of_our_graphs_at_256_tokens() -> None:
+def test_target_checks_compare_fp32_with_fp32_at_256_tokens() -> None:
     def row(variant: str, rho: float | None, speedup: float) -> embed_speed.Measurement:
         precision = "int8" if "int8" in variant else "fp32"
         return embed_speed.Measurement(
-            variant, precision, rho, 256, 8, 1.0, 8.0, speedup, speedup, speedup, None
+            variant, precision, rho, 256, 8, 1.0, 8.0, speedup, speedup, speedup, speedup, None
         )
 
     results = [
         row("peer-fused", None, 1.0),
         row("ours-onnx@0.5", 0.5, 1.9),
-        row("ours-fused@0.5", 0.5, 1.7),
-        row("ours-fused-int8@0.5", 0.5, 2.6),  # int8 is not compared with the fp32 peer's target
+        row("ours-onnx-int8@0.5", 0.5, 2.6),  # int8 is not compared with the fp32 peer's target
     ]
     (check,) = embed_speed.target_checks(results)
     assert check == {

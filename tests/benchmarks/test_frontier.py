@@ -77,10 +77,30 @@ def test_quick_frontier_times_every_family_and_joins_the_files_quality(tmp_path:
         "torch-sdpa",
         "peer-fused-int8",
         "layer-exit-1",
-        *(f"truncation@{rho}" for rho in TRUNCATION_WORK),
+        *(f"{family}@{rho}" for family in ("truncation", "int8-truncation") for rho in TRUNCATION_WORK),
         *(f"{graph}@{rho}" for graph in ("ours-onnx", "ours-onnx-int8") for rho in ("1", *LEARNED_RHOS)),
     }
     assert all(row["documents_per_second"] > 0 for row in rows.values())
+    # int8 truncation: the int8 file's truncation cells, timed on the int8 peer
+    assert (
+        rows["int8-truncation@0.5"]["quality"]["ndcg_at_10"]
+        == int8["results"]["truncation"]["0.5"]["ndcg@10"]
+    )
+    # speed at equal quality: every learned point against its precision's truncation curve, where it lies
+    # inside that curve (learned ρ 0.7 scores 79, between truncation's 75 and dense's 80)
+    ratio = rows["ours-onnx@0.7"]["speedup_vs_truncation_at_equal_ndcg"]
+    assert ratio == pytest.approx(
+        rows["ours-onnx@0.7"]["documents_per_second"]
+        / frontier.interpolated_speed(
+            [
+                (80.0, rows["peer-fused"]["documents_per_second"]),
+                (75.0, rows["truncation@0.7"]["documents_per_second"]),
+                (74.0, rows["truncation@0.5"]["documents_per_second"]),
+            ],
+            79.0,
+        )
+    )
+    assert "docs/s vs truncation at equal nDCG" in out.with_suffix(".md").read_text()
 
     reference = payload["reference"]["variant"]
     candidates = payload["reference"]["candidates"]
@@ -129,6 +149,15 @@ def assert_report_shows(out: Path) -> None:
     section = "\n".join(report.frontier_section(results, plots))
     assert section.startswith("## Quality–speed frontier (embeddings)")
     assert "| dense | peer-fused |" in section and f"(plots/{report.FRONTIER_PLOT})" in section
+
+
+def test_interpolated_speed_is_linear_between_the_bracketing_points_and_none_outside() -> None:
+    curve = [(70.0, 100.0), (80.0, 50.0), (75.0, 80.0)]
+    assert frontier.interpolated_speed(curve, 77.5) == pytest.approx(65.0)
+    assert frontier.interpolated_speed(curve, 70.0) == pytest.approx(100.0)
+    assert (
+        frontier.interpolated_speed(curve, 81.0) is None and frontier.interpolated_speed(curve, 60.0) is None
+    )
 
 
 def test_int8_quality_is_not_measured_without_an_int8_retrieval_file() -> None:

@@ -157,6 +157,34 @@ def test_cli_on_a_tiny_model(tmp_path: Path) -> None:
     assert again["random"]["0.3"]["document_cached"] and not results["random"]["0.3"]["document_cached"]
 
 
+def test_the_exported_graph_and_its_int8_form_search_like_torch(tmp_path: Path) -> None:
+    """--graph onnx encodes with the exported graph in onnxruntime: the same vectors as torch (so the same
+    nDCG) for dense, learned and truncation; --graph onnx-int8 with its quantized form, close to fp32."""
+    run_dir, data = tiny_embedding_run(tmp_path), squad_file(tmp_path)
+    common = ["--data", str(data), "--rhos", "1", "0.5", "0.3", "--methods", "learned", "truncation"]
+    payloads = {}
+    for graph in ("torch", "onnx", "onnx-int8"):
+        out = tmp_path / graph
+        retrieval.main([str(run_dir), "--out", str(out), *common, "--graph", graph])
+        payloads[graph] = json.loads((out / "retrieval.json").read_text())
+    torch_results, onnx_results = payloads["torch"]["results"], payloads["onnx"]["results"]
+    assert payloads["onnx"]["graph"] == "onnx" and "onnxruntime" in payloads["onnx"]["encoder"]
+    for method, rho in (("dense", "1"), ("learned", "0.5"), ("learned", "0.3"), ("truncation", "0.3")):
+        assert onnx_results[method][rho]["ndcg@10"] == torch_results[method][rho]["ndcg@10"]
+        assert (
+            onnx_results[method][rho]["document_token_work"]
+            == torch_results[method][rho]["document_token_work"]
+        )
+    int8 = payloads["onnx-int8"]["results"]
+    assert "int8" in payloads["onnx-int8"]["encoder"]
+    # every int8 cell is paired with the fp32 model's dense search ("original"), truncation is int8 too
+    assert int8["original"]["1"]["ndcg@10"] == torch_results["dense"]["1"]["ndcg@10"]
+    assert set(int8["dense"]["1"]["ndcg_vs_dense"]) == {"difference", "se"}
+    assert {"difference", "se"} <= set(int8["learned"]["0.3"]["ndcg_vs_truncation"])
+    with pytest.raises(SystemExit):  # the graph has no random or attention selector
+        retrieval.main([str(run_dir), "--out", str(tmp_path / "x"), "--data", str(data), "--graph", "onnx"])
+
+
 def test_pairing_with_another_backbone_searches_each_run_with_its_own_queries(tmp_path: Path) -> None:
     """A tuned backbone lives in another space: at ρ = 1 the paired difference is exactly the difference
     of the two runs' own dense nDCG@10 (each searching its documents with its own query vectors)."""

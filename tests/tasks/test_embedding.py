@@ -205,11 +205,12 @@ def test_tiny_retrofit_trains_only_the_scorers_and_serves_the_original_at_rho_1(
     assert manifest.quality is not None and manifest.quality.metric == "cosine_to_dense"
     curve = {point.rho: point.value for point in manifest.quality.points}
     assert curve[1.0] == pytest.approx(1.0, abs=1e-6) and curve[0.3] < 1.0
-    # The int8 variant is measured against the fp32 model: its quantisation error shows at ρ = 1.
+    # The int8 variant is measured against the fp32 model: its (per-channel, small) quantisation error
+    # shows at ρ = 1.
     int8_quality = manifest.variants["int8"].quality
     assert int8_quality is not None and int8_quality.runtime == "onnxruntime int8"
     int8_curve = {point.rho: point.value for point in int8_quality.points}
-    assert 0.9 < int8_curve[1.0] < 1.0 - 1e-7
+    assert 0.99 < int8_curve[1.0] < 1.0
 
     # At ρ = 1 the served vector is the original model's sentence-transformers encode.
     expected = SentenceTransformer(str(original), device="cpu").encode(TEXTS, normalize_embeddings=True)

@@ -1,5 +1,5 @@
 """training.optimize: onnxruntime's transformer optimizer fuses attention in every layer of the dense
-peer and of our pruned embedding graph, and the fused graphs still match torch."""
+peer, and the fused graph still matches torch (our own graph is fused at export: test_fused_graph)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,13 @@ import torch
 
 from benchmarks.embed_speed import tiny_checkpoint
 from retention_core.onnx import open_session
-from tests.tiny import TINY_LAYERS, tiny_model
+from tests.tiny import TINY_LAYERS
 from training import retention as R
 from training.optimize import (
     PEER_INPUTS,
     AttentionFusionError,
     SentenceEmbeddingGraph,
     build_dense_peer,
-    export_fused_pruned,
     fused_attention_count,
     load_eager_encoder,
     require_fused_attention,
@@ -69,13 +68,6 @@ def test_a_layer_exit_peer_is_the_first_k_layers_of_the_checkpoint(tmp_path: Pat
     weights = inputs["attention_mask"].unsqueeze(-1).float()  # (B, T, 1)
     expected = ((states[exit_layers] * weights).sum(1) / weights.sum(1)).numpy()  # (B, d)
     assert float(np.max(np.abs(fused - expected))) <= PARITY_ATOL
-
-
-def test_pruned_embedding_graph_fuses_attention_and_keeps_parity(tmp_path: Path) -> None:
-    model, _ = tiny_model("embedding")
-    fused = export_fused_pruned(model, tmp_path / "ours.fused.onnx", tmp_path)
-    assert fused_attention_count(fused.counts) == TINY_LAYERS
-    assert fused.parity.cases > 0 and fused.parity.max_abs_diff <= PARITY_ATOL
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

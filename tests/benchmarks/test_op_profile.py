@@ -1,0 +1,32 @@
+"""benchmarks.op_profile in quick mode: onnxruntime's own profiler over the dense peer and our graph
+(tiny model, real sessions), kernel time by operator type."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import op_profile
+from training.tiny import TINY_LAYERS
+
+
+def test_quick_profile_names_the_fused_operators_of_both_graphs(tmp_path: Path) -> None:
+    out = tmp_path / "op_profile.json"
+    op_profile.main(["--quick", "--out", str(out), "--rhos", "1", "0.5"])
+    payload = json.loads(out.read_text())
+    profiles = {row["variant"]: row for row in payload["profiles"]}
+    assert set(profiles) == {"peer-fused", "ours@1", "ours@0.5"}
+    for row in profiles.values():
+        operators = {op["operator"]: op for op in row["operators"]}
+        # both graphs run one fused Attention node per layer
+        assert operators["Attention"]["nodes"] == TINY_LAYERS
+        assert sum(op["share_of_kernels"] for op in row["operators"]) == pytest.approx(1.0)
+        assert row["kernel_milliseconds_per_call"] > 0.0 and row["wall_milliseconds_per_call"] > 0.0
+        assert row["wall_milliseconds_per_call"] == pytest.approx(
+            row["kernel_milliseconds_per_call"] + row["outside_kernels_milliseconds_per_call"]
+        )
+    ours = {op["operator"] for op in profiles["ours@1"]["operators"]}
+    assert "TopK" in ours and "TopK" not in {op["operator"] for op in profiles["peer-fused"]["operators"]}
+    assert "ours@0.5" in out.with_suffix(".md").read_text()

@@ -44,7 +44,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +53,6 @@ from benchmarks.embed_speed import (
     DEFAULT_RECIPE,
     documents,
     int8_graphs,
-    onnx_variants,
     our_model,
     peer_checkpoint,
     token_feeds,
@@ -291,9 +289,12 @@ def build_graphs(
     return Graphs(checkpoint, model.backbone.info.num_layers, files, settings)
 
 
-def torch_sdpa_run(checkpoint: Path, feeds: dict[str, np.ndarray], threads: int) -> Run:
+Feeds = dict[str, np.ndarray]  # one padded batch: input_ids, attention_mask, token_type_ids (B, T)
+
+
+def torch_sdpa_run(checkpoint: Path, batches: list[Feeds], threads: int) -> Run:
     """``transformers`` in torch, SDPA attention, mean pooling (the peer's ``SentenceEmbeddingGraph``),
-    no autograd, ``threads`` threads."""
+    no autograd, ``threads`` threads, over every batch."""
     import torch
     from transformers import AutoModel
 
@@ -302,41 +303,99 @@ def torch_sdpa_run(checkpoint: Path, feeds: dict[str, np.ndarray], threads: int)
     torch.set_num_threads(threads)
     encoder = AutoModel.from_pretrained(str(checkpoint), attn_implementation="sdpa", local_files_only=True)
     graph = SentenceEmbeddingGraph(encoder.float().eval()).eval()
-    inputs = tuple(torch.from_numpy(feeds[name]) for name in PEER_INPUTS)
+    inputs = [tuple(torch.from_numpy(feeds[name]) for name in PEER_INPUTS) for feeds in batches]
 
     def run() -> object:
         with torch.inference_mode():
-            return graph(*inputs)
+            return [graph(*batch) for batch in inputs]
 
     return run
 
 
-def truncated_feeds(feeds: dict[str, np.ndarray], tokens: int) -> dict[str, np.ndarray]:
-    """The first ``tokens`` − 1 tokens of each row and its last ([SEP]), as the retrieval truncates."""
-    length = feeds["input_ids"].shape[1]
-    keep = [*range(tokens - 1), length - 1]
-    return {name: np.ascontiguousarray(array[:, keep]) for name, array in feeds.items()}
+def padded(rows: list[list[int]]) -> Feeds:
+    """Token-id rows → right-padded feeds (pad id 0, as the peer and our graph mask it)."""
+    length = max(len(row) for row in rows)
+    input_ids = np.zeros((len(rows), length), dtype=np.int64)
+    attention_mask = np.zeros_like(input_ids)
+    for i, row in enumerate(rows):
+        input_ids[i, : len(row)], attention_mask[i, : len(row)] = row, 1
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "token_type_ids": np.zeros_like(input_ids),
+    }
+
+
+def batched(rows: list[list[int]], batch: int) -> list[Feeds]:
+    """Rows in length-sorted batches of ``batch`` (as ``retention-batch`` and the retrieval run them)."""
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    return [padded([rows[i] for i in order[start : start + batch]]) for start in range(0, len(rows), batch)]
+
+
+def truncated_rows(rows: list[list[int]], work: float) -> list[list[int]]:
+    """Each row's first ``truncated_length`` − 1 tokens and its last ([SEP]), as the retrieval truncates."""
+    return [[*row[: truncated_length(len(row), work) - 1], row[-1]] for row in rows]
+
+
+def calls(session: Any, batches: list[Feeds], extra: Feeds | None = None) -> Run:
+    """One timed call: ``session`` over every batch (``extra`` feeds per row, e.g. ρ, cut to the batch)."""
+    names = {graph_input.name for graph_input in session.get_inputs()}
+
+    def run() -> object:
+        outputs = []
+        for feeds in batches:
+            rows = len(feeds["input_ids"])
+            merged = {**feeds, **{name: value[:rows] for name, value in (extra or {}).items()}}
+            outputs.append(session.run(None, {name: merged[name] for name in names}))
+        return outputs
+
+    return run
 
 
 def point_runs(
-    points: list[Point], graphs: Graphs, feeds: dict[str, np.ndarray], threads: int
+    points: list[Point], graphs: Graphs, rows: list[list[int]], batch: int, threads: int
 ) -> dict[str, Run]:
-    """One call per point: ORT sessions over ``feeds`` (the peer, our graph at every ρ; truncation and
-    layer exits through their own feeds / graphs) and torch SDPA."""
+    """One call per point over the same documents (``rows``, batched): ORT sessions (the peer, our graph at
+    every ρ, truncation on each row's first tokens, layer exits through their own graphs) and torch SDPA."""
     sessions = {name: session(path, threads) for name, path in graphs.files.items()}
-    rhos = [p.rho for p in points if p.family == LEARNED_FAMILY and p.rho is not None and p.rho < 1.0]
-    runs: dict[str, Run] = {name: run for name, (_, run) in onnx_variants(sessions, feeds, rhos).items()}
-    runs[TORCH_SDPA] = torch_sdpa_run(graphs.checkpoint, feeds, threads)
+    batches = batched(rows, batch)
+    largest = max(len(feeds["input_ids"]) for feeds in batches)
+    runs: dict[str, Run] = {TORCH_SDPA: torch_sdpa_run(graphs.checkpoint, batches, threads)}
     for point in points:
         if point.family in (TRUNCATION_FAMILY, INT8_TRUNCATION_FAMILY):
             peer = sessions[PEER_INT8 if point.family == INT8_TRUNCATION_FAMILY else PEER]
-            runs[point.variant] = partial(peer.run, None, truncated_feeds(feeds, point.tokens))
-        elif point.family == LAYER_EXIT_FAMILY:
-            runs[point.variant] = partial(sessions[point.variant].run, None, feeds)
-    missing = {p.variant for p in points} - set(runs)
-    if missing:
-        raise RuntimeError(f"no run for {sorted(missing)}")
+            work = point.quality.document_token_work or point.tokens / max(len(row) for row in rows)
+            runs[point.variant] = calls(peer, batched(truncated_rows(rows, work), batch))
+        elif point.family in (LEARNED_FAMILY, INT8_LEARNED_FAMILY):
+            graph = sessions[OURS_INT8 if point.family == INT8_LEARNED_FAMILY else OURS]
+            runs[point.variant] = calls(graph, batches, {"rho": np.full(largest, point.rho, np.float32)})
+        elif point.variant != TORCH_SDPA:  # the peers and the layer exits: their own graph, every token
+            runs[point.variant] = calls(sessions[point.variant], batches)
     return {p.variant: runs[p.variant] for p in points}  # only the points, in table order
+
+
+def synthetic_rows(tokenizer: Any, batch: int, seq_len: int) -> list[list[int]]:
+    """``batch`` documents of random words, exactly ``seq_len`` tokens each."""
+    feeds = token_feeds(tokenizer, documents(tokenizer, batch, seq_len, np.random.default_rng(0)), seq_len)
+    return [list(row) for row in feeds["input_ids"].tolist()]
+
+
+def dataset_rows(
+    tokenizer: Any, dataset: str, count: int, max_length: int, path: Path | None = None
+) -> list[list[int]]:
+    """The first ``count`` distinct documents of a retrieval set (its file under the data root, or
+    ``path``), tokenized as the retrieval encodes them ([CLS] … [SEP], cut to ``max_length``): the very
+    documents whose quality the files measured."""
+    from benchmarks.retrieval import DATASETS, read_retrieval_set
+    from training.data import default_data_root
+
+    root = default_data_root()
+    if path is None and root is None:
+        raise SystemExit("no data root (../shared/data) for --documents; pass --data")
+    source = path if path is not None else root / DATASETS[dataset].file  # type: ignore[operator]
+    texts = read_retrieval_set(source, None, DATASETS[dataset]).paragraphs[:count]
+    encoded = tokenizer(texts, truncation=True, max_length=max_length)
+    return [list(ids) for ids in encoded["input_ids"]]
 
 
 # ---------------------------------------------------------------------- measuring
@@ -428,12 +487,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         graphs = build_graphs(args, layer_exits, measured_schedule(retrieval), Path(tmp))
         points = frontier_points(retrieval, int8, args.seq_len, graphs.num_layers)
         tokenizer = AutoTokenizer.from_pretrained(str(graphs.checkpoint), local_files_only=True)
-        texts = documents(tokenizer, args.batch, args.seq_len, np.random.default_rng(0))
-        runs = point_runs(points, graphs, token_feeds(tokenizer, texts, args.seq_len), args.threads)
+        rows = (
+            synthetic_rows(tokenizer, args.batch, args.seq_len)
+            if args.documents is None
+            else dataset_rows(tokenizer, args.documents, args.document_count, args.seq_len, args.data)
+        )
+        runs = point_runs(points, graphs, rows, args.batch, args.threads)
         rounds = timed_rounds(runs, args.repeats, args.iterations, args.max_seconds)
     reference = reference_of(rounds)
     results = [
-        {**asdict(point), **asdict(timing(rounds, point.variant, reference, args.batch))} for point in points
+        {**asdict(point), **asdict(timing(rounds, point.variant, reference, len(rows)))} for point in points
     ]
     speedups = equal_quality_speedups(results)
     for row in results:
@@ -442,6 +505,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "settings": {
             "seq_len": args.seq_len,
             "batch": args.batch,
+            "documents": "random words, every one seq_len tokens"
+            if args.documents is None
+            else f"the first {len(rows)} {args.documents} documents at their own lengths (≤ seq_len), "
+            "length-sorted batches",
+            "documents_per_call": len(rows),
+            "mean_document_tokens": round(float(np.mean([len(row) for row in rows])), 1),
             "threads": args.threads,
             "repeats": args.repeats,
             "rounds_run": len(rounds[reference]),
@@ -451,7 +520,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "variant": reference,
             "rule": "the faster fp32 dense variant of this run (median seconds per batch)",
             "candidates": {
-                name: args.batch / statistics.median(rounds[name]) for name in REFERENCE_CANDIDATES
+                name: len(rows) / statistics.median(rounds[name]) for name in REFERENCE_CANDIDATES
             },
         },
         "retrieval": source_fields(args.retrieval, retrieval),
@@ -498,7 +567,9 @@ def markdown(payload: dict[str, Any]) -> str:
     lines = [
         f"# Quality–speed frontier (embeddings): {source['model']}, {source['dataset']}",
         "",
-        f"Speed: documents/s at {settings['seq_len']} tokens, batch {settings['batch']}, "
+        f"Speed: documents/s over {settings.get('documents', 'random words, every one seq_len tokens')} "
+        f"({settings.get('mean_document_tokens', settings['seq_len'])} tokens on average, at most "
+        f"{settings['seq_len']}), batch {settings['batch']}, "
         f"{settings['threads']} threads, {settings['rounds_run']} interleaved paired rounds. Reference: "
         f"**{reference['variant']}**, the faster fp32 dense variant in this run (vs {others}). "
         f"Quality: nDCG@10 from `{source['path']}` ({source['queries']} queries, {source['documents']} "
@@ -615,6 +686,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="JSON; the markdown table goes beside it")
     parser.add_argument("--plot", type=Path, default=None, help="PNG (default: --out with .png)")
     parser.add_argument("--quick", action="store_true", help="tiny random checkpoint, seconds")
+    parser.add_argument(
+        "--documents",
+        choices=("squad", "scitldr", "bbc"),
+        default=None,
+        help="time real documents of this retrieval set at their own lengths (default: random words, "
+        "every one --seq-len tokens)",
+    )
+    parser.add_argument("--document-count", type=int, default=256, help="with --documents: how many")
+    parser.add_argument("--data", type=Path, default=None, help="with --documents: the set's file")
     parser.add_argument("--seq-len", type=int, default=SEQ_LEN)
     parser.add_argument("--batch", type=int, default=BATCH)
     parser.add_argument("--repeats", type=int, default=7, help="paired rounds")

@@ -341,6 +341,7 @@ def reference_sections(results_dir: Path, plots: Path) -> list[str]:
 # Benchmarks that write their own markdown table beside their JSON: (file stem, section title, plot).
 MARKDOWN_BENCHMARKS = (
     ("embed_speed", "Embedding throughput vs the fused dense peer and sentence-transformers", None),
+    ("op_profile", "Where the graphs' time goes (onnxruntime operator profile)", None),
     ("embed_service", "Embeddings service vs Infinity", None),
     ("overload", "rho=auto under overload (open-loop arrivals)", "overload.png"),
     ("overload_rounds", "rho=auto at 10x capacity, repeated rounds", None),

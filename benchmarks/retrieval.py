@@ -11,6 +11,9 @@ Datasets (``--dataset``), each query with one relevant document:
 - ``scitldr``, SciTLDR-A test, TLDR → abstract (a second domain: scientific writing): each of a paper's
   reference TLDRs (``all_summaries``, 2–4 per paper, 1,967 in all) searches the 618 abstracts (the
   ``document`` sentences joined with spaces); its relevant document is its own paper's abstract.
+- ``bbc``, BBC News Summary, headline → article (long documents, ~400 words: run it with
+  ``--max-length 512``): every headline searches the distinct articles; its relevant document is its
+  own article.
 
 ``--long-context`` runs ``benchmarks.retrieval_long`` instead of the grid below: on documents longer
 than the model's configured max length, dense truncation against learned retention over more tokens
@@ -158,6 +161,11 @@ def scitldr_pairs(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     ]
 
 
+def bbc_pairs(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """BBC News rows → (headline, its article): the articles run ~400 words, past 256 tokens."""
+    return [(str(row["title"]), str(row["document"])) for row in rows]
+
+
 @dataclass(frozen=True)
 class Dataset:
     """A query → document set in ../shared/data and the words its report uses."""
@@ -189,6 +197,15 @@ DATASETS = {
         "abstracts",
         "abstract",
         scitldr_pairs,
+    ),
+    "bbc": Dataset(
+        "bbc",
+        Path("summarization") / "bbc_news_summary" / "all.jsonl.gz",
+        "BBC News headline → article",
+        "headlines",
+        "articles",
+        "article",
+        bbc_pairs,
     ),
 }
 DEFAULT_DATASET = "squad"
@@ -723,6 +740,7 @@ def retrieval_benchmark(
     baselines_from: Path | None = None,
     graph: str = "torch",
     workdir: Path | None = None,
+    max_length: int | None = None,
 ) -> dict[str, Any]:
     import torch
 
@@ -730,6 +748,8 @@ def retrieval_benchmark(
 
     start = time.perf_counter()
     model, recipe, tokenizer = load_embedding_run(run_dir, min_kept_tokens, merge)
+    if max_length is not None:  # longer documents than the run was trained on (positions permitting)
+        recipe = recipe.model_copy(update={"max_length": min(max_length, model.backbone.info.max_positions)})
     data = read_retrieval_set(data_path, limit_queries, dataset)
     if graph == "torch":
         encoder = Encoder(model, tokenizer, recipe.max_length)
@@ -924,6 +944,9 @@ def main(argv: list[str] | None = None) -> None:
         help="merge dropped tokens into kept ones (default: as the run was trained)",
     )
     parser.add_argument(
+        "--max-length", type=int, default=None, help="tokens per text (default: the run's max_length)"
+    )
+    parser.add_argument(
         "--graph",
         choices=GRAPHS,
         default="torch",
@@ -972,6 +995,7 @@ def main(argv: list[str] | None = None) -> None:
             args.baselines_from,
             args.graph,
             Path(workdir),
+            args.max_length,
         )
     payload["command"] = f"python -m {MODULE} " + " ".join(argv)
     table = markdown(payload)

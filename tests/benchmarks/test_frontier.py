@@ -151,6 +151,27 @@ def assert_report_shows(out: Path) -> None:
     assert "| dense | peer-fused |" in section and f"(plots/{report.FRONTIER_PLOT})" in section
 
 
+def test_real_documents_are_timed_at_their_own_lengths(tmp_path: Path) -> None:
+    """--documents: every variant embeds the same real documents (length-sorted batches, each at its own
+    length, truncation cutting each document to its share), not random words of one length."""
+    from tests.benchmarks.test_retrieval import squad_file
+
+    out = tmp_path / "frontier.json"
+    retrieval_file = write(tmp_path / "retrieval.json", synthetic_retrieval())
+    arguments = ["--quick", "--retrieval", str(retrieval_file), "--out", str(out)]
+    frontier.main(
+        [*arguments, "--documents", "squad", "--document-count", "3", "--data", str(squad_file(tmp_path))]
+    )
+    payload = json.loads(out.read_text())
+    settings = payload["settings"]
+    assert (
+        settings["documents_per_call"] == 3
+        and "squad documents at their own lengths" in settings["documents"]
+    )
+    assert 5 < settings["mean_document_tokens"] <= frontier.QUICK_SEQ_LEN
+    assert all(row["documents_per_second"] > 0 for row in payload["results"])
+
+
 def test_interpolated_speed_is_linear_between_the_bracketing_points_and_none_outside() -> None:
     curve = [(70.0, 100.0), (80.0, 50.0), (75.0, 80.0)]
     assert frontier.interpolated_speed(curve, 77.5) == pytest.approx(65.0)

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The embedding model's quality–speed evidence, end to end (docs/benchmarks.md "Quality–speed frontier"):
+# retrieval quality in fp32 (torch) and int8 (the exported graph in onnxruntime) on three sets, then the
+# frontier of each set timed on this machine. Usage:
+#
+#   scripts/embedding_frontier.sh <embedding run dir> [quality|speed|all]
+#
+# quality: benchmarks.retrieval (fp32: every baseline; int8: learned and truncation) → results/
+# speed:   benchmarks.frontier per set (needs quality's files; run it on a quiet machine) → results/bench/
+# Timings depend on the machine's load: the speed stage runs nothing else beside it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUN=${1:?usage: scripts/embedding_frontier.sh <embedding run dir> [quality|speed|all]}
+STAGE=${2:-all}
+PY=${PYTHON:-.venv/bin/python}
+CACHE=${RETRIEVAL_CACHE:-${HOME}/.cache/retention-retrieval}
+RHOS="1 0.9 0.8 0.7 0.6 0.5 0.4 0.3 0.2"  # truncation needs ≥ 6 lengths for the equal-nDCG curve
+# set → (extra retrieval arguments, results directory suffix, frontier token length)
+declare -A EXTRA=([squad]="" [scitldr]="--dataset scitldr" [bbc]="--dataset bbc --max-length 512")
+declare -A SUFFIX=([squad]="" [scitldr]="-scitldr" [bbc]="-bbc512")
+declare -A LENGTH=([squad]=256 [scitldr]=256 [bbc]=512)
+
+quality() {
+  for set in squad scitldr bbc; do
+    # shellcheck disable=SC2086
+    $PY -m benchmarks.retrieval "$RUN" --out "results/minilm-embed-full-retrieval${SUFFIX[$set]}" \
+      ${EXTRA[$set]} --cache-dir "$CACHE" --query-rhos --methods learned truncation attention random \
+      --rhos $RHOS --layer-exits 3 4 5
+    # shellcheck disable=SC2086
+    $PY -m benchmarks.retrieval "$RUN" --out "results/minilm-embed-full-retrieval${SUFFIX[$set]}-int8" \
+      ${EXTRA[$set]} --cache-dir "$CACHE" --query-rhos --methods learned truncation --rhos $RHOS \
+      --graph onnx-int8
+  done
+}
+
+speed() {
+  # fixed length: random-word documents of exactly 256 tokens, batch 8 (quality: SQuAD)
+  $PY -m benchmarks.frontier --run-dir "$RUN" --retrieval results/minilm-embed-full-retrieval/retrieval.json \
+    --retrieval-int8 results/minilm-embed-full-retrieval-int8/retrieval.json \
+    --out results/bench/frontier.json --plot docs/plots/frontier.png
+  for set in squad scitldr bbc; do
+    local quality="results/minilm-embed-full-retrieval${SUFFIX[$set]}"
+    $PY -m benchmarks.frontier --run-dir "$RUN" --retrieval "$quality/retrieval.json" \
+      --retrieval-int8 "$quality-int8/retrieval.json" --documents "$set" --seq-len "${LENGTH[$set]}" \
+      --out "results/bench/frontier-$set.json" --plot "docs/plots/frontier-$set.png"
+  done
+}
+
+case "$STAGE" in
+  quality) quality ;;
+  speed) speed ;;
+  all) quality && speed ;;
+  *) echo "stage: quality, speed or all" >&2; exit 2 ;;
+esac

@@ -5,7 +5,7 @@
 #
 #   scripts/embedding_frontier.sh <embedding run dir> [quality|speed|all]
 #
-# quality: benchmarks.retrieval (fp32: every baseline; int8: learned and truncation) → results/
+# quality: benchmarks.retrieval (fp32: learned, truncation and layer exit; int8: learned and truncation) → results/
 # speed:   benchmarks.frontier per set (needs quality's files; run it on a quiet machine) → results/bench/
 # Timings depend on the machine's load: the speed stage runs nothing else beside it.
 set -euo pipefail
@@ -24,7 +24,7 @@ quality() {
   for set in squad scitldr bbc; do
     # shellcheck disable=SC2086
     $PY -m benchmarks.retrieval "$RUN" --out "results/minilm-embed-full-retrieval${SUFFIX[$set]}" \
-      ${EXTRA[$set]} --cache-dir "$CACHE" --query-rhos --methods learned truncation attention random \
+      ${EXTRA[$set]} --cache-dir "$CACHE" --query-rhos --methods learned truncation \
       --rhos $RHOS --layer-exits 3 4 5
     # shellcheck disable=SC2086
     $PY -m benchmarks.retrieval "$RUN" --out "results/minilm-embed-full-retrieval${SUFFIX[$set]}-int8" \

@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,7 +64,7 @@ class RetentionGraph(nn.Module):
     scattered back before the head.
     """
 
-    def __init__(self, model: RetentionModel, input_names: Sequence[str]) -> None:
+    def __init__(self, model: RetentionModel, input_names: Sequence[str], unpruned: bool = False) -> None:
         super().__init__()
         unknown = set(input_names) - set(PRUNED_POSITIONAL) - set(PRUNED_KEYWORDS)
         if unknown:
@@ -73,9 +73,15 @@ class RetentionGraph(nn.Module):
             )
         self.model = model
         self.input_names = tuple(input_names)
+        self.unpruned = unpruned  # the all-ρ ≥ 1 branch: forward_unpruned (ρ and protected unused)
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         named = dict(zip(self.input_names, inputs, strict=True))
+        if self.unpruned:
+            out = self.model.forward_unpruned(
+                named["input_ids"], named["attention_mask"], named.get("token_type_ids")
+            )
+            return out.logits, out.kept_counts, out.survival_depth
         keywords = {
             keyword: convert(named[name])
             for name, (keyword, convert) in PRUNED_KEYWORDS.items()
@@ -85,10 +91,10 @@ class RetentionGraph(nn.Module):
         return out.logits, out.kept_counts, out.survival_depth
 
 
-def graph_for(model: RetentionModel) -> RetentionGraph:
+def graph_for(model: RetentionModel, unpruned: bool = False) -> RetentionGraph:
     """The graph of the model's task (``model.spec``, the registry entry it was built from)."""
     # eval() on the wrapper: the exporter restores the wrapper's mode on every child afterwards.
-    return RetentionGraph(model, [spec.name for spec in model.spec.inputs]).eval()
+    return RetentionGraph(model, [spec.name for spec in model.spec.inputs], unpruned).eval()
 
 
 def dynamic_axes(task: TaskSpec) -> dict[str, dict[int, str]]:
@@ -98,13 +104,24 @@ def dynamic_axes(task: TaskSpec) -> dict[str, dict[int, str]]:
 
 
 def export_onnx(model: RetentionModel, path: Path, vocab_size: int) -> None:
-    """Trace with the TorchScript exporter (keeps the data-dependent TopK k as a tensor)."""
+    """The served graph: ``If`` every row asks ρ ≥ 1, the unpruned branch (the dense model's operators
+    and nothing else), else the pruned pass; both traced with the TorchScript exporter (it keeps the
+    data-dependent TopK k as a tensor) and joined by ``with_unpruned_branch``."""
     model = model.eval()
-    task = model.spec
+    with tempfile.TemporaryDirectory(prefix="export-") as tmp:
+        pruned, unpruned = Path(tmp) / "pruned.onnx", Path(tmp) / "unpruned.onnx"
+        trace_onnx(graph_for(model), pruned, vocab_size)
+        trace_onnx(graph_for(model, unpruned=True), unpruned, vocab_size)
+        joined = with_unpruned_branch(onnx.load(str(pruned)), onnx.load(str(unpruned)))
+    onnx.save(joined, str(path))
+
+
+def trace_onnx(graph: RetentionGraph, path: Path, vocab_size: int) -> None:
+    task = graph.model.spec
     example = example_inputs(batch=2, length=8, vocab_size=vocab_size, rhos=(0.5, 1.0), seed=0)
     with torch.no_grad():
         torch.onnx.export(
-            graph_for(model),
+            graph,
             tuple(example[spec.name] for spec in task.inputs),
             str(path),
             input_names=[spec.name for spec in task.inputs],
@@ -113,6 +130,96 @@ def export_onnx(model: RetentionModel, path: Path, vocab_size: int) -> None:
             opset_version=OPSET,
             dynamo=False,
         )
+
+
+UNPRUNED_SCOPE = "unpruned/"  # names inside the unpruned branch (values, nodes, its own weights)
+PRUNED_SCOPE = "pruned/"  # the pruned branch's outputs (its inner names are the traced ones)
+
+
+def with_unpruned_branch(pruned: Any, unpruned: Any) -> Any:
+    """One model: ``If(ReduceMin(rho) ≥ 1, then=unpruned graph, else=pruned graph)``, the two traced
+    graphs as its branches. Weights live once, in the outer graph: the unpruned branch reads the pruned
+    graph's initializer of identical bytes where there is one (every weight of the dense model), its own
+    otherwise. The outer graph keeps the pruned graph's inputs and outputs, names and types."""
+    from onnx import helper
+
+    outer = pruned.graph
+    inputs = {graph_input.name for graph_input in outer.input}
+    shared = {_initializer_key(init): init.name for init in outer.initializer}
+    renames: dict[str, str] = {init.name: init.name for init in outer.initializer}
+    unpruned_renames: dict[str, str] = {}
+    lifted = []
+    for init in unpruned.graph.initializer:
+        target = shared.get(_initializer_key(init))
+        if target is None:
+            target = UNPRUNED_SCOPE + init.name
+            copy = onnx.TensorProto()
+            copy.CopyFrom(init)
+            copy.name = target
+            lifted.append(copy)
+        unpruned_renames[init.name] = target
+    one = helper.make_tensor("one", onnx.TensorProto.FLOAT, [], [1.0])
+    nodes = [
+        helper.make_node("ReduceMin", ["rho"], ["rho_min"], name="rho_min", keepdims=0),
+        helper.make_node("Constant", [], ["rho_one"], name="rho_one", value=one),
+        helper.make_node("GreaterOrEqual", ["rho_min", "rho_one"], ["every_rho_is_1"], name="every_rho_is_1"),
+        helper.make_node(
+            "If",
+            ["every_rho_is_1"],
+            [output.name for output in outer.output],
+            name="unpruned_if_every_rho_is_1",
+            then_branch=_branch(unpruned.graph, inputs, unpruned_renames, UNPRUNED_SCOPE, UNPRUNED_SCOPE),
+            else_branch=_branch(outer, inputs, renames, "", PRUNED_SCOPE),
+        ),
+    ]
+    graph = helper.make_graph(
+        nodes, outer.name, list(outer.input), list(outer.output), [*outer.initializer, *lifted]
+    )
+    model = helper.make_model(graph, opset_imports=list(pruned.opset_import))
+    model.ir_version = pruned.ir_version
+    return model
+
+
+def _initializer_key(init: Any) -> tuple[int, tuple[int, ...], str]:
+    """An initializer's identity by content: dtype, shape and a digest of its values."""
+    import hashlib
+
+    from onnx import numpy_helper
+
+    digest = hashlib.sha1(numpy_helper.to_array(init).tobytes()).hexdigest()
+    return init.data_type, tuple(init.dims), digest
+
+
+def _branch(graph: Any, inputs: set[str], weights: dict[str, str], scope: str, output_scope: str) -> Any:
+    """``graph``'s nodes as an If branch: outer inputs and weights referenced by their outer names,
+    every other value under ``scope``, the outputs under ``output_scope`` (a branch may not reuse the
+    outer graph's names)."""
+    from onnx import helper
+
+    outputs = {output.name for output in graph.output}
+
+    def name_of(value: str) -> str:
+        if not value or value in inputs:
+            return value
+        if value in weights:
+            return weights[value]
+        return (output_scope if value in outputs else scope) + value
+
+    nodes = []
+    for node in graph.node:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.name = scope + node.name
+        copy.input[:] = [name_of(value) for value in node.input]
+        copy.output[:] = [name_of(value) for value in node.output]
+        nodes.append(copy)
+    branch_outputs = []
+    for output in graph.output:
+        renamed = onnx.ValueInfoProto()
+        renamed.CopyFrom(output)
+        renamed.name = name_of(output.name)
+        branch_outputs.append(renamed)
+    return helper.make_graph(nodes, f"{output_scope.strip('/')}_branch", [], branch_outputs)
 
 
 def example_inputs(
@@ -192,16 +299,29 @@ def quantize_int8(source: Path, target: Path) -> None:
     ``QAttention`` has no attention-bias input, so an ``Attention`` node that carries one (ours: padding
     and merged tokens' log-size) is first split into its packed QKV ``MatMul`` (quantized like every
     weight) and a ``MultiHeadAttention`` that keeps the bias (``split_biased_attention``); an Attention
-    with a plain key mask (the dense peer's) becomes ``QAttention``."""
+    with a plain key mask (the dense peer's) becomes ``QAttention``. Our graph's two branches are
+    quantized as the standalone graphs they were traced as (onnxruntime's quantizer leaves casts it
+    cannot type inside If branches) and joined again."""
+    model = onnx.load(str(source))
+    parts = unjoined(model)
+    if parts is None:
+        onnx.save(quantized(model), str(target))
+        return
+    pruned, unpruned = parts
+    onnx.save(with_unpruned_branch(quantized(pruned), quantized(unpruned)), str(target))
+
+
+def quantized(model: Any) -> Any:
+    """``model`` with int8 weights (``quantize_int8``'s choices), as a new ModelProto."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    model = split_biased_attention(onnx.load(str(source)))
+    model = split_biased_attention(model)
     with tempfile.TemporaryDirectory(prefix="quantize-") as tmp:
-        staged = Path(tmp) / "split.onnx"
+        staged, out = Path(tmp) / "split.onnx", Path(tmp) / "int8.onnx"
         onnx.save(model, str(staged))
         quantize_dynamic(
             str(staged),
-            str(target),
+            str(out),
             weight_type=QuantType.QInt8,
             per_channel=True,
             op_types_to_quantize=INT8_OPERATORS,
@@ -210,30 +330,84 @@ def quantize_int8(source: Path, target: Path) -> None:
             ],
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
+        return onnx.load(str(out))
+
+
+def unjoined(model: Any) -> tuple[Any, Any] | None:
+    """The two standalone graphs ``with_unpruned_branch`` joined (pruned, unpruned), each with the outer
+    inputs, the outer outputs' names and the weights its nodes read; None for a graph without the If."""
+    from onnx import helper
+
+    outer = model.graph
+    choices = [node for node in outer.node if node.op_type == "If"]
+    if len(choices) != 1:
+        return None
+    branches = {attribute.name: attribute.g for attribute in choices[0].attribute}
+    weights = {init.name: init for init in outer.initializer}
+    standalone = []
+    for key in ("else_branch", "then_branch"):
+        branch = branches[key]
+        names = {output.name: final.name for output, final in zip(branch.output, outer.output, strict=True)}
+        nodes = []
+        for node in branch.node:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            copy.input[:] = [names.get(value, value) for value in node.input]
+            copy.output[:] = [names.get(value, value) for value in node.output]
+            nodes.append(copy)
+        read = {value for node in nodes for value in node.input}
+        graph = helper.make_graph(
+            nodes,
+            branch.name,
+            list(outer.input),
+            list(outer.output),
+            [weights[name] for name in weights if name in read],
+        )
+        part = helper.make_model(graph, opset_imports=list(model.opset_import))
+        part.ir_version = model.ir_version
+        standalone.append(part)
+    return standalone[0], standalone[1]
+
+
+def all_nodes(graph: Any) -> Iterator[Any]:
+    """Every node of ``graph`` and of the graphs its nodes hold (If branches), depth first."""
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from all_nodes(attribute.g)
 
 
 def split_biased_attention(model: Any) -> Any:
-    """Every ``com.microsoft.Attention`` node with an attention bias → MatMul(x, W_qkv) (B, T, 3d),
-    Split into Q, K, V, and ``MultiHeadAttention``(Q, K, V, b_qkv, attention_bias=…): the same
-    arithmetic, with the projection as a plain MatMul the quantizer can make int8. In place; returned."""
-    from onnx import helper, numpy_helper
+    """Every ``com.microsoft.Attention`` node with an attention bias, in the graph and in its If branches
+    → MatMul(x, W_qkv) (B, T, 3d), Split into Q, K, V, and ``MultiHeadAttention``(Q, K, V, b_qkv,
+    attention_bias=…): the same arithmetic, with the projection as a plain MatMul the quantizer can make
+    int8. In place; returned."""
+    _split_in_graph(model.graph, {init.name: init.dims for init in model.graph.initializer})
+    return model
 
-    graph = model.graph
-    widths = {init.name: init.dims[1] // 3 for init in graph.initializer if len(init.dims) == 2}
+
+def _split_in_graph(graph: Any, shapes: dict[str, Any]) -> None:
+    from onnx import helper
+
     rewritten = []
     for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                _split_in_graph(attribute.g, shapes)
         inputs = list(node.input)
         biased = len(inputs) > ATTENTION_BIAS_INPUT and inputs[ATTENTION_BIAS_INPUT]
         if node.domain != "com.microsoft" or node.op_type != "Attention" or not biased:
             rewritten.append(node)
             continue
         hidden, weight, bias = inputs[:3]
-        width = widths[weight]
+        width = shapes[weight][1] // 3
         heads = next(attr.i for attr in node.attribute if attr.name == "num_heads")
         packed, sizes = f"{node.name}/qkv", f"{node.name}/qkv_sizes"
         parts = [f"{node.name}/{part}" for part in ("query", "key", "value")]
-        graph.initializer.append(numpy_helper.from_array(np.array([width] * 3, np.int64), sizes))
+        split_sizes = helper.make_tensor(sizes, onnx.TensorProto.INT64, [3], [width] * 3)
         rewritten += [
+            helper.make_node("Constant", [], [sizes], name=f"{node.name}/Sizes", value=split_sizes),
             helper.make_node("MatMul", [hidden, weight], [packed], name=f"{node.name}/MatMul"),
             helper.make_node("Split", [packed, sizes], parts, name=f"{node.name}/Split", axis=2),
             helper.make_node(
@@ -247,7 +421,6 @@ def split_biased_attention(model: Any) -> Any:
         ]
     del graph.node[:]
     graph.node.extend(rewritten)
-    return model
 
 
 def save_serving_tokenizer(tokenizer: Any, path: Path) -> None:

@@ -429,6 +429,30 @@ class RetentionModel(nn.Module):
         )
         return PrunedOutput(out, counts, depth)
 
+    def forward_unpruned(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> PrunedOutput:
+        """What ``forward_pruned`` computes when every row keeps every token (ρ ≥ 1), without the
+        scorers, the selection or the merge: the dense model and its head, kept counts n_real at every
+        point and survival depth P on every real token. The exported graph's branch for an all-ρ = 1
+        batch (``training.export``), so ρ = 1 runs the operators of the dense model and nothing else."""
+        valid = attention_mask.bool()  # (B, T)
+        embedded = self.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
+        bias = R.attention_bias(valid, embedded.dtype)  # (B, 1, 1, T): every layer sees every token
+        hidden = embedded
+        for point, layer in enumerate(self.backbone.views):
+            is_last = point == self.num_points - 1
+            hidden = layer(hidden, bias, self.last_layer_queries if is_last else None)
+        counts = valid.sum(1, keepdim=True).expand(-1, self.num_points)  # (B, P)
+        depth = valid.to(torch.long) * self.num_points  # (B, T)
+        if self.spec.restores_tokens:  # pads never run a layer: Drop-and-Restore leaves their embedding
+            restored = torch.where(valid.unsqueeze(-1), hidden, embedded)  # (B, T, d)
+            return PrunedOutput(self.head_output(restored, attention_mask), counts, depth)
+        return PrunedOutput(self.head_output(hidden, valid), counts, depth)
+
     def head_output(self, hidden: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """``weights`` (B, T): the tokens a mean-pooled head averages (ignored by the other heads)."""
         if self.spec.head == "pooled":

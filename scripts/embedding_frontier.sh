@@ -16,16 +16,18 @@ PY=${PYTHON:-.venv/bin/python}
 CACHE=${RETRIEVAL_CACHE:-${HOME}/.cache/retention-retrieval}
 RHOS="1 0.9 0.8 0.7 0.6 0.5 0.4 0.3 0.2"  # truncation needs ≥ 6 lengths for the equal-nDCG curve
 # set → (extra retrieval arguments, results directory suffix, frontier token length)
-declare -A EXTRA=([squad]="" [scitldr]="--dataset scitldr" [bbc]="--dataset bbc --max-length 512")
+# BBC: the first 600 articles (≈ 400 words each, at 512 tokens: a full search of 2,225 takes ~1 h here)
+declare -A EXTRA=([squad]="" [scitldr]="--dataset scitldr" [bbc]="--dataset bbc --max-length 512 --limit-documents 600")
 declare -A SUFFIX=([squad]="" [scitldr]="-scitldr" [bbc]="-bbc512")
 declare -A LENGTH=([squad]=256 [scitldr]=256 [bbc]=512)
+declare -A TIMED=([squad]=64 [scitldr]=64 [bbc]=32)  # real documents per timed call
 
 quality() {
-  for set in squad scitldr bbc; do
+  for set in ${SETS:-squad scitldr bbc}; do
     # shellcheck disable=SC2086
     $PY -m benchmarks.retrieval "$RUN" --out "results/minilm-embed-full-retrieval${SUFFIX[$set]}" \
       ${EXTRA[$set]} --cache-dir "$CACHE" --query-rhos --methods learned truncation \
-      --rhos $RHOS --layer-exits 3 4 5
+      --rhos $RHOS $( [ "$set" = bbc ] || echo --layer-exits 3 4 5 )
     # shellcheck disable=SC2086
     $PY -m benchmarks.retrieval "$RUN" --out "results/minilm-embed-full-retrieval${SUFFIX[$set]}-int8" \
       ${EXTRA[$set]} --cache-dir "$CACHE" --query-rhos --methods learned truncation --rhos $RHOS \
@@ -38,10 +40,11 @@ speed() {
   $PY -m benchmarks.frontier --run-dir "$RUN" --retrieval results/minilm-embed-full-retrieval/retrieval.json \
     --retrieval-int8 results/minilm-embed-full-retrieval-int8/retrieval.json \
     --out results/bench/frontier.json --plot docs/plots/frontier.png
-  for set in squad scitldr bbc; do
+  for set in ${SETS:-squad scitldr bbc}; do
     local quality="results/minilm-embed-full-retrieval${SUFFIX[$set]}"
     $PY -m benchmarks.frontier --run-dir "$RUN" --retrieval "$quality/retrieval.json" \
       --retrieval-int8 "$quality-int8/retrieval.json" --documents "$set" --seq-len "${LENGTH[$set]}" \
+      --document-count "${TIMED[$set]}" --repeats 5 --iterations 1 \
       --out "results/bench/frontier-$set.json" --plot "docs/plots/frontier-$set.png"
   done
 }

@@ -157,6 +157,13 @@ def test_cli_on_a_tiny_model(tmp_path: Path) -> None:
     assert again["random"]["0.3"]["document_cached"] and not results["random"]["0.3"]["document_cached"]
 
 
+def test_a_document_limit_keeps_the_first_documents_and_only_their_queries(tmp_path: Path) -> None:
+    data = retrieval.read_retrieval_set(squad_file(tmp_path), limit_documents=2)
+    assert data.paragraphs == PARAGRAPHS[:2]
+    assert data.questions == [question for question, gold in QUESTIONS if gold < 2]
+    assert data.gold.tolist() == [gold for _, gold in QUESTIONS if gold < 2]
+
+
 def test_the_exported_graph_and_its_int8_form_search_like_torch(tmp_path: Path) -> None:
     """--graph onnx encodes with the exported graph in onnxruntime: the same vectors as torch (so the same
     nDCG) for dense, learned and truncation; --graph onnx-int8 with its quantized form, close to fp32."""

@@ -51,14 +51,7 @@ class FusedSelfAttention(torch.autograd.Function):
         num_heads: int,
     ) -> torch.Tensor:
         """hidden (B, T, d), weight (d, 3d) = [Q | K | V], bias (3d,), attention_bias (B, 1, T, T)."""
-        batch, length, width = hidden.shape
-        head_dim = width // num_heads
-        q, k, v = (
-            part.view(batch, length, num_heads, head_dim).transpose(1, 2)  # (B, H, T, dh)
-            for part in (torch.matmul(hidden, weight) + bias).split(width, dim=-1)
-        )
-        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(head_dim) + attention_bias  # (B,H,T,T)
-        return torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2).reshape(batch, length, width)
+        return packed_attention(hidden, weight, bias, attention_bias, num_heads)
 
     @staticmethod
     def symbolic(g: Any, hidden: Any, weight: Any, bias: Any, attention_bias: Any, num_heads: int) -> Any:
@@ -76,6 +69,52 @@ class FusedSelfAttention(torch.autograd.Function):
         )
         context.setType(hidden.type())
         return context
+
+
+class FusedMaskedSelfAttention(torch.autograd.Function):
+    """The same ``Attention`` node with a 2-D key mask (``mask_index``: 1 = attend) instead of an additive
+    bias, exactly as ORT's optimizer builds it for a dense BERT: the unpruned branch's attention, whose
+    only bias is padding. Export only."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor,
+        key_mask: torch.Tensor,
+        attention_bias: torch.Tensor,
+        num_heads: int,
+    ) -> torch.Tensor:
+        """key_mask (B, T) int32; attention_bias (B, 1, 1, T): the same mask as a bias, for the tracer."""
+        return packed_attention(hidden, weight, bias, attention_bias, num_heads)
+
+    @staticmethod
+    def symbolic(
+        g: Any, hidden: Any, weight: Any, bias: Any, key_mask: Any, attention_bias: Any, num_heads: int
+    ) -> Any:
+        context = g.op("com.microsoft::Attention", hidden, weight, bias, key_mask, num_heads_i=num_heads)
+        context.setType(hidden.type())
+        return context
+
+
+def packed_attention(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    attention_bias: torch.Tensor,
+    num_heads: int,
+) -> torch.Tensor:
+    """Self-attention from packed QKV weights: hidden (B, T, d), weight (d, 3d) = [Q | K | V], bias (3d,),
+    attention_bias broadcastable to (B, H, T, T) → context (B, T, d)."""
+    batch, length, width = hidden.shape
+    head_dim = width // num_heads
+    q, k, v = (
+        part.view(batch, length, num_heads, head_dim).transpose(1, 2)  # (B, H, T, dh)
+        for part in (torch.matmul(hidden, weight) + bias).split(width, dim=-1)
+    )
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(head_dim) + attention_bias  # (B, H, T, T)
+    return torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2).reshape(batch, length, width)
 
 
 class FusedSkipLayerNorm(torch.autograd.Function):
@@ -143,16 +182,22 @@ class LayerView(nn.Module):
         self.attention_dropout = attention_dropout
 
     def forward(
-        self, hidden: torch.Tensor, key_bias: torch.Tensor, num_queries: int | None = None
+        self,
+        hidden: torch.Tensor,
+        key_bias: torch.Tensor,
+        num_queries: int | None = None,
+        key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """hidden (B, T, d), key_bias (B, 1, 1, T) → (B, Tq, d).
 
         ``num_queries`` computes only the first Tq positions (e.g. 1 for a [CLS] head); keys and
         values still come from all T tokens, so those outputs are exactly the full layer's.
+        ``key_mask`` (B, T): when the bias is padding alone, the exported attention takes this mask (the
+        dense model's form); the arithmetic is the same.
         """
         queries_in = hidden if num_queries is None else hidden[:, :num_queries]  # (B, Tq, d)
         if num_queries is None and torch.onnx.is_in_onnx_export():
-            context = self.fused_attention(hidden, key_bias)  # (B, T, d)
+            context = self.fused_attention(hidden, key_bias, key_mask)  # (B, T, d)
         else:
             context = self.attention(queries_in, hidden, key_bias)  # (B, Tq, d)
         if torch.onnx.is_in_onnx_export():  # the residual sums as ORT's fused SkipLayerNormalization
@@ -180,13 +225,20 @@ class LayerView(nn.Module):
         probs = F.dropout(torch.softmax(scores, dim=-1), self.attention_dropout, self.training)
         return torch.matmul(probs, v).transpose(1, 2).reshape(batch, -1, width)  # (B, Tq, d)
 
-    def fused_attention(self, hidden: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
+    def fused_attention(
+        self, hidden: torch.Tensor, key_bias: torch.Tensor, key_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Self-attention of every token, exported as one onnxruntime ``Attention`` node (QKV projection
         and attention core in one kernel, the operator ORT's optimizer gives a dense BERT). hidden
         (B, T, d), key_bias (B, 1, 1, T) → context (B, T, d). The bias (padding, log-size) enters as the
-        node's additive attention bias, broadcast over heads: (B, 1, T, T)."""
+        node's additive attention bias, broadcast over heads: (B, 1, T, T); a padding-only bias with its
+        ``key_mask`` (B, T) enters as the node's 2-D mask instead."""
         weight = torch.cat([self.query.weight, self.key.weight, self.value.weight], dim=0).t()  # (d, 3d)
         bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # (3d,)
+        if key_mask is not None:
+            mask = key_mask.to(torch.int32)  # (B, T)
+            fused = FusedMaskedSelfAttention.apply(hidden, weight, bias, mask, key_bias, self.num_heads)
+            return cast(torch.Tensor, fused)
         full_bias = key_bias.expand(-1, -1, hidden.shape[1], -1)  # (B, 1, T, T)
         return cast(torch.Tensor, FusedSelfAttention.apply(hidden, weight, bias, full_bias, self.num_heads))
 

@@ -445,7 +445,9 @@ class RetentionModel(nn.Module):
         hidden = embedded
         for point, layer in enumerate(self.backbone.views):
             is_last = point == self.num_points - 1
-            hidden = layer(hidden, bias, self.last_layer_queries if is_last else None)
+            hidden = layer(
+                hidden, bias, self.last_layer_queries if is_last else None, key_mask=attention_mask
+            )
         counts = valid.sum(1, keepdim=True).expand(-1, self.num_points)  # (B, P)
         depth = valid.to(torch.long) * self.num_points  # (B, T)
         if self.spec.restores_tokens:  # pads never run a layer: Drop-and-Restore leaves their embedding

@@ -52,9 +52,12 @@ def test_every_layer_is_one_attention_node_and_two_skip_layer_norms(
         assert counts["Attention"] == TINY_LAYERS
         assert counts["SkipLayerNormalization"] == 2 * TINY_LAYERS
         assert counts["Softmax"] == 0  # no unfused attention core left
-    # the unpruned branch is the dense model: no scorer, no selection, no merge
-    unpruned = operator_counts(branches(path)["unpruned"])
+    # the unpruned branch is the dense model: no scorer, no selection, no merge, a 2-D key mask
+    unpruned_graph = branches(path)["unpruned"]
+    unpruned = operator_counts(unpruned_graph)
     assert unpruned["TopK"] == 0 and unpruned["ScatterElements"] == 0 and unpruned["Tanh"] == 0
+    attention = [node for node in unpruned_graph.node if node.op_type == "Attention"]
+    assert all(len(node.input) == 4 and node.input[3] for node in attention)  # mask_index, no bias
     report = validate_onnx(model, path, model.backbone.info_vocab_size)  # raises on any mismatch
     assert report.cases > 0 and report.max_abs_diff <= 1e-4
 
@@ -91,14 +94,18 @@ def test_a_ragged_batch_matches_torch_in_either_branch(tmp_path: Path, rhos: tup
 def test_int8_keeps_the_attention_bias_and_the_scorers_fp32(tmp_path: Path) -> None:
     model, path = exported(tmp_path)
     quantize_int8(path, tmp_path / "model.int8.onnx")
-    for graph in branches(tmp_path / "model.int8.onnx").values():
-        counts = operator_counts(graph)
-        # QAttention has no attention-bias input: the biased Attention became MatMul + MultiHeadAttention
-        assert counts["QAttention"] == 0 and counts["MultiHeadAttention"] == TINY_LAYERS
-        assert all(node.input[5] for node in graph.node if node.op_type == "MultiHeadAttention")
+    int8 = branches(tmp_path / "model.int8.onnx")
+    # QAttention has no attention-bias input: the pruned branch's biased Attention became MatMul +
+    # MultiHeadAttention; the unpruned branch's masked one became QAttention, as the dense peer's does
+    pruned, unpruned = operator_counts(int8["pruned"]), operator_counts(int8["unpruned"])
+    assert pruned["QAttention"] == 0 and pruned["MultiHeadAttention"] == TINY_LAYERS
+    assert unpruned["QAttention"] == TINY_LAYERS and unpruned["MultiHeadAttention"] == 0
+    assert all(node.input[5] for node in int8["pruned"].node if node.op_type == "MultiHeadAttention")
+    for name, graph in int8.items():
         integer = ("MatMulInteger", "DynamicQuantizeMatMul")
         quantized = {node.name for node in graph.node if node.op_type in integer}
-        assert len(quantized) >= 4 * TINY_LAYERS  # packed QKV, output projection, two FFN matrices
+        expected = 3 if name == "unpruned" else 4  # QKV in QAttention there, a MatMul here; output, FFN
+        assert len(quantized) >= expected * TINY_LAYERS
         assert not [name for name in quantized if "/scorers." in name]
     vocab = model.backbone.info_vocab_size
     for rhos in ((1.0,), (1.0, 0.5, 0.3)):  # either branch

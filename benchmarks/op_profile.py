@@ -61,12 +61,18 @@ class Profile:
     operators: list[OperatorTime]
 
 
+CONTAINERS = frozenset({"If", "Loop", "Scan"})  # their time is their branch's nodes, profiled one by one
+
+
 def kernel_events(trace: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The profiler's per-node kernel events (``*_kernel_time``), one per node run."""
+    """The profiler's per-node kernel events (``*_kernel_time``), one per node run; control-flow nodes
+    are left out (counting them would count their branch twice)."""
     return [
         event
         for event in trace
-        if event.get("cat") == "Node" and str(event.get("name", "")).endswith("_kernel_time")
+        if event.get("cat") == "Node"
+        and str(event.get("name", "")).endswith("_kernel_time")
+        and event.get("args", {}).get("op_name") not in CONTAINERS
     ]
 
 

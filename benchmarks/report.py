@@ -434,34 +434,42 @@ def retrieval_sections(results_dir: Path) -> list[str]:
 FRONTIER_TITLE = "Quality–speed frontier (embeddings)"
 FRONTIER_PLOT = "frontier.png"
 FRONTIER_COMMAND = (
-    "python -m benchmarks.frontier --run-dir runs/minilm-embed-full \\\n"
-    "    --retrieval results/minilm-embed-full-retrieval/retrieval.json \\\n"
-    f"    --out results/bench/frontier.json --plot docs/plots/{FRONTIER_PLOT}"
+    "scripts/embedding_frontier.sh runs/minilm-embed-full   # python -m benchmarks.retrieval (fp32, int8),\n"
+    "                                                      # then python -m benchmarks.frontier per set"
+)
+# (results/bench stem, subsection title, plot): the fixed-length run first, then each set's real documents
+FRONTIER_RUNS = (
+    ("frontier", "Fixed length: random words, 256 tokens each, batch 8 (quality: SQuAD)", FRONTIER_PLOT),
+    ("frontier-squad", "SQuAD paragraphs at their own lengths", "frontier-squad.png"),
+    ("frontier-scitldr", "SciTLDR abstracts at their own lengths", "frontier-scitldr.png"),
+    ("frontier-bbc", "BBC News articles at their own lengths, up to 512 tokens", "frontier-bbc.png"),
 )
 
 
 def frontier_section(results_dir: Path, plots: Path) -> list[str]:
-    """How to choose a knob: ``python -m benchmarks.frontier``'s table and plot, once committed."""
+    """How to choose a knob: ``python -m benchmarks.frontier``'s tables and plots, once committed."""
     intro = [
-        "Documents/s on one CPU (256-token documents, batch 8) against retrieval nDCG@10, for every knob",
-        "a user can turn: learned ρ, first-k truncation, layer exit, int8 (dense and with ρ), against the",
-        "faster of the fused dense ONNX peer and torch SDPA. Measured with",
+        "Documents/s on one CPU against retrieval nDCG@10, for every knob a user can turn: learned ρ,",
+        "first-k truncation, layer exit, int8 (dense, with ρ, with truncation), against the faster of the",
+        "fused dense ONNX peer and torch SDPA in the same run; the last column is each learned point's",
+        "documents/s over its precision's truncation curve at the same nDCG@10. Measured with",
         "",
         "```",
         FRONTIER_COMMAND,
         "```",
         "",
-        "(the layer-exit points need a retrieval run with `--layer-exits 1 2 3 4 5`; int8 quality needs",
-        '`--retrieval-int8`, else it reads "not measured").',
-        "",
     ]
-    md_path = results_dir / "bench" / "frontier.md"
-    if not md_path.is_file():
-        placeholder = "The numbers come from the committed `results/bench/frontier.json` (not measured yet)."
+    sections = []
+    for stem, title, plot in FRONTIER_RUNS:
+        md_path = results_dir / "bench" / f"{stem}.md"
+        if not md_path.is_file():
+            continue
+        heading, blank, *rest = markdown_section(md_path, title, plot, plots)
+        sections += [f"#{heading}", blank, *rest]
+    if not sections:
+        placeholder = "The numbers come from the committed `results/bench/frontier*.json` (not measured yet)."
         return [f"## {FRONTIER_TITLE}", "", *intro, placeholder, ""]
-    title, blank, *rest = markdown_section(md_path, FRONTIER_TITLE, FRONTIER_PLOT, plots)
-    source = "The numbers below come from the committed `results/bench/frontier.json`."
-    return [title, blank, *intro, source, "", *rest]
+    return [f"## {FRONTIER_TITLE}", "", *intro, *sections]
 
 
 GPU_TITLE = "GPU"

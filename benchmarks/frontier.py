@@ -541,11 +541,24 @@ def knob(row: dict[str, Any], num_layers: int) -> str:
     return "—" if row["rho"] is None else f"ρ = {row['rho']:g}"
 
 
-def equal_quality_cell(row: dict[str, Any]) -> str:
+def equal_quality_cell(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     if row["family"] not in RIVALS or row["rho"] is None or row["rho"] >= 1:
         return "—"
     ratio = row.get("speedup_vs_truncation_at_equal_ndcg")
-    return "outside truncation's range" if ratio is None else f"{ratio:.2f}×"
+    if ratio is not None:
+        return f"{ratio:.2f}×"
+    quality = row["quality"]["ndcg_at_10"]
+    if quality is None:
+        return NOT_MEASURED
+    rivals = RIVALS[row["family"]]
+    curve = [
+        r["quality"]["ndcg_at_10"]
+        for r in rows
+        if r["family"] in rivals and r["quality"]["ndcg_at_10"] is not None
+    ]
+    if curve and quality < min(curve):
+        return "below every truncation point"  # truncation is better at every length measured
+    return "above every truncation point"
 
 
 def paired_cell(paired: dict[str, float] | None) -> str:
@@ -587,7 +600,7 @@ def markdown(payload: dict[str, Any]) -> str:
             f"{row['documents_per_second']:.1f} | {row['speedup_vs_reference']:.2f}× "
             f"({row['speedup_min']:.2f}–{row['speedup_max']:.2f}) | {quality_cell(row)} | "
             f"{paired_cell(quality['ndcg_vs_dense'])} | {paired_cell(quality['ndcg_vs_truncation'])} | "
-            f"{equal_quality_cell(row)} |"
+            f"{equal_quality_cell(row, payload['results'])} |"
         )
     lines += ["", f"Command: `{payload.get('command', '')}` ({payload.get('wall_seconds', '?')} s)."]
     return "\n".join(lines) + "\n"
@@ -612,8 +625,8 @@ def plot(payload: dict[str, Any], path: Path) -> None:
         ax.set_title(f"{source['model']} — {source['dataset']}", fontsize=10)
         _label(
             ax,
-            f"documents/s ({settings['seq_len']} tokens, batch {settings['batch']}, "
-            f"{settings['threads']} threads)",
+            f"documents/s ({settings.get('mean_document_tokens', settings['seq_len'])} tokens on average, "
+            f"at most {settings['seq_len']}, batch {settings['batch']}, {settings['threads']} threads)",
             "nDCG@10 (%), bars: ± paired SE vs dense",
             legend_size=None,
         )

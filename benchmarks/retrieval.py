@@ -278,6 +278,13 @@ class Encoder:
         counts = self.model.keep_counts(rhos, num_real, torch.ones_like(num_real))  # (N, P), floor included
         return R.encoder_token_work(counts, num_real, self.model.last_layer_queries).numpy()
 
+    def truncated(self, rows: list[Any], rho: float) -> tuple[list[Any], float]:
+        """The truncation baseline's rows: each row's first tokens at the pruned schedule's token-work at
+        ρ, and the mean token-work they do."""
+        work = self.schedule_work([len(row) for row in rows], rho)
+        cut = [truncated_to_work(row, fraction) for row, fraction in zip(rows, work, strict=True)]
+        return cut, float(np.mean([len(short) / len(row) for short, row in zip(cut, rows, strict=True)]))
+
     def input_tokens(self, texts: Sequence[str]) -> list[int]:
         """Each text's token count with [CLS] and [SEP], before any cut to ``max_length``."""
         from training.evaluation import evaluation_codec
@@ -295,10 +302,8 @@ class Encoder:
         if method == TRUNCATION:
             if isinstance(rho, tuple):
                 raise ValueError("truncation takes one ρ for every text")
-            work = self.schedule_work([len(row) for row in rows], rho)
-            cut = [truncated_to_work(row, fraction) for row, fraction in zip(rows, work, strict=True)]
+            cut, token_work = self.truncated(rows, rho)
             predictions = predict_rows(self.model, cut, 1.0, self.pad_id(), None, self.batch_size)
-            token_work = float(np.mean([len(short) / len(row) for short, row in zip(cut, rows, strict=True)]))
         else:
             predictions = self.pruned_predictions(rows, method, 1.0 if method == DENSE else rho)
             token_work = float(np.mean([prediction.token_work for prediction in predictions]))
@@ -361,10 +366,8 @@ class OnnxEncoder(Encoder):
         rows = self.rows(texts)
         budget = 1.0 if method == DENSE else float(rho)
         if method == TRUNCATION:
-            work = self.schedule_work([len(row) for row in rows], budget)
-            cut = [truncated_to_work(row, fraction) for row, fraction in zip(rows, work, strict=True)]
-            token_work = float(np.mean([len(short) / len(row) for short, row in zip(cut, rows, strict=True)]))
-            rows, budget = cut, 1.0
+            rows, token_work = self.truncated(rows, budget)
+            budget = 1.0
         else:
             token_work = float(np.mean(self.schedule_work([len(row) for row in rows], budget)))
         vectors = onnx_predict_rows(self.session, rows, budget, self.pad_id(), self.batch_size)

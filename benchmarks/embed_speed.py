@@ -85,18 +85,19 @@ class Graphs:
 
 
 # ---------------------------------------------------------------------- building the graphs
-def tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
-    """A tiny random BERT and the real MiniLM tokenizer saved as a Hugging Face checkpoint: one source
-    for the peer, our graphs and sentence-transformers (which adds mean pooling to a bare encoder)."""
+def tiny_checkpoint(directory: Path, seed: int = 0, family: str = "bert") -> Path:
+    """A tiny random encoder of ``family`` and the real MiniLM tokenizer saved as a Hugging Face
+    checkpoint: one source for the peer, our graphs and sentence-transformers (which adds mean pooling to
+    a bare encoder)."""
     import torch
-    from transformers import BertModel
+    from transformers import AutoModel
 
     from training.encoders import load_tokenizer
     from training.tiny import TINY_TOKENIZER, tiny_config
 
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(TINY_TOKENIZER)
-    BertModel(tiny_config(tokenizer.vocab_size)).save_pretrained(directory)
+    AutoModel.from_config(tiny_config(tokenizer.vocab_size, family)).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
 
@@ -139,7 +140,7 @@ def build_graphs(args: argparse.Namespace, workdir: Path) -> Graphs:
     from training.optimize import build_dense_peer, fused_attention_count
 
     checkpoint = peer_checkpoint(args.quick, args.run_dir, args.backbone, workdir)
-    peer = build_dense_peer(checkpoint, workdir)  # raises unless every layer's attention fused
+    peer = build_dense_peer(checkpoint, workdir)  # raises unless attention fused (where ORT can fuse it)
     model = our_model(args.run_dir, args.recipe, checkpoint)
     ours = workdir / "ours.onnx"
     export_onnx(model, ours, model.backbone.info_vocab_size)  # fused at export: Attention, SkipLayerNorm
@@ -198,6 +199,12 @@ def token_feeds(tokenizer: Any, texts: list[str], seq_len: int) -> dict[str, np.
     return feeds
 
 
+def session_feeds(session: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The feeds a graph takes: an encoder without token types (MPNet) exports without that input."""
+    names = {graph_input.name for graph_input in session.get_inputs()}
+    return {name: value for name, value in feeds.items() if name in names}
+
+
 # ---------------------------------------------------------------------- variants
 Variant = tuple[float | None, Callable[[], object]]  # (ρ or None, one call)
 
@@ -209,7 +216,10 @@ def onnx_variants(
     batch = feeds["input_ids"].shape[0]
     ours_feeds = {name: feeds[name] for name in ("input_ids", "attention_mask")}
     peers = [name for name in (REFERENCE, "peer-onnx", "peer-fused-int8") if name in sessions]
-    variants: dict[str, Variant] = {name: (None, partial(sessions[name].run, None, feeds)) for name in peers}
+    variants: dict[str, Variant] = {
+        name: (None, partial(sessions[name].run, None, session_feeds(sessions[name], feeds)))
+        for name in peers
+    }
     ours = ("ours-onnx", "ours-onnx-int8")
     for graph in [name for name in ours if name in sessions]:
         for rho in (1.0, *rhos):

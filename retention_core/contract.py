@@ -177,6 +177,11 @@ class Manifest(BaseModel):
         default=None, description="measured speed-up vs rho (explorer page); None for older exports"
     )
     embedding: EmbeddingInfo | None = Field(default=None, description="pooled-head tasks only")
+    aliases: list[str] = Field(
+        default_factory=list,
+        description="other names a request may use: an embedding retrofit answers to the hub id and short "
+        "name of the model it was retrofitted from (model=all-mpnet-base-v2)",
+    )
     versions: dict[str, str] = Field(default_factory=dict)
 
     @property

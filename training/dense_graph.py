@@ -25,7 +25,9 @@ class DenseClassificationGraph(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         backbone = self.model.backbone
         hidden = backbone.embed(input_ids)  # (B, T, d)
-        key_bias = R.attention_bias(attention_mask.bool(), hidden.dtype)  # (B, 1, 1, T)
+        valid = attention_mask.bool()  # (B, T)
+        positions = torch.arange(valid.shape[1], device=valid.device).unsqueeze(0).expand_as(valid)  # (B, T)
+        key_bias = backbone.layer_bias(R.attention_bias(valid, hidden.dtype), positions)  # (B, 1|H, 1|T, T)
         for layer in backbone.views:
             hidden = layer(hidden, key_bias)
         return self.model.head(hidden[:, 0])

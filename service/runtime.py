@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+import psutil
 from pydantic import ValidationError
 from tokenizers import Tokenizer
 
@@ -75,6 +76,10 @@ class LoadedModel(ServedModel):
     fingerprint: str
     output_names: list[str] = field(default_factory=list)
     warmup_seconds: float = 0.0  # latency of the last warm-up run: the batcher's first estimate
+    # Resident memory the process grew by while this model's session opened and warmed up: its weights,
+    # onnxruntime's buffers and arena after one run. An estimate (the allocator may reuse freed pages),
+    # and models load one at a time, so the deltas do not overlap.
+    memory_bytes: int = 0
 
     def run(
         self, rows: list[Row], rhos: list[float], length: int | None = None
@@ -138,6 +143,7 @@ def load_model(directory: Path, settings: Settings, name: str | None = None) -> 
     tokenizer.no_padding()
     tokenizer.no_truncation()
 
+    resident_before = _resident_bytes()
     try:
         session = open_session(
             model_path,
@@ -197,4 +203,9 @@ def load_model(directory: Path, settings: Settings, name: str | None = None) -> 
             raise ModelLoadError(f"{label}: warm-up inference failed") from exc
     else:
         model.warmed_up = True
+    model.memory_bytes = max(0, _resident_bytes() - resident_before)
     return model
+
+
+def _resident_bytes() -> int:
+    return int(psutil.Process().memory_info().rss)

@@ -184,7 +184,9 @@ class ModelServer:
             batcher.start()
             batchers[name] = batcher
             manifest = model.manifest
-            self.metrics.init_model(name, manifest.task, manifest.backbone.name_or_path, model.precision)
+            self.metrics.init_model(
+                name, manifest.task, manifest.backbone.name_or_path, model.precision, model.memory_bytes
+            )
         retired = [b for name, b in old_batchers.items() if batchers.get(name) is not b]
         self.catalog, self._batchers = catalog, batchers
         for batcher in retired:

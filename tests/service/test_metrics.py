@@ -32,6 +32,7 @@ NAMES = {
     "retention_event_loop_lag_seconds": "histogram",
     "retention_activation_memory_estimate_bytes": "histogram",
     "retention_model_info": "gauge",
+    "retention_model_memory_bytes": "gauge",
 }
 MODELS = ("tiny-classification", "tiny-qa", "tiny-summarization", "tiny-embedding")
 # endpoint label -> the task label of its requests
@@ -96,6 +97,10 @@ def test_metrics_exist_before_and_after_traffic(models_root: Path) -> None:
         assert {dict(labels)["model"] for _, labels in info} == set(MODELS)
         assert dict(info[0][1]).keys() == {"model", "task", "backbone", "precision"}
         assert value(before, "retention_process_resident_memory_bytes") > 0
+        # what each model costs to hold: every loaded model has its series, and loading them grew the
+        # process (the first session alone maps onnxruntime's buffers)
+        per_model = [value(before, "retention_model_memory_bytes", model=model) for model in MODELS]
+        assert all(bytes_ >= 0 for bytes_ in per_model) and sum(per_model) > 0
         bucket = (
             'retention_request_duration_seconds_bucket{endpoint="classify",le="0.5",task="classification"}'
         )

@@ -62,8 +62,9 @@ class Settings(BaseSettings):
     max_embedding_inputs: int = Field(
         default=2048,
         ge=1,
-        description="texts per /embed or /v1/embeddings request (413 beyond): OpenAI's limit; a large "
-        "request is served across several batches, interleaved with the small ones",
+        description="texts per /embed, /v1/embeddings, TEI's / or /tokenize request (413 beyond; TEI's "
+        "max_client_batch_size): OpenAI's limit; a large request is served across several batches, "
+        "interleaved with the small ones",
     )
     admission_control: bool = Field(
         default=True,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 from retention_core.codecs.base import Encoded, head_row
 from retention_core.text import plain_copy
@@ -30,6 +30,10 @@ class EmbeddingCodec:
     def encode(self, text: str) -> Encoded:
         """Tokenize with special tokens; keep the first ``max_length`` tokens ([SEP] re-appended)."""
         return head_row(self._whole, text, self.max_length)
+
+    def tokens(self, text: str, add_special_tokens: bool = True) -> Encoding:
+        """The whole text's tokens, not cut to ``max_length`` (what a tokenize endpoint shows)."""
+        return self._whole.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(
         self, encoded: Encoded, outputs: list[np.ndarray], normalize: bool | None = None

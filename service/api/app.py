@@ -20,7 +20,7 @@ from service.api.early import OPENAI_EMBEDDINGS_PATH, hint, refusal
 from service.api.faces import EMBEDDING, FACES
 from service.api.loop_lag import probe_loop_lag
 from service.api.refusal import RefusalHold, send_error
-from service.api.routers import admin, explorer, health, models, openai_compat
+from service.api.routers import admin, explorer, health, models, openai_compat, tei_compat
 from service.api.routers import metrics as metrics_router
 from service.api.routers.common import route_task
 from service.api.routers.tasks import task_router
@@ -51,6 +51,7 @@ def task_paths() -> dict[str, str]:
     paths = {face.path: face.task for face in FACES.values()}
     if EMBEDDING in FACES:
         paths[OPENAI_EMBEDDINGS_PATH] = EMBEDDING
+        paths[tei_compat.TEI_EMBED_PATH] = EMBEDDING
     return paths
 
 
@@ -185,11 +186,15 @@ def _install_sighup(server: ModelServer) -> bool:
 
 
 def inference_routers() -> list[APIRouter]:
-    """One route per task with an HTTP face (``service.api.faces``, in registry order), and OpenAI's
-    /v1/embeddings beside the embedding task's: the registered tasks decide which routes mount."""
-    routers = [task_router(face) for face in FACES.values()]
+    """One route per task with an HTTP face (``service.api.faces``, in registry order), and beside the
+    embedding task's (whose /embed also reads TEI's body) OpenAI's /v1/embeddings and TEI's /, /info
+    and /tokenize: the registered tasks decide which routes mount."""
+    routers = [
+        tei_compat.embed_router(face) if face.task == EMBEDDING else task_router(face)
+        for face in FACES.values()
+    ]
     if EMBEDDING in FACES:
-        routers.append(openai_compat.router)
+        routers += [openai_compat.router, tei_compat.embed_root, tei_compat.router]
     return routers
 
 

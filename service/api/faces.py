@@ -38,7 +38,8 @@ from service.api.schemas import (
     SummarizeResponse,
     TextsRequest,
 )
-from service.errors import InvalidRequest, PayloadTooLarge
+from service.errors import InvalidRequest, PayloadTooLarge, UnsupportedValue
+from service.serving import ServedModel
 
 Body = TypeVar("Body", bound=ExplainOptions)
 Reply = TypeVar("Reply", bound=BaseModel)
@@ -217,7 +218,26 @@ register_face(
 
 
 # ---------------------------------------------------------------------- embedding: POST /embed
-EMBEDDING = "embedding"  # also served by OpenAI's POST /v1/embeddings (routers/openai_compat.py)
+# also served by OpenAI's POST /v1/embeddings and TEI's API (routers/openai_compat.py, tei_compat.py)
+EMBEDDING = "embedding"
+
+
+def vector_size(model: ServedModel) -> int:
+    """The size of the model's vectors: the manifest's embedding record, else the encoder width."""
+    info = model.manifest.embedding
+    return info.dimensions if info is not None else model.manifest.backbone.hidden_size
+
+
+def check_dimensions(model: ServedModel, dimensions: int | None) -> None:
+    """Vectors are served at the model's size (OpenAI's and TEI's ``dimensions``); any other size is
+    refused rather than truncated (vLLM does the same for models not trained for shorter vectors)."""
+    size = vector_size(model)
+    if dimensions is not None and dimensions != size:
+        raise UnsupportedValue(
+            f"model {model.name!r} produces {size}-dimensional embeddings; 'dimensions' must be {size} "
+            f"or left out, got {dimensions}",
+            param="dimensions",
+        )
 
 
 def vectors(served: Served, normalize: bool | None) -> list[list[float]]:

@@ -10,6 +10,7 @@ from pydantic import (
     ConfigDict,
     Field,
     GetCoreSchemaHandler,
+    PlainValidator,
     field_validator,
     model_validator,
 )
@@ -124,17 +125,24 @@ class EmbedRequest(TextsRequest):
     )
 
 
-def _no_token_arrays(value: object) -> object:
-    """OpenAI also takes pre-tokenized input (lists of token ids); these models read text only."""
-    if isinstance(value, list) and any(isinstance(item, int | float | list) for item in value):
-        raise ValueError("token arrays are not supported: send 'input' as a string or a list of strings")
-    return value
+def text_only(field: str) -> BeforeValidator:
+    """OpenAI and TEI also take pre-tokenized input (lists of token ids); these models read text only,
+    and the 422 says so (naming ``field``) rather than a bare type error."""
+
+    def no_token_arrays(value: object) -> object:
+        if isinstance(value, list) and any(isinstance(item, int | float | list) for item in value):
+            raise ValueError(
+                f"token arrays are not supported: send '{field}' as a string or a list of strings"
+            )
+        return value
+
+    return BeforeValidator(no_token_arrays)
 
 
 class OpenAIEmbeddingRequest(InferenceOptions):
     """OpenAI's embeddings body (``POST /v1/embeddings``), plus this server's rho options."""
 
-    input: Annotated[NonEmptyText | NonEmptyTexts, BeforeValidator(_no_token_arrays)] = Field(
+    input: Annotated[NonEmptyText | NonEmptyTexts, text_only("input")] = Field(
         description="a text or a list of texts (token arrays are not supported)"
     )
     model: Omittable[str] = Field(
@@ -419,3 +427,132 @@ class OpenAIErrorBody(BaseModel):
     """Errors of the OpenAI-compatible routes (``/v1/...``), in OpenAI's shape."""
 
     error: OpenAIErrorDetail
+
+
+# ------------------------------------------------------------ TEI (Hugging Face text-embeddings-inference)
+# TEI's bodies and answers (field names and defaults of its docs/openapi.json), so its clients
+# (huggingface_hub's InferenceClient) work by changing only the URL. Errors keep this server's shape
+# (``service.errors``): a TEI client raises on the status either way.
+
+
+def _keeps_the_head(value: object) -> object:
+    """Every codec keeps an input's head (``retention_core.codecs.base.head_row``): TEI's
+    ``truncation_direction: left`` (keep the tail) would be served wrong, so it is refused, clearly."""
+    if isinstance(value, str) and value.lower() == "left":
+        raise ValueError(
+            "truncation_direction 'left' is not supported: a long input keeps its head (right truncation)"
+        )
+    return value
+
+
+def _no_prompt(value: object) -> object:
+    """TEI prepends a sentence-transformers prompt (``prompt_name``); these models carry none, and
+    ignoring the name would return vectors of the wrong text, so only null is accepted."""
+    if value is not None:
+        raise ValueError(
+            "prompt_name is not supported: the model has no sentence-transformers prompts; "
+            "prepend the prompt's text to each input instead"
+        )
+    return value
+
+
+TruncationDirection = Annotated[Literal["right", "Right"], BeforeValidator(_keeps_the_head)]
+NoPrompt = Annotated[None, BeforeValidator(_no_prompt)]
+TEIInputs = Annotated[NonEmptyText | NonEmptyTexts, text_only("inputs")]
+PROMPT_FIELD = Field(
+    default=None, description="null only: the models carry no prompts (prepend it to the text yourself)"
+)
+
+
+class TEIEmbedRequest(InferenceOptions):
+    """TEI's ``POST /embed`` body (also served at ``POST /``, where TEI serves it), plus this server's rho
+    options. ``truncate`` left out truncates, as TEI with ``--auto-truncate``."""
+
+    inputs: TEIInputs = Field(description="a text or a list of texts (token arrays are not supported)")
+    normalize: bool = Field(default=True, description="L2-normalise the vectors (TEI's default: true)")
+    dimensions: Annotated[int, Field(ge=1), BeforeValidator(_whole_float_to_int)] | None = Field(
+        default=None, description="must equal the model's vector size, or null (no truncation of vectors)"
+    )
+    truncation_direction: TruncationDirection = Field(
+        default="right", description="right only: a long input keeps its head"
+    )
+    prompt_name: NoPrompt = PROMPT_FIELD
+
+    def texts(self) -> list[str]:
+        return [self.inputs] if isinstance(self.inputs, str) else list(self.inputs)
+
+
+def _embed_body(value: object) -> EmbedRequest | TEIEmbedRequest:
+    """``POST /embed`` reads either shape: TEI's when the body has ``inputs``, this server's when it has
+    ``text`` or ``texts``. Validated here rather than as a tagged union, whose errors would carry the
+    tag in their location (``body.tei.inputs``): existing clients keep their error locations."""
+    if isinstance(value, dict):
+        tei, ours = "inputs" in value, "text" in value or "texts" in value
+        if tei and ours:
+            raise ValueError("send TEI's 'inputs' or this server's 'text' / 'texts', not both")
+        if not (tei or ours):
+            raise ValueError("send 'inputs' (TEI's body), or exactly one of 'text' or 'texts'")
+        if tei:
+            return TEIEmbedRequest.model_validate(value)
+    return EmbedRequest.model_validate(value)
+
+
+EmbedBody = Annotated[
+    EmbedRequest | TEIEmbedRequest,
+    PlainValidator(_embed_body, json_schema_input_type=EmbedRequest | TEIEmbedRequest),
+]
+TEIEmbeddings = list[list[float]]  # TEI's EmbedResponse: one vector per input, in input order
+
+
+class TEITokenizeRequest(BaseModel):
+    """TEI's ``POST /tokenize`` body."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    inputs: TEIInputs = Field(description="a text or a list of texts")
+    add_special_tokens: bool = Field(default=True, description="add the template's [CLS] / [SEP]")
+    prompt_name: NoPrompt = PROMPT_FIELD
+
+    def texts(self) -> list[str]:
+        return [self.inputs] if isinstance(self.inputs, str) else list(self.inputs)
+
+
+class TEIToken(BaseModel):
+    """One token, as TEI's ``SimpleToken``. Offsets are UTF-8 byte offsets into the input, as TEI's
+    (equal to character offsets for ASCII text); a special token has none."""
+
+    id: int
+    text: str = Field(description="the input's bytes the token covers; a special token's own text")
+    special: bool
+    start: int | None = Field(description="byte offset of the token in the input (null: special)")
+    stop: int | None = Field(description="byte offset just past the token (null: special)")
+
+
+class TEIEmbeddingModel(BaseModel):
+    pooling: str = Field(description="mean or cls")
+
+
+class TEIModelType(BaseModel):
+    embedding: TEIEmbeddingModel
+
+
+class TEIInfo(BaseModel):
+    """TEI's ``GET /info``: the fields this server can fill honestly, under TEI's names."""
+
+    model_config = ConfigDict(protected_namespaces=())
+    model_id: str = Field(description="the served model's name (what 'model' selects)")
+    model_sha: str | None = None
+    model_dtype: str = Field(description="float32, or int8 for a quantized graph")
+    served_model_name: str
+    model_type: TEIModelType
+    max_concurrent_requests: int = Field(description="inference requests in the server at once (0: no cap)")
+    max_input_length: int = Field(description="tokens the model reads; longer inputs are truncated")
+    max_batch_tokens: int = Field(description="padded tokens per ONNX run")
+    max_batch_requests: int | None = Field(default=None, description="null: batches are bounded by tokens")
+    max_client_batch_size: int = Field(description="inputs per request (413 beyond)")
+    auto_truncate: bool = Field(description="true: a request that sends no 'truncate' is truncated")
+    tokenization_workers: int = Field(
+        description="threads that tokenize long inputs (short ones are tokenized on the event loop)"
+    )
+    version: str = Field(description="this server's version")
+    sha: str | None = None
+    docker_label: str | None = None

@@ -49,3 +49,10 @@ OPENAI_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     **{status: {**spec, "model": OpenAIErrorBody} for status, spec in ERROR_RESPONSES.items()},
     400: {"model": OpenAIErrorBody, "description": "unreadable body, or 'dimensions' other than the model's"},
 }
+
+# The routes that read TEI's bodies (``tei_compat``; /embed reads both shapes): errors in this server's
+# shape, and TEI's ``dimensions`` may be refused as OpenAI's is.
+TEI_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES,
+    400: {"model": ErrorBody, "description": "unreadable body, or 'dimensions' other than the model's"},
+}

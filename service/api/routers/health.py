@@ -1,4 +1,4 @@
-"""GET /livez, GET /readyz"""
+"""GET /livez, GET /readyz, and GET /health (TEI's name for readiness)"""
 
 from __future__ import annotations
 
@@ -28,3 +28,10 @@ async def readyz(server: ServerDep) -> JSONResponse:
     return JSONResponse(
         Health(status=status, models=names, errors=server.errors).model_dump(), status_code=503
     )
+
+
+@router.get("/health", response_model=Health, responses={503: {"model": Health}})
+async def health(server: ServerDep) -> JSONResponse:
+    """/readyz under TEI's name: what TEI clients (huggingface_hub's ``health_check``) and TEI
+    deployments' probes ask."""
+    return await readyz(server)

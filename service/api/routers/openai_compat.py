@@ -10,7 +10,7 @@ import numpy as np
 from fastapi import APIRouter
 
 from service.api.deps import InferenceDep
-from service.api.faces import EMBEDDING, encode_each, vectors
+from service.api.faces import EMBEDDING, check_dimensions, encode_each, vectors
 from service.api.inference import run
 from service.api.routers.common import OPENAI_ERROR_RESPONSES, serving
 from service.api.schemas import (
@@ -19,28 +19,8 @@ from service.api.schemas import (
     OpenAIEmbeddingResponse,
     OpenAIUsage,
 )
-from service.errors import UnsupportedValue
-from service.serving import ServedModel
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=serving(EMBEDDING))
-
-
-def vector_size(model: ServedModel) -> int:
-    """The size of the model's vectors: the manifest's embedding record, else the encoder width."""
-    info = model.manifest.embedding
-    return info.dimensions if info is not None else model.manifest.backbone.hidden_size
-
-
-def check_dimensions(model: ServedModel, dimensions: int | None) -> None:
-    """Vectors are served at the model's size; any other size is refused rather than truncated (vLLM
-    does the same for models not trained for shorter vectors)."""
-    size = vector_size(model)
-    if dimensions is not None and dimensions != size:
-        raise UnsupportedValue(
-            f"model {model.name!r} produces {size}-dimensional embeddings; 'dimensions' must be {size} "
-            f"or left out, got {dimensions}",
-            param="dimensions",
-        )
 
 
 def encoded_vector(vector: list[float], encoding_format: str) -> list[float] | str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,18 +32,41 @@ def test_quick_embed_speed_measures_every_variant_against_the_fused_peer(tmp_pat
         f"{graph}@{rho}" for graph in ours for rho in ("1", "0.5", "0.3")
     }
     assert variants == expected
-    reference = [r for r in payload["results"] if r["variant"] == "peer-fused"]
-    assert all(r["speedup_vs_fused_peer"] == 1.0 for r in reference)
-    peer_int8 = [r for r in payload["results"] if r["variant"] == "peer-fused-int8"]
-    assert all(r["speedup_vs_same_precision_peer"] == 1.0 for r in peer_int8)  # int8 against int8
     assert {r["precision"] for r in payload["results"] if "int8" in r["variant"]} == {"int8"}
     assert all(r["sequences_per_second"] > 0 for r in payload["results"])
+    cells = {(r["seq_len"], r["batch"]) for r in payload["results"]}
+    assert cells == {(32, 1), (32, 2)}
+    for seq_len, batch in cells:
+        rows = {r["variant"]: r for r in payload["results"] if (r["seq_len"], r["batch"]) == (seq_len, batch)}
+        assert_speedups_are_the_measured_times(rows, batch)
+        # The schedule's FLOP ratio (dense / pruned) for our graphs only, growing as ρ falls.
+        theory = [rows[f"ours-onnx@{rho}"]["theoretical_flop_ratio"] for rho in ("1", "0.5", "0.3")]
+        assert theory[0] < theory[1] < theory[2]
+        assert all(rows[name]["theoretical_flop_ratio"] is None for name in ("peer-fused", "peer-onnx"))
     assert payload["targets"] == []  # the targets are at 256 tokens; quick mode runs 32
     assert payload["machine"]["cores"] >= 1 and payload["command"].startswith(
         "python -m benchmarks.embed_speed"
     )
     header = f"Fused attention operators: dense peer 2, ours {fusion['ours_attention_fused']}"
     assert out.with_suffix(".md").read_text().startswith(header)
+
+
+def assert_speedups_are_the_measured_times(rows: dict[str, Any], batch: int) -> None:
+    """One (seq_len, batch) cell: each rate is the variant's own median time; each speed-up over the fused
+    peer (the median of per-round ratios) lies in its per-round range, which also holds the ratio of the
+    two median times, so a speed-up taken against another variant, or inverted, falls outside it. fp32
+    variants' same-precision peer is the fused peer itself; int8 variants' is the int8 peer's rounds."""
+    reference = rows[embed_speed.REFERENCE]
+    for name, row in rows.items():
+        assert row["sequences_per_second"] == pytest.approx(batch / row["seconds_per_batch"])
+        low, high = row["speedup_min"] * (1 - 1e-9), row["speedup_max"] * (1 + 1e-9)
+        assert low <= row["speedup_vs_fused_peer"] <= high, name
+        assert low <= reference["seconds_per_batch"] / row["seconds_per_batch"] <= high, name
+        same_precision = row["speedup_vs_same_precision_peer"]
+        if row["precision"] == "fp32":
+            assert same_precision == row["speedup_vs_fused_peer"], name
+        else:  # other rounds than the fp32 peer's: not the same number (equal floats only by accident)
+            assert same_precision != row["speedup_vs_fused_peer"], name
 
 
 @pytest.mark.parametrize("seq_len", [8, 512])

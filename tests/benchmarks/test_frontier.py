@@ -106,7 +106,7 @@ def test_quick_frontier_times_every_family_and_joins_the_files_quality(tmp_path:
     candidates = payload["reference"]["candidates"]
     assert set(candidates) == {"peer-fused", "torch-sdpa"}
     assert candidates[reference] == max(candidates.values()) == rows[reference]["documents_per_second"]
-    assert rows[reference]["speedup_vs_reference"] == 1.0
+    assert_speedups_are_the_measured_times(rows, reference, payload["settings"]["documents_per_call"])
 
     def joined(variant: str) -> dict[str, Any]:
         return rows[variant]["quality"]
@@ -134,6 +134,17 @@ def test_quick_frontier_times_every_family_and_joins_the_files_quality(tmp_path:
     assert out.with_suffix(".md").read_text().startswith("# Quality–speed frontier (embeddings)")
     assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
     assert_report_shows(out)
+
+
+def assert_speedups_are_the_measured_times(rows: dict[str, Any], reference: str, documents: int) -> None:
+    """Each row's rate is its own median time, and its speed-up (the median of per-round ratios to the
+    reference) lies in its per-round range, which also holds the ratio of the two median times: a
+    speed-up taken against another variant, or inverted, falls outside it."""
+    for name, row in rows.items():
+        assert row["documents_per_second"] == pytest.approx(documents / row["seconds_per_batch"])
+        low, high = row["speedup_min"] * (1 - 1e-9), row["speedup_max"] * (1 + 1e-9)
+        assert low <= row["speedup_vs_reference"] <= high, name
+        assert low <= rows[reference]["seconds_per_batch"] / row["seconds_per_batch"] <= high, name
 
 
 def assert_report_shows(out: Path) -> None:

@@ -5,14 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from retention_core.contract import (
-    DEFAULT_RHO_MAX_LOSS_POINTS,
-    QUALITY_POINT,
-    Manifest,
-    QualityCurve,
-    QualityPoint,
-    choose_default_rho,
-)
+from retention_core.contract import Manifest, QualityCurve, QualityPoint, choose_default_rho
 from tests.training.test_retention_math import _manifest
 
 
@@ -27,7 +20,11 @@ def curve(values: dict[float, float], metric: str = "accuracy") -> QualityCurve:
 
 
 def test_one_point_is_a_hundredth_of_a_curve_value() -> None:
-    assert DEFAULT_RHO_MAX_LOSS_POINTS == 1.0 and QUALITY_POINT == 0.01  # values are fractions in 0–1
+    # Curve values are fractions in 0–1: a ρ 0.0099 below ρ = 1 is within one point, 0.0101 below is not,
+    # and a loss of 0.5 (fifty points, but under "1" if values were read as percentages) never is.
+    assert choose_default_rho(curve({0.3: 0.9001, 1.0: 0.91}))[0] == 0.3
+    assert choose_default_rho(curve({0.3: 0.8999, 1.0: 0.91}))[0] == 1.0
+    assert choose_default_rho(curve({0.3: 0.41, 1.0: 0.91}))[0] == 1.0
 
 
 def test_monotone_curve_gets_the_lowest_rho_within_one_point() -> None:

@@ -10,10 +10,11 @@ import asyncio
 
 import httpx
 import pytest
-from starlette.middleware import Middleware
+from ray.serve._private import http_util
+from ray.serve.config import HTTPOptions
 from starlette.types import Receive, Scope, Send
 
-from service.ray_serve import REPLICA_LOST_RETRY_AFTER_S, ReplicaLostAs503, proxy_middlewares
+from service.ray_serve import PROXY_CALLBACK, REPLICA_LOST_RETRY_AFTER_S, ReplicaLostAs503
 
 JSON_200_START = {
     "type": "http.response.start",
@@ -47,9 +48,10 @@ async def answers_500(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": b"Internal Server Error"})
 
 
-def post(app: object, path: str = "/classify") -> httpx.Response:
+def post(app: object, path: str = "/classify", wrap: bool = True) -> httpx.Response:
     async def go() -> httpx.Response:
-        transport = httpx.ASGITransport(app=ReplicaLostAs503(app))  # type: ignore[arg-type]
+        asgi = ReplicaLostAs503(app) if wrap else app  # type: ignore[arg-type]
+        transport = httpx.ASGITransport(app=asgi)  # type: ignore[arg-type]
         async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
             return await client.post(path, json={"text": "x"})
 
@@ -76,6 +78,13 @@ def test_a_started_response_passes_through() -> None:
     assert "retry-after" not in response.headers
 
 
-def test_the_proxy_callback_returns_the_middleware() -> None:
-    [middleware] = proxy_middlewares()
-    assert isinstance(middleware, Middleware) and middleware.cls is ReplicaLostAs503
+def test_the_proxy_callback_wraps_ray_s_proxy_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a proxy started with ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=PROXY_CALLBACK`` runs: Ray
+    imports and calls the callback, validates its middlewares and wraps its proxy app in them (Ray reads
+    the variable when it is imported, so the test sets Ray's copy of it)."""
+    monkeypatch.setattr(http_util, "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", PROXY_CALLBACK)
+    options = http_util.configure_http_middlewares(HTTPOptions())
+    proxy = http_util._apply_middlewares(returns_without_response, options.middlewares)
+    response = post(proxy, wrap=False)  # only the middlewares Ray applied
+    assert response.status_code == 503 and response.json()["error"]["code"] == "replica_unavailable"
+    assert response.headers["retry-after"] == str(REPLICA_LOST_RETRY_AFTER_S)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import warnings
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from service.ray_serve import PROXY_CALLBACK, PROXY_CALLBACK_ENV, RetentionService, build_app
+from service.settings import Settings
 from tests.deploy.conftest import DEPLOY
 
 RAY = DEPLOY / "ray"
@@ -17,17 +21,45 @@ def load(path: Path) -> Any:
     return yaml.safe_load(path.read_text(encoding="utf-8"))
 
 
+def built_replica(args: dict[str, Any]) -> tuple[Settings, Path | None]:
+    """(settings, metrics_sd_dir) of the replica ``build_app(args)`` deploys, constructed as Serve's
+    replica does (``bind`` only records the arguments): the deployment's class, its async ``__init__``
+    awaited with the bound arguments, then its async ``__del__`` as when Serve stops it."""
+    deployment = build_app(args)._bound_deployment
+    cls = deployment.func_or_class
+    replica = cls.__new__(cls)
+    asyncio.run(replica.__init__(*deployment.init_args, **deployment.init_kwargs))
+    built = replica.settings, replica.metrics_sd_dir
+    asyncio.run(replica.__del__())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the finalizer calls the async __del__ again
+        del replica
+        gc.collect()
+    return built
+
+
 def test_serve_config_builds_our_application() -> None:
     config = load(RAY / "serve_config.yaml")
     [app] = config["applications"]
     assert app["import_path"] == "service.ray_serve:build_app" and app["route_prefix"] == "/"
     module, name = app["import_path"].split(":")
     assert name == build_app.__name__ and module == build_app.__module__
-    build_app(app["args"])  # the args are Settings overrides it accepts
+    args = dict(app["args"])
+    sd_dir = Path(args.pop("metrics_sd_dir"))
+    # Settings ignores unknown keys: a misspelt override would pass silently, so every other arg must be a
+    # Settings field, and the replica's settings must carry its value.
+    assert set(args) <= set(Settings.model_fields), set(args) - set(Settings.model_fields)
+    settings, metrics_sd_dir = built_replica(app["args"])
+    assert metrics_sd_dir == sd_dir
+    assert settings.model_dump(include=set(args)) == Settings(**args).model_dump(include=set(args))
+    assert (
+        settings.models_dir == Path(args["models_dir"])
+        and settings.intra_op_threads == args["intra_op_threads"]
+    )
     [deployment] = app["deployments"]
     assert deployment["name"] == RetentionService.name
     assert deployment["autoscaling_config"]["target_ongoing_requests"] > 0
-    assert Path(app["args"]["models_dir"]).is_absolute(), "a path every node sees"
+    assert Path(args["models_dir"]).is_absolute(), "a path every node sees"
 
 
 def test_rayservice_runs_the_serve_config() -> None:

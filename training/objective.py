@@ -88,8 +88,6 @@ class LossWeights:
     salient: float = 0.0  # −log P(gate open) of the task's salient tokens
     soft: float = 1.0  # task loss of the soft (gated) pass; 0 skips the pass
     sandwich_random: int = 0  # random budgets of a multi-budget top-M term (0: the batch's ρ only)
-    rank: float = 0.0  # the scorers' divergence from the dense pass's attention-received ranking
-    answer_block: float = 0.0  # Block-Skim's "this block holds the answer" loss on the soft gates
 
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> LossWeights:
@@ -101,8 +99,6 @@ class LossWeights:
             spec.salient_keep_weight,
             spec.soft_loss_weight,
             spec.sandwich_random_budgets,
-            spec.attention_rank_weight,
-            spec.answer_block_weight,
         )
 
     @property
@@ -119,8 +115,6 @@ class ExtraTerms:
     distill: torch.Tensor | None = None  # divergence of the top-M pass from the dense pass (or the teacher)
     salient: torch.Tensor | None = None  # −log P(gate open) of the task's salient tokens
     soft_distill: torch.Tensor | None = None  # a retention stage: the soft pass's divergence from the teacher
-    rank: torch.Tensor | None = None  # the scorers' divergence from the attention-received ranking
-    answer_block: torch.Tensor | None = None  # Block-Skim's answer-block loss on the soft gates
 
 
 @dataclass
@@ -148,19 +142,17 @@ class Objective:
         # A retrofit trains the task's label-free variant (raises for a task that has none).
         task = retrofit_task(recipe.task) if recipe.retrofit is not None else training_task(recipe.task)
         weights = LossWeights.from_recipe(recipe)
-        for name, weight in (
-            ("salient_keep_weight", weights.salient),
-            ("answer_block_weight", weights.answer_block),
-        ):
-            if weight > 0.0 and task.salient is None:
-                raise ValueError(f"objective.{name} needs salient tokens; task {recipe.task!r} has none")
-            if weight > 0.0 and not weights.soft_pass:
-                raise ValueError(f"objective.{name} needs the soft pass (soft_loss_weight > 0)")
+        if weights.salient > 0.0 and task.salient is None:
+            raise ValueError(
+                f"objective.salient_keep_weight needs salient tokens; task {recipe.task!r} has none"
+            )
+        if weights.salient > 0.0 and not weights.soft_pass:
+            raise ValueError("objective.salient_keep_weight needs the soft pass (soft_loss_weight > 0)")
         if weights.distill > 0.0 and task.distill is None:
             raise ValueError(f"task {recipe.task!r} has no distillation loss")
-        if not weights.soft_pass and weights.pruned <= 0.0 and weights.distill <= 0.0 and weights.rank <= 0.0:
+        if not weights.soft_pass and weights.pruned <= 0.0 and weights.distill <= 0.0:
             raise ValueError(
-                "objective.soft_loss_weight 0 needs pruned_loss_weight or attention_rank_weight > 0: "
+                "objective.soft_loss_weight 0 needs pruned_loss_weight or distill_weight > 0: "
                 "nothing would train"
             )
         target: DistillTarget = "dense_pass"
@@ -174,11 +166,8 @@ class Objective:
         """A retention stage trains the scorers through the soft pass; with a frozen backbone and head
         the top-M pass has no gradient at all (top-M is not differentiable), so asking for it is an error
         rather than a silent cost."""
-        if not weights.soft_pass and weights.rank <= 0.0:
-            raise ValueError(
-                "a retention stage trains its scorers on the soft pass (soft_loss_weight > 0) or on the "
-                "attention ranking (attention_rank_weight > 0)"
-            )
+        if not weights.soft_pass:
+            raise ValueError("a retention stage trains its scorers on the soft pass (soft_loss_weight > 0)")
         if frozen and weights.pruned > 0.0:
             raise ValueError(
                 "retention_stage with freeze_backbone: the top-M pass trains nothing (backbone and head "
@@ -204,9 +193,7 @@ class Objective:
         if self.task.teacher is not None:
             batch = replace(batch, targets=self.task.teacher(teacher_model, batch))
         if not self.weights.soft_pass:
-            step = self.hard_pass_terms(model, batch, rho, lam, generator)
-            step.extra.rank = self.rank_loss(model, batch)
-            return step
+            return self.hard_pass_terms(model, batch, rho, lam, generator)
         teacher_logits = self.teacher_logits(teacher_model, batch)
         soft = model.forward_soft(**batch.encoder_inputs(), rho=rho, generator=generator, gates=self.gates)
         task_loss = self.task.loss(soft.logits, batch)
@@ -218,8 +205,6 @@ class Objective:
             extra = self.stage_hard_pass_losses(model, batch, rho, teacher_logits, generator)
             extra.soft_distill = self.divergence(soft.logits, teacher_logits, batch)
         extra.salient = self.salient_loss(soft, batch)
-        extra.answer_block = self.answer_block_loss(model, soft, batch)
-        extra.rank = self.rank_loss(model, batch)
         return StepTerms(soft, gap, task_loss, budget, extra)
 
     def teacher_logits(self, teacher: RetentionModel, batch: Batch) -> torch.Tensor | None:
@@ -337,38 +322,6 @@ class Objective:
             distill=_mean([self.task.distill(logits, teacher, batch) for logits in students]),
         )
 
-    def answer_block_loss(self, model: RetentionModel, soft: SoftOutput, batch: Batch) -> torch.Tensor | None:
-        """Block-Skim's auxiliary loss on the soft pass's gates, or None when not trained on."""
-        if self.weights.answer_block <= 0.0 or self.task.salient is None:
-            return None
-        return R.answer_block_loss(soft.open_prob, self.candidates(model, batch), self.task.salient(batch))
-
-    @staticmethod
-    def candidates(model: RetentionModel, batch: Batch) -> torch.Tensor:
-        """The tokens a pruning point may drop: real and unprotected. (B, T) bool"""
-        protected = batch.protected
-        if protected is None:
-            protected = model.default_protected(batch.attention_mask)
-        return batch.attention_mask.bool() & ~protected
-
-    def rank_loss(self, model: RetentionModel, batch: Batch) -> torch.Tensor | None:
-        """The scorers' divergence from the model's own dense attention ranking, averaged over the
-        pruning points; None when not trained on. The scorers read the dense pass's (detached) states,
-        so only they learn from it; protected tokens are never ranked (they are never dropped)."""
-        if self.weights.rank <= 0.0:
-            return None
-        states, received = model.dense_attention(
-            batch.input_ids, batch.attention_mask, batch.token_type_ids
-        )  # (B, P, T, d), (B, P, T)
-        valid = batch.attention_mask.bool()  # (B, T)
-        candidates = self.candidates(model, batch)  # (B, T)
-        return _mean(
-            [
-                R.rank_distill_loss(scorer(states[:, point], valid), received[:, point], candidates)
-                for point, scorer in enumerate(model.scorers)
-            ]
-        )
-
     def salient_loss(self, soft: SoftOutput, batch: Batch) -> torch.Tensor | None:
         """The scorers' supervised term from the soft pass, or None when not trained on."""
         if self.weights.salient <= 0.0 or self.task.salient is None:
@@ -383,8 +336,6 @@ class Objective:
             (self.weights.distill, extra.distill),
             (self.weights.salient, extra.salient),
             (self.weights.distill, extra.soft_distill),
-            (self.weights.rank, extra.rank),
-            (self.weights.answer_block, extra.answer_block),
         ]
         return sum((weight * value for weight, value in weighted if value is not None), 0.0)
 

@@ -144,6 +144,18 @@ class OptimizerSpec(Strict):
     grad_clip: float = 1.0
 
 
+# Terms deleted from ObjectiveSpec, with the weight that meant "off". They served only the QA studies of
+# experiments/recipes/squad-teacher.yaml (docs/experiments/2026-11-26-qa-lengthdrop.md), which ended; the
+# last commit that has them is REMOVED_TERMS_COMMIT. Run directories' recipe.json files written while
+# they existed carry them at 0, which is dropped on load; any other weight asked for a term that no longer
+# exists, so loading it is an error that names the commit to check out.
+DELETED_OBJECTIVE_TERMS: dict[str, float] = {
+    "attention_rank_weight": 0.0,  # KL from the dense pass's attention-received ranking to the scorers
+    "answer_block_weight": 0.0,  # Block-Skim's answer-block loss on the soft pass's gates
+}
+REMOVED_TERMS_COMMIT = "3614e43523840edc2bd7516f4b85629af797adac"
+
+
 class ObjectiveSpec(Strict):
     """What the training loss is made of, beyond the task loss of the soft (gated) pass."""
 
@@ -189,26 +201,6 @@ class ObjectiveSpec(Strict):
             "sets how many tokens survive. Needs a task adapter with a salient-token mask"
         ),
     )
-    answer_block_weight: float = Field(
-        default=0.0,
-        ge=0.0,
-        description=(
-            "add this weight × Block-Skim's auxiliary loss on the soft pass's gates: every block of 32 "
-            "tokens predicts whether it holds a salient token (QA: the answer) with its mean P(gate open), "
-            "binary cross-entropy with the positives weighted 20×. Needs the soft pass and a task adapter "
-            "with a salient-token mask"
-        ),
-    )
-    attention_rank_weight: float = Field(
-        default=0.0,
-        ge=0.0,
-        description=(
-            "add this weight × the KL divergence, at every pruning point, from the attention each "
-            "droppable token receives in the model's own dense pass (normalised over the row) to the "
-            "softmax of the scorer's scores on that pass's states: the scorers start from (and stay "
-            "tied to) the ranking attention top-k uses. Trains only the scorers; may be the only term"
-        ),
-    )
     sandwich_random_budgets: int = Field(
         default=0,
         ge=0,
@@ -219,6 +211,20 @@ class ObjectiveSpec(Strict):
             "their mean, so backbone and head learn to serve every budget; 0 = one pass at the batch's rho"
         ),
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_deleted_terms(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for key, off in DELETED_OBJECTIVE_TERMS.items():
+            if key in data and data[key] != off:
+                raise ValueError(
+                    f"objective.{key} was removed with the ended QA study that used it "
+                    f"(experiments/recipes/squad-teacher.yaml); only {key}: {off:g} (off) still loads. "
+                    f"To rerun that study: git checkout {REMOVED_TERMS_COMMIT[:7]}"
+                )
+        return {key: value for key, value in data.items() if key not in DELETED_OBJECTIVE_TERMS}
 
 
 class EvalSpec(Strict):

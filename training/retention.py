@@ -20,7 +20,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 # Numerical guards, named so their role is clear where they are used.
@@ -285,65 +284,13 @@ def salient_keep_loss(open_prob: torch.Tensor, salient: torch.Tensor) -> torch.T
     return -torch.log(open_prob[mask].clamp(min=LOGIT_CLAMP)).mean()
 
 
-ANSWER_BLOCK_TOKENS = 32  # Block-Skim's block: "does this block hold the answer?"
-ANSWER_BLOCK_POSITIVE_WEIGHT = 20.0  # few blocks hold the answer: their errors weigh this much more
-
-
-def answer_block_loss(
-    open_prob: torch.Tensor,
-    candidates: torch.Tensor,
-    salient: torch.Tensor,
-    block: int = ANSWER_BLOCK_TOKENS,
-    positive_weight: float = ANSWER_BLOCK_POSITIVE_WEIGHT,
-) -> torch.Tensor:
-    """Block-Skim's auxiliary loss on the gates: (B, P, T), (B, T) bool, (B, T) bool → ().
-
-    Each block of ``block`` consecutive slots predicts "I hold a salient token (the answer)" with the
-    mean P(gate open) of its droppable tokens; weighted binary cross-entropy at every point. Blocks with
-    no droppable token (all question, or padding) are left out; 0 when none is left."""
-    batch, points, length = open_prob.shape
-    pad = (-length) % block
-    weights = F.pad(candidates.to(open_prob.dtype), (0, pad)).view(batch, 1, -1, block)  # (B, 1, N, K)
-    probs = F.pad(open_prob, (0, pad)).view(batch, points, -1, block)  # (B, P, N, K)
-    count = weights.sum(-1)  # (B, 1, N)
-    block_prob = (probs * weights).sum(-1) / count.clamp(min=1.0)  # (B, P, N)
-    holds = F.pad(salient, (0, pad)).view(batch, 1, -1, block).any(-1).expand_as(block_prob)  # (B, P, N)
-    scored = (count > 0).expand_as(block_prob)  # (B, P, N)
-    if not bool(scored.any()):
-        return open_prob.sum() * 0.0  # keeps the graph (and the device) of a normal loss
-    clamped = block_prob.clamp(LOGIT_CLAMP, 1.0 - LOGIT_CLAMP)
-    loss = torch.where(holds, -positive_weight * torch.log(clamped), -torch.log1p(-clamped))  # (B, P, N)
-    return loss[scored].mean()
-
-
-RANK_TARGET_FLOOR = 1e-12  # log() of a candidate that received no attention stays finite
-
-
 def attention_received(probs: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """The attention each token receives, summed over heads and valid queries (PoWER-BERT, H2O, the
     Length-Adaptive Transformer's ranking): probs (B, H, T, T), valid (B, T) bool → (B, T)."""
-    if probs.dtype != torch.float32:  # bf16 autocast: sum in fp32, the ranking target needs the digits
+    if probs.dtype != torch.float32:  # bf16 autocast: sum in fp32, the ranking needs the digits
         probs = probs.float()
     query_weight = valid.to(probs.dtype)[:, None, :, None]  # (B, 1, T, 1)
     return (probs * query_weight).sum(dim=(1, 2))  # (B, T)
-
-
-def rank_distill_loss(scores: torch.Tensor, received: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-    """KL(p ‖ softmax(scores)) over each row's candidates, p = the received attention normalised over
-    them: (B, T), (B, T), (B, T) bool → (). A listwise ranking target (ToP distils the dense model's
-    token ranking this way): the scorer learns scores ∝ log(received) + c, so its top-M is attention's
-    top-M, while the per-row score shift keeps the budget out of it. Rows with fewer than two candidates
-    rank nothing and are left out; 0 when no row ranks."""
-    ranked = candidates.sum(1) >= 2  # (B,)
-    if not bool(ranked.any()):
-        return scores.sum() * 0.0  # keeps the graph (and the device) of a normal loss
-    mass = torch.where(candidates, received.clamp(min=0.0), torch.zeros_like(received))  # (B, T)
-    target = mass / mass.sum(1, keepdim=True).clamp(min=RANK_TARGET_FLOOR)  # (B, T)
-    masked = torch.where(candidates, scores, torch.full_like(scores, EXCLUDED_SCORE))  # (B, T)
-    log_student = torch.log_softmax(masked, dim=1)  # (B, T)
-    log_target = torch.log(target.clamp(min=RANK_TARGET_FLOOR))
-    per_token = torch.where(candidates, target * (log_target - log_student), torch.zeros_like(scores))
-    return per_token.sum(1)[ranked].mean()
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,8 +6,10 @@
 #   docker build -t adaptive-retention:gpu --build-arg VARIANT=gpu .          # serving, onnxruntime-gpu
 #   docker build -t adaptive-retention-train --target train .                 # builds models (torch)
 #
-# The serving image has no torch: it installs the base dependencies of pyproject.toml only
-# (scripts/check_install.sh performs the same install steps in a fresh virtualenv, in CI).
+# The serving image has no torch: it installs the base dependencies of pyproject.toml only, at the exact
+# versions and hashes of constraints/serve.lock.txt (scripts/check_install.sh performs the same install
+# steps in a fresh virtualenv, in CI). The training image installs constraints/train.lock.txt. `make lock`
+# refreshes both.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -38,22 +40,20 @@ ARG ONNXRUNTIME_GPU="onnxruntime-gpu[cuda,cudnn]==1.31.1"
 WORKDIR /src
 # The core (retention_core), the service and the batch client; never training/ (scripts/check_install.sh
 # asserts `import training` fails in this install).
-COPY pyproject.toml ./
-# The dependencies get a layer of their own (rebuilt only when pyproject.toml changes): a source change
-# then reinstalls just this project. VARIANT=gpu swaps onnxruntime for onnxruntime-gpu here.
-# DL3013: the GPU package is pinned in ONNXRUNTIME_GPU; the others' versions are in pyproject.toml.
+# The dependencies get a layer of their own, from the hashed lock (rebuilt only when the lock changes): a
+# source change then reinstalls just this project. VARIANT=gpu swaps onnxruntime for onnxruntime-gpu here
+# (pinned by version in ONNXRUNTIME_GPU, not locked: its CUDA wheels are not in the lock).
+COPY constraints/serve.lock.txt ./constraints/
+# DL3013: the GPU package is pinned in ONNXRUNTIME_GPU; the others' versions and hashes are in the lock.
 # hadolint ignore=DL3013
 RUN python -m venv /opt/venv \
-    && python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
-         > /tmp/requirements.txt \
-    && pip install --no-compile -r /tmp/requirements.txt \
-    && rm /tmp/requirements.txt \
+    && pip install --no-compile --require-hashes -r constraints/serve.lock.txt \
     && if [ "$VARIANT" = "gpu" ]; then \
          pip uninstall --yes onnxruntime && pip install --no-compile "$ONNXRUNTIME_GPU"; \
        elif [ "$VARIANT" != "cpu" ]; then \
          echo "VARIANT must be cpu or gpu, got $VARIANT" >&2 && exit 1; \
        fi
-COPY README* ./
+COPY pyproject.toml README* ./
 COPY retention_core ./retention_core
 COPY service ./service
 COPY clients ./clients
@@ -84,7 +84,9 @@ CMD ["python", "-m", "service", "--models-dir", "/models", "--host", "0.0.0.0", 
 # Builds the default models that are missing into /models, then exits (a one-shot job).
 # Data: mount the dataset root at /shared/data (training looks for ../shared/data from /app).
 FROM base AS train
-# torch's CPU build comes from the PyTorch index (PyPI's Linux x86_64 torch is the multi-GB CUDA build).
+# The base and [train] dependencies from the hashed lock, in a layer of their own as in serve-build.
+# torch's CPU build (the lock pins torch==X+cpu) comes from the PyTorch index (PyPI's Linux x86_64 torch
+# is the multi-GB CUDA build); the rest from PyPI (pip takes only files whose hash the lock names).
 # Where that index is unreachable, mount a directory holding the CPU wheel at build time and name it:
 #   --build-arg TORCH_FIND_LINKS=/wheels --build-arg TORCH_INDEX_URL=https://pypi.org/simple
 # (podman build -v /path/to/wheels:/wheels:ro; scripts/image_test.py does this).
@@ -95,14 +97,9 @@ WORKDIR /app
 COPY constraints ./constraints
 RUN python -m venv /opt/venv \
     && pip install --no-compile ${TORCH_FIND_LINKS:+--find-links "$TORCH_FIND_LINKS"} \
-         --index-url "$TORCH_INDEX_URL" --extra-index-url https://pypi.org/simple -c constraints/cpu.txt torch
-# The base and [train] dependencies in a layer of their own, as in serve-build.
-COPY pyproject.toml ./
-RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['train']))" \
-         > /tmp/requirements.txt \
-    && pip install --no-compile -c constraints/cpu.txt -r /tmp/requirements.txt \
-    && rm /tmp/requirements.txt
-COPY README* ./
+         --index-url "$TORCH_INDEX_URL" --extra-index-url https://pypi.org/simple \
+         --require-hashes -r constraints/train.lock.txt
+COPY pyproject.toml README* ./
 COPY retention_core ./retention_core
 COPY training ./training
 COPY models/recipes ./models/recipes

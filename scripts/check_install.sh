@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Performs the serving image's install steps (Dockerfile stage `serve-build`) in a fresh virtualenv,
 # without a Docker engine: the same build context (the stage's COPY sources, filtered by
-# .dockerignore's allowlist) and the same two pip steps (dependencies, then `--no-deps .`); then checks that the core and
-# the service import and that neither torch nor the training package is importable.
+# .dockerignore's allowlist) and the same two pip steps (the hashed lock constraints/serve.lock.txt, then
+# `--no-deps .`); then checks that the core and the service import, that neither torch nor the training
+# package is importable, and that the installed versions are the lock's.
 #
 #   scripts/check_install.sh                # uses python3; PYTHON=/path/to/python3.11 to choose
 #   KEEP=1 scripts/check_install.sh         # keep the temporary directory for inspection
@@ -53,13 +54,12 @@ find "$CTX" \( -name __pycache__ -o -name '*.pyc' -o -name '*.egg-info' \) -prun
 # 2. The stage's install step.
 step "fresh virtualenv with $("$PYTHON" --version 2>&1)"
 "$PYTHON" -m venv "$VENV"
-# As in the Dockerfile: the dependencies of pyproject.toml first (their own image layer), then this
+# As in the Dockerfile: the dependencies from the hashed lock first (their own image layer), then this
 # project with --no-deps. (The grep drops pip's warnings about local index locations that this
 # machine's pip.conf names.)
-step "pip install -r <pyproject dependencies>, then pip install --no-compile --no-deps .  (as in the Dockerfile)"
-"$VENV/bin/python" -c "import tomllib; print('\n'.join(tomllib.load(open('$CTX/pyproject.toml', 'rb'))['project']['dependencies']))" \
-  > "$WORK/requirements.txt"
-(cd "$CTX" && "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-compile -r "$WORK/requirements.txt" \
+LOCK=constraints/serve.lock.txt
+step "pip install --require-hashes -r $LOCK, then pip install --no-compile --no-deps .  (as in the Dockerfile)"
+(cd "$CTX" && "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-compile --require-hashes -r "$LOCK" \
   2> >(grep -v "is ignored: it is neither a file nor a directory" >&2))
 (cd "$CTX" && "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-compile --no-deps . \
   2> >(grep -v "is ignored: it is neither a file nor a directory" >&2))
@@ -96,6 +96,21 @@ if "$VENV/bin/python" -c "import training" 2>/dev/null; then
 fi
 step "pip check"
 "$VENV/bin/pip" check --disable-pip-version-check
+if [[ "${VARIANT:-cpu}" != "gpu" ]]; then  # gpu: onnxruntime-gpu replaces the lock's onnxruntime
+  step "installed versions are exactly those of $LOCK"
+  "$VENV/bin/pip" freeze --disable-pip-version-check --exclude-editable > "$WORK/freeze.txt"
+  "$VENV/bin/python" - "$CTX/$LOCK" "$WORK/freeze.txt" <<'PY'
+import re, sys
+def pins(path):
+    found = (re.match(r"([A-Za-z0-9._-]+)==(\S+)", line) for line in open(path))
+    return {re.sub(r"[-_.]+", "-", m[1]).lower(): m[2] for m in found if m}
+lock, have = pins(sys.argv[1]), pins(sys.argv[2])
+have = {name: v for name, v in have.items() if name in lock or name not in {"pip", "setuptools", "wheel"}}
+if lock != have:
+    sys.exit(f"not the lock's versions: lock only {sorted(lock.items() - have.items())}, "
+             f"installed only {sorted(have.items() - lock.items())}")
+PY
+fi
 if [[ "$HAS_CLIENTS" == "1" && -x "$VENV/bin/retention-batch" ]]; then
   step "retention-batch --help"
   "$VENV/bin/retention-batch" --help >/dev/null

@@ -32,14 +32,15 @@ def test_serving_install_has_no_torch_and_no_training() -> None:
 
 def test_check_install_follows_the_dockerfile() -> None:
     """The script copies the COPY sources of stage serve-build and runs the same pip commands: the
-    pyproject dependencies, then the project without them."""
+    hashed serving lock, then the project without its dependencies."""
     dockerfile = (REPO / "Dockerfile").read_text()
     script = (REPO / "scripts" / "check_install.sh").read_text()
     stage = dockerfile.split("AS serve-build\n", 1)[1].split("\nFROM ", 1)[0]
-    assert "['project']['dependencies']" in stage and "pip install --no-compile -r" in stage
+    assert "COPY constraints/serve.lock.txt " in stage
+    assert "pip install --no-compile --require-hashes -r constraints/serve.lock.txt" in stage
     assert "pip install --no-compile --no-deps ." in stage
-    assert "['project']['dependencies']" in script
-    assert "--no-compile -r" in script and "--no-compile --no-deps ." in script
+    assert "LOCK=constraints/serve.lock.txt" in script
+    assert '--no-compile --require-hashes -r "$LOCK"' in script and "--no-compile --no-deps ." in script
     assert "AS serve-build" in dockerfile and "serve-build" in script
 
 

@@ -8,7 +8,7 @@ RoBERTa-family) checkpoint maps onto a ``RetentionModel`` weight for weight, and
   already reads its encoder (``AutoModel`` drops the task head), this reads the head.
 - ``write_hf_classifier`` (``python -m training to-hf <run> --out <dir>``): a trained BERT run as a
   plain ``BertForSequenceClassification`` directory — the load benchmark's baseline, and the "user's
-  model" a classification retrofit starts from (issue 20's IMDb comparison).
+  model" a classification retrofit starts from (the IMDb retrofit comparison).
 """
 
 from __future__ import annotations

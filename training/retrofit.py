@@ -65,7 +65,7 @@ RETROFIT_PROFILES: dict[str, dict[str, Any]] = {
 }
 # Classification: `full` is sized as models/recipes/imdb.yaml's full profile (batch 8, 700 steps, ≤ 512
 # tokens, its schedule and scorer lr), so a retrofit of a dense IMDb model compares with the joint model
-# at the same training budget (issue 20); `quick` as imdb.yaml's quick length (≤ 256 tokens), fewer steps.
+# at the same training budget; `quick` as imdb.yaml's quick length (≤ 256 tokens), fewer steps.
 CLASSIFICATION_PROFILES: dict[str, dict[str, Any]] = {
     "full": {
         "batch_size": 8,

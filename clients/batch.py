@@ -40,6 +40,8 @@ from typing import IO, Any
 import httpx
 from tqdm import tqdm
 
+from retention_core.rho import parse_rho
+
 ENDPOINTS = ("classify", "qa", "summarize", "embed")
 # request body key -> input column, per endpoint; ``--field KEY=COLUMN`` overrides one entry.
 DEFAULT_FIELDS: dict[str, dict[str, str]] = {
@@ -534,14 +536,12 @@ def _key_value(text: str) -> tuple[str, str]:
 
 
 def _rho(text: str) -> float | str:
-    if text == "auto":
-        return text
+    """--rho, read by the server's own rule (``service.rho.parse_rho``: what its query parameter takes)."""
     try:
-        value = float(text)
+        value = parse_rho(text, "rho", allow_auto=True)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError("rho must be a number in (0, 1] or 'auto'") from exc
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError("rho must be in (0, 1] or 'auto'")
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    assert value is not None
     return value
 
 

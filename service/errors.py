@@ -30,6 +30,9 @@ SHED_REASONS = (
     "late_queued",  # rho=auto, admitted, still queued auto_late_after_targets targets after it arrived
     "concurrency",  # max_concurrent_requests requests already in the server
 )
+# Seconds admission predicted the work ahead would take: on a 429 (beside Retry-After, unrounded) and on
+# every answer (beside x-queue-time, what it then took).
+PREDICTED_WAIT_HEADER = "x-predicted-wait"
 # reason label of retention_rejections_total, bounded
 REJECTION_REASONS = (
     *SHED_REASONS,
@@ -91,13 +94,25 @@ class InputTooLong(ServiceError):
 
 
 class Overloaded(ServiceError):
-    """429 with ``Retry-After``: the request was shed at admission (``reason``: one of SHED_REASONS)."""
+    """429 with ``Retry-After``: the request was shed at admission (``reason``: one of SHED_REASONS). The
+    scheduler gives the facts (``retry_after_s``, ``predicted_wait_s``); their headers are written here."""
 
     status, code, message = 429, "overloaded", "server overloaded, retry later"
 
-    def __init__(self, reason: str, retry_after_s: int, message: str | None = None) -> None:
-        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+    def __init__(
+        self,
+        reason: str,
+        retry_after_s: int,
+        message: str | None = None,
+        predicted_wait_s: float | None = None,
+    ) -> None:
+        headers = {"Retry-After": str(retry_after_s)}
+        if predicted_wait_s is not None:
+            headers[PREDICTED_WAIT_HEADER] = f"{predicted_wait_s:.6f}"
+        super().__init__(message, headers=headers)
         self.reason = reason
+        self.retry_after_s = retry_after_s
+        self.predicted_wait_s = predicted_wait_s
 
 
 class QueueFull(Overloaded):

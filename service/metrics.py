@@ -20,8 +20,8 @@ import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from service.errors import REJECTION_REASONS, SHED_REASONS
-from service.scheduling.admission import RHO_REASONS
 from service.scheduling.cost import EXPORTED_RHOS
+from service.serving import RHO_REASONS
 
 STATUS_CLASSES = ("2xx", "4xx", "5xx")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

@@ -1,6 +1,6 @@
 """The service on Ray Serve: ``create_app(settings)`` unchanged behind ``serve.ingress``, one per replica.
 
-    serve run deploy/ray/serve_config.yaml
+    serve run deploy/ray/serve_config.local.yaml   # from a checkout; a cluster: deploy/ray/serve_config.yaml
     serve run service.ray_serve:build_app models_dir=/mnt/models
 
 Each replica builds its own app (late-bound ``__serve_build_asgi_app__``), so it owns one set of ONNX

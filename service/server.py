@@ -18,8 +18,7 @@ from service.metrics import Metrics
 from service.repository import Catalog, ModelRepository, Signature
 from service.runtime import LoadedModel
 from service.scheduling.batcher import Batcher
-from service.scheduling.jobs import AutoBudget, JobResult
-from service.serving import ReloadReport, ServedModel, Server
+from service.serving import AutoBudget, InferenceResult, ReloadReport, ServedModel, Server, ServerState
 from service.settings import Settings
 
 log = logging.getLogger("service")
@@ -42,6 +41,19 @@ class ModelServer:
         self.stopping = False
 
     # ------------------------------------------------------------------ queries
+    def state(self) -> ServerState:
+        models = self.models()
+        defaults = {task: self.default_for(task).name for task in sorted({m.task for m in models})}
+        return ServerState(
+            started=self.started,
+            stopping=self.stopping,
+            ready=self.ready,
+            models=models,
+            aliases=self.aliases(),
+            errors=self.errors,
+            defaults=defaults,
+        )
+
     @property
     def ready(self) -> bool:
         models = self.catalog.models
@@ -107,7 +119,7 @@ class ModelServer:
         rho: float,
         deadline: float,
         auto: AutoBudget | None = None,
-    ) -> JobResult:
+    ) -> InferenceResult:
         """Run ``rows`` at ``rho`` (or, with ``auto``, at the rho its batch gets). 429 (``Overloaded``)
         when ``max_concurrent_requests`` requests are already in, or admission sheds it."""
         cap = self.settings.max_concurrent_requests
@@ -119,17 +131,15 @@ class ModelServer:
         finally:
             self._in_flight -= 1
 
-    def shed_early(self, model: ServedModel, due: float, by_target: bool) -> None:
-        """429 before tokenizing when the work already queued for ``model`` ends after ``due``."""
-        self.batcher(model).shed_early(time.monotonic(), due, by_target)
-
-    def shed_before_body(self, model: ServedModel, due: float, by_target: bool) -> None:
-        """429 before the body is read when requests are queued for ``model`` and that work ends after
-        ``due`` (``service.api.early``). Without a queue, nothing: a request arriving as a batch finishes
-        (its answers go out before the worker notices it is done) is left to the normal path."""
+    def shed(self, model: ServedModel, due: float, by_target: bool, queued_only: bool = False) -> None:
+        """429 before tokenizing when the work already queued for ``model`` ends after ``due``.
+        ``queued_only``, before the body is read (``service.api.early``): only when requests are queued;
+        a request arriving as a batch finishes (its answers go out before the worker notices it is done)
+        is left to the normal path."""
         batcher = self.batcher(model)
-        if batcher.queue:
-            batcher.shed_early(time.monotonic(), due, by_target)
+        if queued_only and not batcher.queue:
+            return
+        batcher.shed_early(time.monotonic(), due, by_target)
 
     # ------------------------------------------------------------------ loading
     async def load_all(self) -> ReloadReport:

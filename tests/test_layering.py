@@ -219,6 +219,51 @@ def test_the_http_layer_never_sees_onnxruntime() -> None:
     assert len(paths) > 5 and reaching(paths, HOLDS_A_SESSION) == []
 
 
+# The HTTP layer's whole view of the service: ``service.serving`` (the server protocol, what it takes and
+# returns) and the shared modules below; never the scheduler (it returns facts, the HTTP layer writes
+# the headers). Its composition root builds the server besides.
+HTTP_SEES = (
+    "service.api",
+    "service.serving",
+    "service.errors",
+    "service.settings",
+    "service.metrics",
+)
+ROOT_BUILDS = ("service.server",)
+
+
+def service_imports_outside(paths: list[Path], allowed: tuple[str, ...]) -> list[str]:
+    """``path imports module`` for every ``service.*`` module imported that ``allowed`` does not cover."""
+    found = []
+    for path in paths:
+        name = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+        for module in sorted(imported_modules(path)):
+            if module.split(".")[0] != "service" or module == "service":
+                continue
+            if not any(module == ok or module.startswith(ok + ".") for ok in allowed):
+                found.append(f"{name} imports {module}")
+    return found
+
+
+def test_the_http_layer_sees_the_server_through_serving_alone() -> None:
+    """``service/api/**`` imports ``service.serving`` and the shared modules, never ``service.scheduling``;
+    ``service.serving`` itself imports no other service module (lazy imports included)."""
+    api = [path for path in SERVING_VIEW if path.is_relative_to(REPO / "service" / "api")]
+    paths = [path for path in api if path != COMPOSITION_ROOT]
+    assert len(paths) > 5 and reaching(api, ("service.scheduling",)) == []
+    assert service_imports_outside(paths, HTTP_SEES) == []
+    assert service_imports_outside([COMPOSITION_ROOT], (*HTTP_SEES, *ROOT_BUILDS)) == []
+    assert service_imports_outside([REPO / "service" / "serving.py"], ()) == []
+
+
+def test_the_boundary_check_sees_a_lazy_scheduler_import(tmp_path: Path) -> None:
+    """The check itself: a function-level import of the scheduler is found."""
+    source = tmp_path / "handler.py"
+    source.write_text("def f():\n    from service.scheduling.jobs import Job\n    return Job\n")
+    found = service_imports_outside([source], HTTP_SEES)
+    assert found and all("service.scheduling.jobs" in line for line in found)
+
+
 def test_scheduling_never_imports_the_layers_above_it() -> None:
     assert SCHEDULING and reaching(SCHEDULING, ABOVE_SCHEDULING) == []
 

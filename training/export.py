@@ -34,6 +34,7 @@ from retention_core import contract as C
 from retention_core.onnx import open_session
 from retention_core.tasks import TaskSpec
 from training.encoders import SOURCE_MODEL_IDS
+from training.fit import manifest_schedule
 from training.model import RetentionModel
 from training.recipes import Recipe
 
@@ -490,14 +491,7 @@ def build_manifest(
         max_length=min(recipe.max_length, info.max_positions),
         default_rho=default_rho,
         default_rho_rule=default_rho_rule,
-        schedule=C.Schedule(
-            power=model.config.schedule_power,
-            num_points=model.num_points,
-            min_kept_tokens=model.config.min_kept_tokens,
-            merge_dropped=model.config.merge_dropped,
-            leading_share=model.config.leading_share,
-            last_layer_queries=model.last_layer_queries,
-        ),
+        schedule=manifest_schedule(model),
         variants=variants,
         inputs=list(task.inputs),
         outputs=list(task.exported_outputs),

@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from retention_core import contract as C
 from retention_core.contract import Pooling
 from retention_core.tasks import task_spec
 from training import retention as R
@@ -58,18 +59,34 @@ def head_pooling(recipe: Recipe) -> Pooling:
     return retrofit.pooling if retrofit is not None and retrofit.pooling is not None else "mean"
 
 
+# The retention settings the exported graph bakes into its schedule, one line each: the field of the
+# recipe's ``retention`` and of ``RetentionConfig`` (same name) → the field of the manifest's
+# ``contract.Schedule``. ``retention_config`` copies them recipe → model, ``manifest_schedule`` model →
+# manifest; a new schedule setting is added here (and to the three types), nowhere else.
+SCHEDULE_FIELDS: dict[str, str] = {
+    "schedule_power": "power",
+    "min_kept_tokens": "min_kept_tokens",
+    "merge_dropped": "merge_dropped",
+    "leading_share": "leading_share",
+}
+
+
 def retention_config(recipe: Recipe) -> RetentionConfig:
     spec = recipe.retention
     return RetentionConfig(
         scorer_size=spec.scorer_size,
         ema_decay=spec.ema_decay,
-        schedule_power=spec.schedule_power,
-        min_kept_tokens=spec.min_kept_tokens,
-        merge_dropped=spec.merge_dropped,
-        leading_share=spec.leading_share,
         pooling=head_pooling(recipe),
         hard_concrete=R.HardConcrete(spec.gate_temperature, spec.gate_left, spec.gate_right),
+        **{name: getattr(spec, name) for name in SCHEDULE_FIELDS},
     )
+
+
+def manifest_schedule(model: RetentionModel) -> C.Schedule:
+    """The manifest's ``Schedule`` of ``model``: its config's schedule settings (``SCHEDULE_FIELDS``) and
+    the shape of its graph (pruning points, the last layer's queries)."""
+    settings = {field: getattr(model.config, name) for name, field in SCHEDULE_FIELDS.items()}
+    return C.Schedule(num_points=model.num_points, last_layer_queries=model.last_layer_queries, **settings)
 
 
 def build_model(recipe: Recipe, backbone: EncoderBackbone) -> RetentionModel:

@@ -80,7 +80,7 @@ class RetentionSpec(Strict):
     @model_validator(mode="before")
     @classmethod
     def _legacy_normalize_scores(cls, data: Any) -> Any:
-        """Recipes written before issue 25 say ``normalize_scores: true|false`` plus ``score_shift:
+        """Older recipes say ``normalize_scores: true|false`` plus ``score_shift:
         quantile|calibrated`` (which only applied with normalize_scores). Both become one
         ``score_shift``: normalize_scores false → "none", true → the kind (default "quantile")."""
         if not isinstance(data, dict) or "normalize_scores" not in data:
@@ -93,14 +93,24 @@ class RetentionSpec(Strict):
         return data
 
 
+# Keys deleted from RhoSpec. ``default`` was read by nothing once the export chose the manifest's
+# default_rho from the measured quality curve (retention_core.contract.choose_default_rho); old run
+# directories' recipe.json files carry it at whatever value their recipe set, so it is dropped at any value.
+DELETED_RHO_KEYS = ("default",)
+
+
 class RhoSpec(Strict):
     """Budgets sampled per example during training so one model serves every ρ."""
 
     low: float = Field(default=0.1, gt=0.0, le=1.0)
     high: float = Field(default=1.0, gt=0.0, le=1.0)
-    # Not the manifest's default_rho any more: the export picks that from the measured quality curve
-    # (retention_core.contract.choose_default_rho). Kept so recipes and run dirs that set it still load.
-    default: float = Field(default=0.5, gt=0.0, le=1.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_deleted_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        return {key: value for key, value in data.items() if key not in DELETED_RHO_KEYS}
 
     @model_validator(mode="after")
     def _ordered(self) -> RhoSpec:
@@ -109,7 +119,7 @@ class RhoSpec(Strict):
         return self
 
 
-# Switches deleted from BudgetSpec (issue 25), with the value that meant "off". Old run directories'
+# Switches deleted from BudgetSpec, with the value that meant "off". Old run directories'
 # recipe.json files carry them at that value, which is dropped on load; any other value asked for a
 # behaviour that no longer exists, so loading it is an error.
 DELETED_BUDGET_SWITCHES: dict[str, object] = {

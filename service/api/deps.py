@@ -13,10 +13,10 @@ from fastapi import Depends, Header, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 
+from retention_core.rho import DECIMAL, parse_rho
 from service.errors import InvalidHeader, InvalidRequest, PayloadTooLarge, Unauthorized
 from service.metrics import Metrics
-from service.rho import DECIMAL, parse_rho
-from service.serving import ServedModel, Server
+from service.serving import ServedModel, Server, due_at
 from service.settings import Settings
 
 # What the OpenAPI schema promises for rho parameters (parsed by ``service.rho.parse_rho``, which reads
@@ -176,6 +176,41 @@ LATENCY_TARGET_HEADER = "x-latency-target"
 SECONDS_SCHEMA = {"anyOf": [POSITIVE_SCHEMA]}
 
 
+def deadline_at(settings: Settings, arrival: float, timeout_s: float | None) -> float:
+    """A request's deadline (``time.monotonic()``): ``request_timeout_s`` after its arrival, or its
+    ``x-request-timeout`` (``timeout_s``) when that is shorter."""
+    budget = settings.request_timeout_s
+    if timeout_s is not None:
+        budget = min(budget, timeout_s)
+    return arrival + budget
+
+
+@dataclass(frozen=True)
+class Due:
+    """By when a request should be answered (``due_time``)."""
+
+    at: float  # time.monotonic(): its deadline, or its rho=auto target when sooner
+    by_target: bool  # its rho=auto target, not its deadline, is what a late answer would miss
+    target_s: float | None = None  # rho=auto: its latency target
+    auto_due: float | None = None  # rho=auto: arrival + that target
+
+
+def due_time(
+    settings: Settings, arrival: float, deadline: float, auto: bool, target_s: float | None = None
+) -> Due:
+    """The one due-time decision, made by the route (``inference.decide``) and by the refusal before the
+    body is read (``early.hint``): a fixed rho is due at its ``deadline``; rho=auto at its latency
+    target after ``arrival`` when sooner: ``target_s`` (the client's ``max_latency_ms`` or
+    ``x-latency-target``) capped by ``max_latency_target_s``, else ``auto_latency_target_s``."""
+    if not auto:
+        return Due(deadline, by_target=False)
+    target = settings.auto_latency_target_s
+    if target_s is not None:
+        target = min(target_s, settings.max_latency_target_s)
+    at = due_at(deadline, arrival + target)
+    return Due(at, at < deadline, target, arrival + target)
+
+
 async def request_deadline(
     request: Request,
     settings: SettingsDep,
@@ -188,13 +223,10 @@ async def request_deadline(
         ),
     ] = None,
 ) -> float:
-    """Absolute deadline (time.monotonic) of this request, counted from its arrival."""
-    budget = settings.request_timeout_s
+    """Absolute deadline (time.monotonic) of this request, counted from its arrival (``deadline_at``)."""
     asked = header_seconds(timeout, TIMEOUT_HEADER)
-    if asked is not None:
-        budget = min(budget, asked)
     start = getattr(request.state, "start", None) or time.monotonic()
-    return float(start) + budget
+    return deadline_at(settings, float(start), asked)
 
 
 DeadlineDep = Annotated[float, Depends(request_deadline)]

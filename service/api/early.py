@@ -3,7 +3,7 @@
 Under a retry storm (clients that retry 50 ms after a 429 and ignore ``Retry-After``) the server spends
 its cores on refusals: reading and parsing bodies, resolving dependencies, building error responses.
 This decides the refusal from what the request line and headers say, in the ASGI middleware, before
-FastAPI reads a byte of the body: the same rule as the late path (``Server.shed_early``: the work
+FastAPI reads a byte of the body: the same rule as the late path (``Server.shed``: the work
 already queued for the model ends after the request's due time, so even a minimal request of it
 would be late), the same 429 (``service.errors``). Only with a backlog (requests queued, not only a
 batch running): a request arriving as a batch finishes is left to the normal path, which sees the
@@ -15,10 +15,11 @@ model or a rho the query does not; the decision is conservative where it cannot 
 
 - no ``model`` in the query: the request is refused only when EVERY loaded model of the task would
   refuse it (whichever model the body names, it would be late);
+- the due time is decided by the route's own rule (``deps.due_time``);
 - no ``rho=auto`` in the query: the due time is the request deadline (the loosest a request can have),
   so a body that asks for ``rho=auto`` is only ever refused early by its deadline, the rest later;
-- anything unreadable (a malformed number, an unknown model, a missing or wrong API key): no early
-  decision; the normal path answers it (422, 404, 401).
+- anything unreadable (a malformed number or rho, read by the route's own parsers, an unknown model, a
+  missing or wrong API key): no early decision; the normal path answers it (422, 404, 401).
 
 A query ``rho=auto`` with a body that sends a fixed rho is judged by the auto target here (the query
 is what the client sent before its body; sending both is contradictory).
@@ -33,7 +34,8 @@ from urllib.parse import parse_qs
 
 from starlette.types import Scope
 
-from service.api.deps import LATENCY_TARGET_HEADER, TIMEOUT_HEADER, positive_decimal
+from retention_core.rho import parse_rho
+from service.api.deps import LATENCY_TARGET_HEADER, TIMEOUT_HEADER, deadline_at, due_time, positive_decimal
 from service.errors import Overloaded
 from service.serving import Server
 from service.settings import Settings
@@ -90,33 +92,36 @@ def hint(scope: Scope, tasks: Mapping[str, str], settings: Settings, arrival: fl
     ok_timeout, timeout = seconds_or_none(header(scope, TIMEOUT_HEADER.encode()))
     if not ok_timeout:
         return None
-    deadline = arrival + min(settings.request_timeout_s, timeout or settings.request_timeout_s)
+    deadline = deadline_at(settings, arrival, timeout)
     model = query.get("model", [None])[-1] or None
-    if query.get("rho", [None])[-1] != "auto":
-        return Hint(task, model, deadline, by_target=False)
+    try:
+        rho = parse_rho(query.get("rho", [None])[-1], "rho", allow_auto=True)
+    except ValueError:  # the route's 422
+        return None
+    if rho != "auto":
+        due = due_time(settings, arrival, deadline, auto=False)
+        return Hint(task, model, due.at, due.by_target)
     ok_query, target_ms = seconds_or_none(query.get("max_latency_ms", [None])[-1])
     ok_header, target_header_s = seconds_or_none(header(scope, LATENCY_TARGET_HEADER.encode()))
     if not (ok_query and ok_header):
         return None
-    target = settings.auto_latency_target_s
     asked = target_ms / 1000.0 if target_ms is not None else target_header_s
-    if asked is not None:
-        target = min(asked, settings.max_latency_target_s)
-    due = min(deadline, arrival + target)
-    return Hint(task, model, due, by_target=due < deadline)
+    due = due_time(settings, arrival, deadline, auto=True, target_s=asked)
+    return Hint(task, model, due.at, due.by_target)
 
 
 def refusal(server: Server, found: Hint) -> Overloaded | None:
     """The 429 the request gets now, or None (it goes on to the normal path): refused only when every
     model it may reach has requests queued (a backlog, not only a batch that is finishing: its answers
     go out before the worker notices it is done) and would refuse even a minimal request of it."""
-    if server.stopping or not server.started:
+    state = server.state()
+    if state.stopping or not state.started:
         return None
     try:
         candidates = (
             [server.get(found.model)]
             if found.model
-            else [model for model in server.models() if model.task == found.task]
+            else [model for model in state.models if model.task == found.task]
         )
     except Exception:  # unknown model: the normal path says so
         return None
@@ -125,7 +130,7 @@ def refusal(server: Server, found: Hint) -> Overloaded | None:
         if model.task != found.task:
             return None  # a model of another task: the normal path's 422
         try:
-            server.shed_before_body(model, found.due, found.by_target)
+            server.shed(model, found.due, found.by_target, queued_only=True)
         except Overloaded as error:
             first = first or error
             continue

@@ -13,12 +13,10 @@ from starlette.concurrency import run_in_threadpool
 from retention_core.codecs.base import Encoded
 from retention_core.explain import token_depths
 from retention_core.usage import Work, token_work
-from service.api.deps import InferenceContext
+from service.api.deps import Due, InferenceContext, due_time
 from service.api.schemas import ExplainedToken, Explanation, InferenceOptions, Usage
-from service.errors import InferenceFailed, InputTooLong, InvalidRequest
-from service.scheduling.admission import REASON_DEFAULT, REASON_REQUESTED
-from service.scheduling.jobs import PREDICTED_WAIT_HEADER, AutoBudget, JobResult
-from service.serving import ServedModel
+from service.errors import PREDICTED_WAIT_HEADER, InferenceFailed, InputTooLong, InvalidRequest
+from service.serving import REASON_DEFAULT, REASON_REQUESTED, AutoBudget, InferenceResult, ServedModel
 
 T = TypeVar("T")
 
@@ -108,16 +106,13 @@ class Budget:
 
     requested: float | str | None  # what the client asked: a number, "auto", None (the model's default)
     rho: float  # fixed: what the graph gets; auto: its max_rho
+    due: Due  # by when it should be answered (``deps.due_time``)
     auto: AutoBudget | None = None
-    target_s: float | None = None  # rho=auto: its latency target
 
-    def due(self, deadline: float) -> float:
-        """By when the request should be answered: its deadline, or its rho=auto target when sooner."""
-        return min(deadline, self.auto.due) if self.auto is not None else deadline
-
-    def by_target(self, deadline: float) -> bool:
-        """Whether the rho=auto target, not the deadline, is what a late answer would miss."""
-        return self.auto is not None and self.auto.due < deadline
+    @property
+    def target_s(self) -> float | None:
+        """rho=auto: its latency target."""
+        return self.due.target_s
 
 
 def check_truncation(model: ServedModel, encoded: list[Encoded], options: Options) -> None:
@@ -131,24 +126,24 @@ def check_truncation(model: ServedModel, encoded: list[Encoded], options: Option
 
 def decide(ctx: InferenceContext, model: ServedModel, options: Options) -> Budget:
     """A fixed rho (the client's, else the model's default), or rho=auto's min_rho, max_rho and due time:
-    its own target (capped by ``max_latency_target_s``) or the server's, counted from arrival."""
-    requested = options.requested
+    its own target (capped by ``max_latency_target_s``) or the server's, counted from arrival
+    (``deps.due_time``, the rule the refusal before the body is read applies too)."""
+    requested, settings = options.requested, ctx.settings
     if requested == "auto":
-        settings = ctx.settings
         min_rho = options.min_rho if options.min_rho is not None else settings.auto_min_rho
         max_rho = max(settings.auto_max_rho, min_rho)
-        target = settings.auto_latency_target_s
-        if options.max_latency_ms is not None:
-            target = min(options.max_latency_ms / 1000.0, settings.max_latency_target_s)
-        return Budget(requested, max_rho, AutoBudget(min_rho, max_rho, ctx.arrival + target), target)
+        asked = options.max_latency_ms / 1000.0 if options.max_latency_ms is not None else None
+        due = due_time(settings, ctx.arrival, ctx.deadline, True, asked)
+        assert due.auto_due is not None
+        return Budget(requested, max_rho, due, AutoBudget(min_rho, max_rho, due.auto_due))
     rho = float(requested) if requested is not None else model.manifest.default_rho
-    return Budget(requested, rho)
+    return Budget(requested, rho, due_time(settings, ctx.arrival, ctx.deadline, False))
 
 
 def shed_early(ctx: InferenceContext, model: ServedModel, budget: Budget) -> None:
     """Before tokenizing: 429 when the work already queued for ``model`` ends after this request's due
     time (its rho=auto target, else its deadline)."""
-    ctx.server.shed_early(model, budget.due(ctx.deadline), budget.by_target(ctx.deadline))
+    ctx.server.shed(model, budget.due.at, budget.due.by_target)
 
 
 def per_item(encoded: list[Encoded], outputs: list[np.ndarray]) -> list[list[np.ndarray]]:
@@ -161,7 +156,7 @@ def per_item(encoded: list[Encoded], outputs: list[np.ndarray]) -> list[list[np.
     return grouped
 
 
-def usage_of(encoded: list[Encoded], budget: Budget, result: JobResult, work: Work) -> Usage:
+def usage_of(encoded: list[Encoded], budget: Budget, result: InferenceResult, work: Work) -> Usage:
     requested, auto = budget.requested, budget.auto
     rho = result.rho
     reason = result.rho_reason or (REASON_DEFAULT if requested is None else REASON_REQUESTED)

@@ -16,8 +16,8 @@ from pydantic import (
 )
 from pydantic_core import CoreSchema
 
-from service.rho import parse_rho
-from service.scheduling.admission import RhoReason
+from retention_core.rho import parse_rho
+from service.serving import RhoReason
 
 Rho = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
 RhoOrAuto = Rho | Literal["auto"]

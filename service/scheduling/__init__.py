@@ -1,6 +1,6 @@
 """Scheduling one model's requests: a queue, admission, the rho=auto controller, batches cut into ONNX runs.
 
-- ``jobs``: a queued request (``Job``), rho=auto's bounds (``AutoBudget``), its result (``JobResult``).
+- ``jobs``: a queued request (``Job``, with ``service.serving.AutoBudget``), the slice of it a batch holds.
 - ``batcher``: ``Batcher``, the queue and its worker loop, and the admission glue (one per model).
 - ``admission``: the admission rule and the batch-time rho controller (pure, a fake clock in tests).
 - ``cost``: the online cost model, the tail factor, the arrival rate (pure).

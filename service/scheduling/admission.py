@@ -19,22 +19,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 from service.scheduling.cost import CostModel, runs_for
+from service.serving import REASON_BACKLOG, REASON_IDLE, REASON_MIN_RHO, RhoReason
 
 # Candidate rhos of the controller (plus every job's own min_rho and max_rho).
 RHO_GRID = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.25, 0.2, 0.15, 0.1, 0.05)
-
-# Why a request got its rho (usage.rho_reason; the values are the HTTP contract).
-RhoReason = Literal["requested", "default", "auto:idle", "auto:backlog", "auto:floor"]
-REASON_REQUESTED: RhoReason = "requested"  # a number from the client
-REASON_DEFAULT: RhoReason = "default"  # the model's default_rho (no rho sent)
-REASON_IDLE: RhoReason = "auto:idle"  # rho=auto at its max_rho: the target holds without degrading
-REASON_BACKLOG: RhoReason = "auto:backlog"  # lowered (above min_rho) so the queued work meets its targets
-# at min_rho: the target holds only there, or not even there ("auto:floor" is the contract's name for it)
-REASON_MIN_RHO: RhoReason = "auto:floor"
-RHO_REASONS: tuple[RhoReason, ...] = get_args(RhoReason)
 
 
 def run_groups(tokens: Sequence[int], max_batch_tokens: int) -> list[tuple[int, int]]:

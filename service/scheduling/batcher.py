@@ -32,9 +32,10 @@ from service.scheduling.admission import Verdict, admit, choose_batch_rho, reaso
 from service.scheduling.cost import tokens_through
 from service.scheduling.delivery import Delivery
 from service.scheduling.execution import execute, ort_thread
-from service.scheduling.jobs import PREDICTED_WAIT_HEADER, AutoBudget, Job, JobResult, RowResult, Slice
+from service.scheduling.jobs import Job, RowResult, Slice
 from service.scheduling.learning import ModelCosts
 from service.scheduling.planner import plan_runs, shape_length
+from service.serving import AutoBudget, InferenceResult
 from service.settings import Settings
 
 log = logging.getLogger("service")
@@ -127,7 +128,7 @@ class Batcher:
 
     async def submit(
         self, rows: list[Row], rho: float, deadline: float, auto: AutoBudget | None = None
-    ) -> JobResult:
+    ) -> InferenceResult:
         """Queue one request (``rho``: all its rows'; with ``auto`` its max_rho, the rho then chosen when
         its batch is formed) and wait for its result. Raises ``Overloaded`` (429) when it is shed."""
         if self.closing:
@@ -177,15 +178,14 @@ class Batcher:
 
     def _overloaded(self, verdict: Verdict, wait: float, by_target: bool) -> Overloaded:
         self.last_shed = time.monotonic()
-        error = Overloaded(
+        return Overloaded(
             "over_target" if by_target else "over_deadline",
             max(self.settings.retry_after_s, verdict.retry_after_s),
             "server overloaded: predicted completion misses the "
             + ("latency target" if by_target else "request deadline")
             + ", retry later",
+            predicted_wait_s=wait,
         )
-        error.headers[PREDICTED_WAIT_HEADER] = f"{wait:.6f}"
-        return error
 
     def _expired(self, now: float, late: bool = False) -> Overloaded:
         """A job admitted on a prediction the queue then failed to keep, its deadline (``late``: its
@@ -194,15 +194,14 @@ class Batcher:
         started."""
         self.last_shed = now
         wait = self.drain_seconds(now)
-        error = Overloaded(
+        return Overloaded(
             "late_queued" if late else "expired_queued",
             max(self.settings.retry_after_s, math.ceil(wait)),
             "server overloaded: the request "
             + ("waited past its latency target" if late else "deadline passed")
             + " while it was queued, retry later",
+            predicted_wait_s=wait,
         )
-        error.headers[PREDICTED_WAIT_HEADER] = f"{wait:.6f}"
-        return error
 
     def _admit(self, job: Job, now: float) -> None:
         """Refuse ``job`` (429) when the work ahead at its lowest rho leaves no time for its own run."""
@@ -216,7 +215,7 @@ class Batcher:
         verdict = admit(now, job.due, wait, own, self.idle)
         if verdict.admit:
             return
-        raise self._overloaded(verdict, wait, by_target=job.auto is not None and job.auto.due < job.deadline)
+        raise self._overloaded(verdict, wait, job.by_target)
 
     def _count(self, job: Job, sign: int) -> None:
         """Keep the queue's running sums (tokens, min_rho work, depth gauge) in step with its contents."""

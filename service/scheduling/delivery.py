@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.scheduling.jobs import Job, JobResult, RowResult, Slice
+from service.scheduling.jobs import Job, RowResult, Slice
+from service.serving import InferenceResult
 
 
 class Delivery:
@@ -48,7 +49,7 @@ class Delivery:
         depths = [depth for _, _, depth in mine if depth is not None]
         started = job.started if job.started is not None else self.start
         job.future.set_result(
-            JobResult(
+            InferenceResult(
                 [output for output, _, _ in mine],
                 np.stack([counts for _, counts, _ in mine]),  # (R, L)
                 started - job.enqueued,

@@ -1,5 +1,5 @@
-"""A request as the batcher queues it (``Job``), rho=auto's bounds (``AutoBudget``) and what the request
-gets back (``JobResult``)."""
+"""A request as the batcher queues it (``Job``), with rho=auto's bounds (``service.serving.AutoBudget``);
+what the request gets back is a ``service.serving.InferenceResult``."""
 
 from __future__ import annotations
 
@@ -10,33 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from retention_core.codecs.base import Row
-from service.scheduling.admission import Pending, RhoReason
-
-# Seconds admission predicted the work ahead would take: on a 429 (Retry-After, unrounded) and on every
-# answer (beside x-queue-time, what it then took).
-PREDICTED_WAIT_HEADER = "x-predicted-wait"
-
-
-@dataclass(frozen=True)
-class AutoBudget:
-    """A rho=auto request: its rho is chosen in [min_rho, max_rho] when its batch is formed."""
-
-    min_rho: float
-    max_rho: float  # auto_max_rho (or min_rho, when that is higher)
-    due: float  # time.monotonic() by which it should be answered: arrival + its latency target
-
-
-@dataclass
-class JobResult:
-    outputs: list[np.ndarray]  # first graph output per row, unpadded
-    kept_counts: np.ndarray  # (R, L) int64
-    queue_time: float  # enqueue -> start of the first run holding its rows
-    inference_time: float  # that start -> end of the last run holding its rows
-    rho: float  # the rho its rows were served at
-    rho_reason: RhoReason | None = None  # rho=auto: why that rho
-    predicted_wait: float = 0.0  # admission's predicted wait for the work queued ahead
-    depths: list[np.ndarray] | None = None  # survival depth (T_i,) per row; None: the graph has none
-
+from service.scheduling.admission import Pending
+from service.serving import AutoBudget, InferenceResult, RhoReason, due_at
 
 # One row's results: its first graph output, its kept counts (L,), its survival depth (T,) if any.
 RowResult = tuple[np.ndarray, np.ndarray, np.ndarray | None]
@@ -46,7 +21,7 @@ RowResult = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 class Job:
     rows: list[Row]
     rho: float  # fixed: the request's; rho=auto: its max_rho until the batch it joins is formed
-    future: asyncio.Future[JobResult]
+    future: asyncio.Future[InferenceResult]
     deadline: float  # time.monotonic()
     auto: AutoBudget | None = None
     tokens: int = 0  # padded tokens (shape lengths) of its rows
@@ -76,7 +51,12 @@ class Job:
 
     @property
     def due(self) -> float:
-        return min(self.deadline, self.auto.due) if self.auto is not None else self.deadline
+        return due_at(self.deadline, self.auto.due if self.auto is not None else None)
+
+    @property
+    def by_target(self) -> bool:
+        """Its rho=auto target, not its deadline, is what a late answer would miss."""
+        return self.due < self.deadline
 
     def pending(self, tokens: int | None = None) -> Pending:
         """The job (or ``tokens`` of it: a slice) as the rho controller sees it."""

@@ -19,8 +19,9 @@ from service.metrics import Metrics
 from service.runtime import load_model
 from service.scheduling.batcher import Batcher
 from service.scheduling.delivery import Delivery
-from service.scheduling.jobs import Job, JobResult, RowResult, Slice
+from service.scheduling.jobs import Job, RowResult, Slice
 from service.scheduling.planner import plan_runs, shape_length
+from service.serving import InferenceResult
 from tests.service.conftest import blocked_inference, running, server_of, settings_for, wait_until
 
 TEXTS = [
@@ -89,7 +90,7 @@ def test_delivery_answers_each_job_as_soon_as_the_runs_holding_its_rows_are_done
     def row_result(row: int) -> RowResult:
         return np.full(2, float(row)), np.array([row, row], dtype=np.int64), None
 
-    async def scenario() -> tuple[JobResult, JobResult, bool]:
+    async def scenario() -> tuple[InferenceResult, InferenceResult, bool]:
         loop = asyncio.get_running_loop()
         short = Job([Row((1, 2))], 0.5, loop.create_future(), 1e9, enqueued=1.0)
         long = Job([Row((1, 2, 3)), Row((1, 2, 3, 4))], 0.3, loop.create_future(), 1e9, enqueued=0.0)
@@ -112,7 +113,7 @@ def test_a_job_served_across_batches_is_answered_once_its_last_slice_is_done() -
     def row_result(row: int) -> RowResult:
         return np.full(2, float(row)), np.array([row, row], dtype=np.int64), None
 
-    async def scenario() -> tuple[JobResult, bool]:
+    async def scenario() -> tuple[InferenceResult, bool]:
         loop = asyncio.get_running_loop()
         big = Job([Row((1, 2))] * 3, 0.5, loop.create_future(), 1e9, enqueued=0.0)
         Delivery([Slice(big, 0, 2, 32)], start=1.0).add([(0, row_result(0)), (1, row_result(1))], 2.0)
@@ -301,7 +302,7 @@ def test_a_request_is_answered_when_its_run_ends_not_the_batch(tiny_models: dict
     model = load_model(tiny_models["classification"], settings)
     short, long = model.codec.encode("x").rows, model.codec.encode(" ".join(["word"] * 500)).rows
 
-    async def scenario() -> tuple[JobResult, JobResult, Metrics]:
+    async def scenario() -> tuple[InferenceResult, InferenceResult, Metrics]:
         metrics = Metrics()
         batcher = Batcher(model, settings, metrics)
         batcher.start()
@@ -326,7 +327,8 @@ def test_a_batch_of_auto_requests_stops_at_a_share_of_their_latency_target(
     """Fifty queued requests: rho=auto ones are taken only up to BATCH_TARGET_SHARE of their target (at
     their min_rho, by the cost model), fixed-rho ones up to the token budget."""
     from service.scheduling.batcher import BATCH_TARGET_SHARE
-    from service.scheduling.jobs import AutoBudget, Job
+    from service.scheduling.jobs import Job
+    from service.serving import AutoBudget
 
     settings = settings_for(tiny_models["classification"].parent, max_batch_tokens=8192)
     model = load_model(tiny_models["classification"], settings)
@@ -367,7 +369,7 @@ def test_a_failing_batch_fails_its_requests_and_the_worker_survives(tiny_models:
     settings = settings_for(tiny_models["classification"].parent)
     model = load_model(tiny_models["classification"], settings)
 
-    async def scenario() -> JobResult:
+    async def scenario() -> InferenceResult:
         batcher = Batcher(model, settings, Metrics())
         batcher.start()
         deadline = time.monotonic() + 60

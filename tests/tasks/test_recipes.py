@@ -16,6 +16,7 @@ from training.__main__ import run_dir_for
 from training.data import REGISTRY
 from training.recipes import (
     DELETED_OBJECTIVE_TERMS,
+    DELETED_RHO_KEYS,
     REMOVED_TERMS_COMMIT,
     Recipe,
     load_recipe,
@@ -159,6 +160,7 @@ TEACHER_RECIPE: dict[str, Any] = {
         "score_shift": "quantile",
         "scorer_size": 32,
     },
+    # default: read by nothing and removed since (DELETED_RHO_KEYS): a saved one still loads
     "rho": {"default": 1.0, "high": 1.0, "low": 1.0},
     "budget": {"dual_lr": 0.01, "fixed_lambda": None, "two_sided": True},
     "optimizer": {
@@ -191,5 +193,6 @@ def test_the_moved_teacher_profile_resumes_the_run_started_from_squad_yaml() -> 
     teacher = load_recipe(STUDY_RECIPES / "squad-teacher.yaml", "teacher")
     assert Recipe.model_validate(TEACHER_RECIPE) == teacher
     objective = {k: v for k, v in TEACHER_RECIPE["objective"].items() if k not in DELETED_OBJECTIVE_TERMS}
-    assert teacher.model_dump(mode="json") == {**TEACHER_RECIPE, "objective": objective}
+    rho = {k: v for k, v in TEACHER_RECIPE["rho"].items() if k not in DELETED_RHO_KEYS}
+    assert teacher.model_dump(mode="json") == {**TEACHER_RECIPE, "objective": objective, "rho": rho}
     assert run_dir_for(teacher, RUNS).name == "squad-minilm-teacher"

@@ -181,3 +181,32 @@ def test_manifest_write_replaces_the_file_whole(tmp_path: Path, runs: dict[str, 
         assert Manifest.model_validate_json(opened.read()) == old  # not truncated, not the new one
     assert Manifest.read(live).name == "renamed"
     assert sorted(p.name for p in live.iterdir()) == sorted(p.name for p in runs["old_model"].iterdir())
+
+
+def test_the_schedule_settings_are_mapped_once_recipe_to_model_to_manifest() -> None:
+    """``training.fit.SCHEDULE_FIELDS`` names every setting of the manifest's schedule that is not the
+    graph's shape, each a field of the recipe's ``retention`` and of ``RetentionConfig``; a recipe's
+    values reach the manifest through it unchanged."""
+    import dataclasses
+
+    from retention_core.contract import Schedule
+    from training.fit import SCHEDULE_FIELDS, manifest_schedule, retention_config
+    from training.model import RetentionConfig
+    from training.recipes import RetentionSpec
+
+    shape = {"kind", "num_points", "last_layer_queries"}
+    assert set(SCHEDULE_FIELDS.values()) == set(Schedule.model_fields) - shape
+    assert set(SCHEDULE_FIELDS) <= set(RetentionSpec.model_fields)
+    assert set(SCHEDULE_FIELDS) <= {field.name for field in dataclasses.fields(RetentionConfig)}
+
+    values = {"schedule_power": 0.5, "min_kept_tokens": 7, "merge_dropped": True, "leading_share": 0.25}
+    assert set(values) == set(SCHEDULE_FIELDS)
+    recipe = tiny_recipe()
+    recipe = recipe.model_copy(update={"retention": recipe.retention.model_copy(update=values)})
+    model, _ = tiny_model(seed=0)
+    model.config = retention_config(recipe)
+    schedule = manifest_schedule(model)
+    assert {SCHEDULE_FIELDS[name]: value for name, value in values.items()} == {
+        field: getattr(schedule, field) for field in SCHEDULE_FIELDS.values()
+    }
+    assert (schedule.num_points, schedule.last_layer_queries) == (model.num_points, model.last_layer_queries)

@@ -44,7 +44,7 @@ def _base(**update) -> Recipe:
 def dense_recipe() -> Recipe:
     """As squad-teacher.yaml's teacher profile: one dense pass per step, ρ fixed at 1."""
     return _base(
-        rho=RhoSpec(low=1.0, high=1.0, default=1.0),
+        rho=RhoSpec(low=1.0, high=1.0),
         objective=ObjectiveSpec(soft_loss_weight=0.0, pruned_loss_weight=1.0),
         optimizer=_base().optimizer.model_copy(update={"lr": 1e-3}),
     )
@@ -59,7 +59,7 @@ def stage_recipe(frozen: bool, **update) -> Recipe:
         retention_stage=RetentionStageSpec(freeze_backbone=frozen),
         seed=4,
         retention=RetentionSpec(score_shift="calibrated", schedule_power=2.0),
-        rho=RhoSpec(low=0.2, high=1.0, default=0.6),
+        rho=RhoSpec(low=0.2, high=1.0),
         objective=ObjectiveSpec(**tuned),
         optimizer=_base().optimizer.model_copy(update={"lr": 1e-3, "scorer_lr": 1e-2}),
     )

@@ -21,12 +21,13 @@ async def livez() -> Health:
 async def readyz(server: ServerDep) -> JSONResponse:
     """200 once every model directory was tried and every loaded model is warmed up (and at least one
     model is loaded); 503 while loading, with no model, or while shutting down."""
-    names = [m.name for m in server.models()]
-    if server.ready:
-        return JSONResponse(Health(status="ready", models=names, errors=server.errors).model_dump())
-    status = "shutting_down" if server.stopping else "loading" if not server.started else "no_models"
+    state = server.state()
+    names = [m.name for m in state.models]
+    if state.ready:
+        return JSONResponse(Health(status="ready", models=names, errors=state.errors).model_dump())
+    status = "shutting_down" if state.stopping else "loading" if not state.started else "no_models"
     return JSONResponse(
-        Health(status=status, models=names, errors=server.errors).model_dump(), status_code=503
+        Health(status=status, models=names, errors=state.errors).model_dump(), status_code=503
     )
 
 

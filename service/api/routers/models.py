@@ -7,18 +7,14 @@ from fastapi import APIRouter
 from service.api.deps import ServerDep, SettingsDep
 from service.api.routers.common import ERROR_RESPONSES
 from service.api.schemas import ModelDetail, ModelList, ModelSummary
-from service.errors import ServiceError
-from service.serving import ServedModel, Server
+from service.serving import ServedModel, ServerState
 
 router = APIRouter(prefix="/models", tags=["models"])
 
 
-def summarize_model(model: ServedModel, server: Server) -> ModelSummary:
+def summarize_model(model: ServedModel, state: ServerState) -> ModelSummary:
     manifest = model.manifest
-    try:
-        is_default = server.default_for(model.task) is model
-    except ServiceError:
-        is_default = False
+    is_default = state.defaults.get(model.task) == model.name
     return ModelSummary(
         name=model.name,
         task=manifest.task,
@@ -37,10 +33,9 @@ def summarize_model(model: ServedModel, server: Server) -> ModelSummary:
 @router.get("", response_model=ModelList, responses={401: ERROR_RESPONSES[401]})
 async def list_models(server: ServerDep, settings: SettingsDep) -> ModelList:
     """Every loaded model, aliases (``name`` -> ``name@version``) and directories that failed to load."""
+    state = server.state()
     return ModelList(
-        models=[summarize_model(m, server) for m in server.models()],
-        aliases=server.aliases(),
-        errors=server.errors,
+        models=[summarize_model(m, state) for m in state.models], aliases=state.aliases, errors=state.errors
     )
 
 
@@ -51,5 +46,5 @@ async def get_model(name: str, server: ServerDep) -> ModelDetail:
     """One model with its manifest (backbone, schedule, quality-vs-rho curve, training recipe)."""
     model = server.get(name)
     return ModelDetail(
-        summary=summarize_model(model, server), manifest=model.manifest.model_dump(mode="json")
+        summary=summarize_model(model, server.state()), manifest=model.manifest.model_dump(mode="json")
     )

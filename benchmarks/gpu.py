@@ -23,6 +23,12 @@ Three parts, each recorded even when another fails or is skipped:
    steps: median seconds per step after warm-up steps, from the run's own per-step log, against the
    CPU's seconds per step measured the same way with fewer steps (or ``--cpu-seconds-per-step``).
 
+``--parts torch,fit`` measures only those parts (the others say ``skipped``); ``--seq-lens 512,256`` and
+``--batches 32,8,1`` set the torch grid (cells run in that order: sequence length, batch, precision);
+``--budget-s`` is a time guard: no torch cell group starts once its estimated end passes the budget
+(less ``--fit-reserve-s`` kept for the fit part), and the skipped cells are listed. ``--image-check
+FILE`` embeds the device image's check (``scripts/gpu_check.sh run`` writes it) in ``gpu.json``.
+
 ``--dry-run`` runs all of it on the CPU (a tiny random model, 16 tokens, batch 2, a couple of steps,
 the CPU provider) so the script cannot rot; every number it writes is labelled ``cpu dry run`` and the
 device memory fields are null. ``--write-assets DIR`` (run where the data and the backbone package
@@ -33,6 +39,7 @@ Output: ``gpu.json`` (raw, with the machine, versions and the command) and ``gpu
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import shutil
 import statistics
@@ -83,6 +90,10 @@ FIT_WARMUP_STEPS = 2  # step times dropped: CUDA kernels, allocator growth, firs
 TOKENIZER_DIR = "tokenizer"
 DATA_DIR = "data"
 FIT_PROFILE = "quick"
+PARTS = ("torch", "onnxruntime", "fit")
+NOT_SELECTED = "skipped: not selected (--parts)"
+OUT_OF_TIME = "skipped: time budget (--budget-s) spent"
+FIT_RESERVE_S = 90.0  # of --budget-s, kept for the fit part when it runs (its model build, both fits)
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,20 @@ class Plan:
     rhos: tuple[float, ...]
     cpu_seconds_per_step: float | None
     assets: Path | None
+    parts: tuple[str, ...] = PARTS
+    seq_lens: tuple[int, ...] = ()  # the torch grid's lengths; () = (sizes.seq_len,)
+    deadline: float | None = None  # time.perf_counter() past which no torch group or fit starts
+    fit_reserve_s: float = FIT_RESERVE_S
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        return self.seq_lens or (self.sizes.seq_len,)
+
+    def at_length(self, seq_len: int) -> Plan:
+        return replace(self, sizes=replace(self.sizes, seq_len=seq_len))
+
+    def seconds_left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.perf_counter()
 
     @property
     def cuda(self) -> bool:
@@ -323,21 +348,38 @@ def measure_torch(model: Any, plan: Plan) -> dict[str, Any]:
     dense = AutoModel.from_config(model.backbone.config, attn_implementation="sdpa").to(plan.device).eval()
     rng = np.random.default_rng(0)
     half_name, half_dtype = half_precision(plan)
+    precisions = (("fp32", None), (half_name, half_dtype))
+    reserve = plan.fit_reserve_s if "fit" in plan.parts else 0.0
     cells: list[Cell] = []
-    failures: list[str] = []
-    for precision, dtype in (("fp32", None), (half_name, half_dtype)):
-        try:  # a precision that fails (an op without a kernel) must not lose the other's numbers
-            for batch in plan.sizes.batches:
-                tokens = random_tokens(batch, plan.seq_len, model.backbone.info_vocab_size, rng)
-                ids = torch.from_numpy(tokens).to(plan.device)
-                variants = torch_variants(model, dense, ids, plan, dtype)
-                memory = {variant.name: torch_memory(plan, variant.run) for variant in variants}
-                cells += cells_of("torch", variants, precision, batch, plan, DENSE_TORCH, memory)
-        except Exception as exc:
-            traceback.print_exc()
-            failures.append(f"{precision}: {type(exc).__name__}: {exc}")
-    status = MEASURED if not failures else "failed: " + "; ".join(failures)
-    return {"status": status, "cells": [asdict(cell) for cell in cells]}
+    failures: dict[str, str] = {}
+    skipped: list[str] = []
+    longest = 0.0  # the slowest group so far: the estimate of the next one's seconds
+    for seq_len in plan.lengths:
+        at = plan.at_length(seq_len)
+        for batch in plan.sizes.batches:
+            for precision, dtype in precisions:
+                name = f"{precision} {batch} × {seq_len}"
+                if precision in failures:
+                    continue
+                if plan.seconds_left() - reserve < 1.5 * longest:  # the time guard: stop adding cells
+                    skipped.append(name)
+                    continue
+                started = time.perf_counter()
+                try:  # a precision that fails (an op without a kernel) must not lose the other's numbers
+                    tokens = random_tokens(batch, seq_len, model.backbone.info_vocab_size, rng)
+                    ids = torch.from_numpy(tokens).to(plan.device)
+                    variants = torch_variants(model, dense, ids, at, dtype)
+                    memory = {variant.name: torch_memory(at, variant.run) for variant in variants}
+                    cells += cells_of("torch", variants, precision, batch, at, DENSE_TORCH, memory)
+                except Exception as exc:
+                    traceback.print_exc()
+                    failures[precision] = f"{precision}: {type(exc).__name__}: {exc}"
+                longest = max(longest, time.perf_counter() - started)
+                print(f"torch {name}: {time.perf_counter() - started:.1f} s", flush=True)
+                if plan.cuda:
+                    torch.cuda.empty_cache()
+    status = MEASURED if not failures else "failed: " + "; ".join(failures.values())
+    return {"status": status, "cells": [asdict(cell) for cell in cells], "skipped_for_time": skipped}
 
 
 # ----------------------------------------------------------------------------------- 2. onnxruntime
@@ -550,6 +592,8 @@ def fit_inputs(plan: Plan) -> tuple[Any, Any, list[Any]]:
 
 
 def measure_fit(plan: Plan) -> dict[str, Any]:
+    if plan.seconds_left() < plan.fit_reserve_s / 3:
+        return {"status": OUT_OF_TIME}
     inputs = fit_inputs(plan)
     recipe = inputs[0]
     device = seconds_per_step(plan, plan.device, plan.sizes.fit_steps, inputs)
@@ -589,19 +633,41 @@ def guarded(name: str, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 
 def versions() -> dict[str, Any]:
-    """Library versions as imported (onnxruntime-gpu installs under the module name onnxruntime)."""
-    import onnxruntime as ort
+    """Library versions as imported (onnxruntime-gpu installs under the module name onnxruntime); on a
+    machine without onnx or onnxruntime (a device image), each as installed, or None."""
     import torch
 
-    from training.export import versions as export_versions
-
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    return {
-        **export_versions(),
-        "cuda": torch.version.cuda,
-        "cudnn": cudnn,
-        "onnxruntime_providers": ort.get_available_providers(),
-    }
+    try:
+        import onnxruntime as ort
+
+        from training.export import versions as export_versions
+
+        found: dict[str, Any] = {**export_versions(), "onnxruntime_providers": ort.get_available_providers()}
+    except ImportError:
+        found = {"torch": torch.__version__}
+        for name in ("transformers", "onnx", "onnxruntime"):
+            try:
+                found[name] = importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                found[name] = None
+    return {**found, "cuda": torch.version.cuda, "cudnn": cudnn}
+
+
+def loaded_distributions() -> dict[str, str]:
+    """Every installed distribution a module of this run came from, with its version and where it was
+    imported from (what a device image must hold, or scripts/gpu_check.sh carry)."""
+    owners = importlib.metadata.packages_distributions()
+    found: dict[str, str] = {}
+    for name in sorted({module.split(".")[0] for module in list(sys.modules)}):
+        if name in sys.stdlib_module_names or name.startswith("_"):
+            continue
+        for dist in owners.get(name, []):
+            try:
+                found[dist] = importlib.metadata.version(dist)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return found
 
 
 def gpu_name() -> str | None:
@@ -621,11 +687,20 @@ def measure(plan: Plan) -> dict[str, Any]:
         "batches": list(plan.sizes.batches),
         "rhos": list(plan.rhos),
     }
-    with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
+    payload["seq_lens"] = list(plan.lengths)
+    payload["parts"] = list(plan.parts)
+    measures: dict[str, Callable[[Path], dict[str, Any]]] = {
         # Exported first: the model is still the CPU fp32 model the exporter traces.
-        payload["onnxruntime"] = guarded("onnxruntime", lambda: measure_onnxruntime(model, plan, Path(tmp)))
-    payload["torch"] = guarded("torch", lambda: measure_torch(model, plan))
-    payload["fit"] = guarded("fit", lambda: measure_fit(plan))
+        "onnxruntime": lambda tmp: measure_onnxruntime(model, plan, tmp),
+        "torch": lambda _: measure_torch(model, plan),
+        "fit": lambda _: measure_fit(plan),
+    }
+    with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
+        for part, run in measures.items():
+            if part in plan.parts:
+                payload[part] = guarded(part, lambda run=run: run(Path(tmp)))  # type: ignore[misc]
+            else:
+                payload[part] = {"status": NOT_SELECTED}
     return payload
 
 
@@ -689,6 +764,9 @@ def markdown(payload: dict[str, Any]) -> str:
             f"- parity vs the CPU provider, {check['graph']} {rho}: max |Δ| {check['max_abs_diff']:.2e} "
             f"({verdict} {check['atol']:g}; kept counts equal: {check['kept_counts_equal']})"
         )
+    skipped = payload["torch"].get("skipped_for_time", [])
+    if skipped:
+        lines.append(f"- not measured, out of the time budget: {', '.join(skipped)}")
     fit = payload["fit"]
     if fit.get("status") == MEASURED:
         lines.append(
@@ -709,6 +787,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
         raise SystemExit("no CUDA device here: run it on a GPU machine, or --dry-run on this CPU")
     if args.fit_steps is not None:
         sizes = replace(sizes, fit_steps=args.fit_steps)
+    if args.batches is not None:
+        sizes = replace(sizes, batches=args.batches)
     return Plan(
         dry_run=args.dry_run,
         device="cpu" if args.dry_run else "cuda",
@@ -717,7 +797,23 @@ def make_plan(args: argparse.Namespace) -> Plan:
         rhos=RHOS,
         cpu_seconds_per_step=args.cpu_seconds_per_step,
         assets=args.assets,
+        parts=args.parts,
+        seq_lens=args.seq_lens or (),
+        deadline=None if args.budget_s is None else time.perf_counter() + args.budget_s,
+        fit_reserve_s=args.fit_reserve_s,
     )
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    return tuple(int(item) for item in text.split(",") if item.strip())
+
+
+def part_list(text: str) -> tuple[str, ...]:
+    parts = tuple(item.strip() for item in text.split(",") if item.strip())
+    unknown = set(parts) - set(PARTS)
+    if unknown or not parts:
+        raise argparse.ArgumentTypeError(f"parts are among {', '.join(PARTS)}, not {text!r}")
+    return parts
 
 
 @contextmanager
@@ -739,6 +835,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--cpu-seconds-per-step", type=float, default=None, help="the CPU's fit number, not measured"
     )
+    parser.add_argument("--parts", type=part_list, default=PARTS, help="comma list (default: all three)")
+    parser.add_argument("--seq-lens", type=int_list, default=None, help="torch grid lengths, e.g. 512,256")
+    parser.add_argument("--batches", type=int_list, default=None, help="batch sizes, e.g. 32,8,1")
+    parser.add_argument("--budget-s", type=float, default=None, help="stop adding cells past this")
+    parser.add_argument("--fit-reserve-s", type=float, default=FIT_RESERVE_S, help="of it, kept for fit")
+    parser.add_argument("--image-check", type=Path, default=None, help="a JSON file to embed as 'image'")
     args = parser.parse_args(argv)
     if args.out is None and args.write_assets is None:
         parser.error("--out is required")
@@ -757,8 +859,11 @@ def main(argv: list[str] | None = None) -> None:
         payload |= measure(plan)
     payload["machine"] = describe()
     payload["versions"] = versions()
+    payload["distributions"] = loaded_distributions()
+    if args.image_check is not None:
+        payload["image"] = json.loads(args.image_check.read_text(encoding="utf-8"))
     publish(payload, markdown, args.out / RESULT_FILE, MODULE, argv)
-    if any(payload[part]["status"].startswith("failed") for part in ("torch", "onnxruntime", "fit")):
+    if any(payload[part]["status"].startswith("failed") for part in PARTS):
         raise SystemExit(1)
 
 

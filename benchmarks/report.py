@@ -473,53 +473,57 @@ def frontier_section(results_dir: Path, plots: Path) -> list[str]:
 
 
 GPU_TITLE = "GPU"
-GPU_PREPARE = (
-    "scripts/gpu_wheel.sh download   # onnxruntime-gpu (cp312, CUDA 13), pydantic & co → .gpu/\n"
-    "scripts/gpu_wheel.sh split      # .gpu/pieces: 5 pieces ≤ 50 MiB + .sha256; prints each call's carry\n"
-    "python -m benchmarks.gpu --write-assets .gpu/assets   # tokenizer + the fit recipe's texts"
-)
-GPU_RUN = (
-    "scripts/gpu_wheel.sh join && export PYTHONPATH=/tmp/site HF_HUB_OFFLINE=1 \\\n"
-    "    PYTHONUNBUFFERED=1 GIT_COMMIT=<this checkout's short commit> && \\\n"
-    "    python3 -m benchmarks.gpu --out $OUT/gpu --assets .gpu/assets"
-)
+GPU_INTRO = """\
+`python -m benchmarks.gpu --out <dir>` measures the GPU path (`--dry-run`: the same code paths on the
+CPU in seconds, labelled `cpu dry run`; `tests/benchmarks/test_gpu_benchmark.py`). On a lent device it
+runs as **one prepared call**, [`scripts/gpu_check.sh`](../scripts/gpu_check.sh): the torch-CUDA part
+(our retention encoder vs Hugging Face with dense SDPA, fp32 and bf16 autocast, 512 and 256 tokens,
+batch 32 / 8 / 1, ρ 1 / 0.5 / 0.3, sequences/s and `torch.cuda.max_memory_allocated`) and `fit` of
+`minilm-embed.yaml` (quick profile) on CUDA against the device's CPU, seconds per step.
+
+**Standing order: whenever a device is lent, run the prepared check first (call 1 below) and commit
+its results**, before anything else spends the device's minutes.
+
+1. Here, in the checkout the device call sends (the carried folder is git-ignored, 52 MiB, 63 MiB with
+   the working tree; the script fails past 64 MiB and prints the `carry` list):
+
+   ```
+   PYTHON=.venv/bin/python scripts/gpu_check.sh prepare   # .gpu-check/: wheels for the device's Python 3.12
+                                                          # (pydantic, transformers & co, onnxruntime CPU),
+                                                          # tokenizer + fit texts, manifest, SHA256SUMS
+   ```
+
+2. Call 1, the torch-CUDA check (the `run` tool; ≤ 8 minutes: a time guard stops adding cells):
+
+   ```
+   run(command="bash scripts/gpu_check.sh run", carry=[".gpu-check"], timeout_s=540)
+   ```
+
+   It checks the carried folder's checksums and the image (Python, `torch.cuda.is_available()`, the
+   GPU, torch / numpy / transformers / onnx / onnxruntime versions), installs the carried wheels with
+   `pip install --no-index --find-links .gpu-check/wheels --target /tmp/gpu-check-site` (never the
+   network; an image without pip gets them unzipped), imports the code path, then runs
+   `python -m benchmarks.gpu --parts torch,fit --seq-lens 512,256 --batches 32,8,1 --budget-s …`.
+   Everything lands in `$OUT/gpu-check/`: `image.json` (the image check), `gpu.json` (the cells,
+   the fit, the image check, the versions and every distribution the run imported), `gpu.md`,
+   `run.log`. Copy `gpu.json` and `gpu.md` to `results/bench/`, rerun `python -m benchmarks report`,
+   commit, and give the machine back. `scripts/gpu_check.sh run --dry-run` (or `GPU_CHECK_DRY_RUN=1`)
+   is the same script on this CPU with tiny sizes (`tests/deploy/test_gpu_check.py`).
+
+3. Call 2, optional, the ONNX Runtime CUDA part: only with device time to spare after call 1's
+   results are committed. onnxruntime-gpu (~240 MiB) exceeds one call's carry, so it travels in
+   pieces over several back-to-back calls (`scripts/gpu_wheel.sh download` / `split` here; the
+   pieces' calls carry `.gpu/pieces/…` with `ls -l .gpu/pieces`, the last one runs
+   `scripts/gpu_wheel.sh join && PYTHONPATH=/tmp/site python3 -m benchmarks.gpu --parts onnxruntime
+   --out $OUT/gpu-ort`, `timeout_s` 480). Not prepared yet.
+
+"""
 
 
 def gpu_section(results_dir: Path, plots: Path) -> list[str]:
-    """How to measure the GPU path on a lent device (``python -m benchmarks.gpu``), and its table once
-    committed as ``results/bench/gpu.json``."""
-    intro = [
-        "`python -m benchmarks.gpu --out <dir>` measures the GPU path in one command (a few minutes on one",
-        "NVIDIA GPU): our retention encoder in torch on CUDA against Hugging Face with SDPA (fp32 and bf16,",
-        "batch 32 and 8 × 512, ρ 1 / 0.5 / 0.3, sequences/s and `torch.cuda.max_memory_allocated`), the",
-        "exported graph on onnxruntime's CUDA provider through `retention_core.onnx` with I/O binding and",
-        "parity against the CPU provider, and `fit` of `minilm-embed.yaml` on CUDA against the CPU, seconds",
-        "per step. `--dry-run` runs the same code paths on the CPU in seconds, labelled `cpu dry run`",
-        "(`tests/benchmarks/test_gpu_benchmark.py`).",
-        "",
-        "On a lent device (the `run` tool: the machine reaches no package index, its image has torch but",
-        "neither onnxruntime-gpu nor pydantic, and a call carries at most 64 MiB with the working tree):",
-        "",
-        "1. Here, once, in the checkout the device calls send:",
-        "",
-        "   ```",
-        *(f"   {line}" for line in GPU_PREPARE.splitlines()),
-        "   ```",
-        "",
-        "2. Device calls back to back (the machine is given back 30 s after a call; carried pieces stay on",
-        "   it while it is warm). Call 1 carries `.gpu/wheels`, `.gpu/assets`, `.gpu/pieces/<wheel>.sha256`",
-        "   and `.gpu/pieces/<wheel>.part-00` with the command `ls -l .gpu/pieces`; calls 2–4 carry",
-        "   `part-01` … `part-03` each, same command; call 5 carries `part-04` and runs, with `timeout_s`",
-        "   480 (the benchmark itself needs a few minutes):",
-        "",
-        "   ```",
-        *(f"   {line}" for line in GPU_RUN.splitlines()),
-        "   ```",
-        "",
-        "3. Copy the reply's `gpu/gpu.json` and `gpu/gpu.md` to `results/bench/`, rerun",
-        "   `python -m benchmarks report`, and give the machine back.",
-        "",
-    ]
+    """How to measure the GPU path on a lent device (``scripts/gpu_check.sh``, one prepared call), and its
+    table once committed as ``results/bench/gpu.json``."""
+    intro = GPU_INTRO.splitlines()
     md_path = results_dir / "bench" / "gpu.md"
     if not md_path.is_file():
         return [f"## {GPU_TITLE}", "", *intro, "Not measured yet: pending a device.", ""]

@@ -71,7 +71,7 @@ def assert_report_shows(out: Path) -> None:
     results, plots = out / "results", out / "plots"
     (results / "bench").mkdir(parents=True)
     placeholder = "\n".join(report.gpu_section(results, plots))
-    assert "python3 -m benchmarks.gpu --out $OUT/gpu" in placeholder
+    assert 'run(command="bash scripts/gpu_check.sh run", carry=[".gpu-check"]' in placeholder
     assert placeholder.rstrip().endswith("Not measured yet: pending a device.")
     for name in ("gpu.json", "gpu.md"):
         shutil.copy(out / name, results / "bench" / name)

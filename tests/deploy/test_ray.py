@@ -1,7 +1,9 @@
 """The service on Ray Serve and the batch client on Ray Data, on a real local Ray cluster of two nodes.
 
 One cluster for the module (``ray.cluster_utils.Cluster``: a head and a worker node, 1 CPU each, real
-raylets and object stores); the tiny exported models of the service tests; real HTTP through Ray's
+raylets and object stores); the tiny exported models of the service tests; the application deployed as
+README says, ``serve run deploy/ray/serve_config.local.yaml`` (the real CLI, against this cluster, from
+a temporary copy of that file whose ``models_dir`` names the tiny models); real HTTP through Ray's
 proxy, compared with the same app under uvicorn (``python -m service``'s server).
 """
 
@@ -11,6 +13,8 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,15 +26,20 @@ import numpy as np
 import openai
 import pytest
 import ray
+import yaml
 from ray import serve
 from ray.cluster_utils import Cluster
 
 from clients import batch
-from service.ray_serve import PROXY_CALLBACK, PROXY_CALLBACK_ENV, RetentionService
-from tests.deploy.conftest import free_port
+from service.ray_serve import PROXY_CALLBACK, PROXY_CALLBACK_ENV
+from tests.deploy.conftest import DEPLOY, free_port
 from tests.service.conftest import models_root, served, settings_for, tiny_models, wait_until  # noqa: F401
 
 pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL_CONFIG = DEPLOY / "ray" / "serve_config.local.yaml"  # what README's `serve run` names
+SERVE_CLI = Path(sys.executable).with_name("serve")  # Ray's own `serve` command, of this venv
 
 APP = "retention"
 REPLICAS = 2
@@ -119,16 +128,43 @@ def sd_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("ray-metrics-sd")
 
 
+def local_config_copy(models_root: Path, sd_dir: Path, port: int) -> dict[str, Any]:  # noqa: F811
+    """deploy/ray/serve_config.local.yaml with only what must differ here: the models (the tiny ones,
+    through the file's own ``args``, as a user points it elsewhere), the file_sd directory, a free
+    loopback port, the replica count pinned to REPLICAS (the kill needs a second one serving), and the
+    test's settings in ``args`` (the same ones the plain uvicorn side runs: see SETTINGS)."""
+    config = yaml.safe_load(LOCAL_CONFIG.read_text(encoding="utf-8"))
+    [app] = config["applications"]
+    assert app["name"] == APP and app["args"]["models_dir"] == "models"
+    app["args"] |= {"models_dir": str(models_root), "metrics_sd_dir": str(sd_dir), **SETTINGS}
+    config["http_options"] |= {"host": "127.0.0.1", "port": port}
+    [deployment] = app["deployments"]
+    deployment["autoscaling_config"] |= {"min_replicas": REPLICAS, "max_replicas": REPLICAS}
+    return config
+
+
 @pytest.fixture(scope="module")
-def serve_url(cluster: Cluster, models_root: Path, sd_dir: Path) -> Iterator[str]:  # noqa: F811
+def serve_url(
+    cluster: Cluster,
+    models_root: Path,  # noqa: F811
+    sd_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[str]:
     port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    deployment = RetentionService.options(  # type: ignore[attr-defined]
-        autoscaling_config={"min_replicas": REPLICAS, "max_replicas": REPLICAS, "target_ongoing_requests": 8}
-    )
-    serve.run(
-        deployment.bind({"models_dir": str(models_root), **SETTINGS}, str(sd_dir)), name=APP, route_prefix="/"
-    )
+    config = tmp_path_factory.mktemp("serve-config") / LOCAL_CONFIG.name
+    config.write_text(yaml.safe_dump(local_config_copy(models_root, sd_dir, port)), encoding="utf-8")
+    # `serve run` as a user runs it from the repository root, against this cluster; --non-blocking: it
+    # submits the config to Serve's (detached) controller and returns.
+    command = [str(SERVE_CLI), "run", str(config), "--address", cluster.address, "--non-blocking"]
+    submitted = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180, check=False)
+    assert submitted.returncode == 0, submitted.stdout[-2000:] + submitted.stderr[-2000:]
+
+    def running() -> bool:
+        app = serve.status().applications.get(APP)
+        assert app is None or app.status != "DEPLOY_FAILED", app.message if app else None
+        return app is not None and app.status == "RUNNING" and running_replicas() == REPLICAS
+
+    wait_until(running, timeout=240, what=f"{APP} RUNNING from {LOCAL_CONFIG.name}")
     yield f"http://127.0.0.1:{port}"
     serve.delete(APP)
 
@@ -187,6 +223,34 @@ def test_each_replica_serves_its_own_metrics_to_prometheus_file_sd(serve_url: st
     assert "retention_requests_total" in httpx.get(f"{serve_url}/metrics", timeout=30).text
 
 
+def replica_targets(sd_dir: Path) -> dict[str, str]:
+    """replica id -> host:port of its own /metrics, from the file_sd files the replicas wrote."""
+    targets = {}
+    for path in sd_dir.glob("*.json"):
+        [group] = json.loads(path.read_text())
+        targets[group["labels"]["replica"]] = group["targets"][0]
+    return targets
+
+
+def requests_served(target: str) -> float:
+    """The replica's own retention_requests_total (all endpoints, tasks and statuses)."""
+    text = httpx.get(f"http://{target}/metrics", timeout=10).text
+    lines = (line for line in text.splitlines() if line.startswith("retention_requests_total"))
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+
+def busiest_replica(sd_dir: Path, window_s: float = 1.0) -> tuple[str, float, float]:
+    """(replica id, requests it served in the last ``window_s``, in all) of the replica answering the
+    most requests right now."""
+    live = {a["name"] for a in replica_actors()}
+    targets = {r: t for r, t in replica_targets(sd_dir).items() if any(n.endswith(r) for n in live)}
+    before = {replica: requests_served(target) for replica, target in targets.items()}
+    time.sleep(window_s)
+    after = {replica: requests_served(target) for replica, target in targets.items()}
+    replica = max(targets, key=lambda r: after[r] - before[r])
+    return replica, after[replica] - before[replica], after[replica]
+
+
 def replica_actors() -> list[dict[str, str]]:
     """The live Serve replica actors (a dead one's name is released)."""
     return [a for a in ray.util.list_named_actors(all_namespaces=True) if "SERVE_REPLICA" in a["name"]]
@@ -198,7 +262,7 @@ def replica_pid(name: str, namespace: str) -> int:
     return int(ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()), timeout=60))
 
 
-def test_a_replica_killed_under_load_answers_or_refuses_and_is_replaced(serve_url: str) -> None:
+def test_a_replica_killed_under_load_answers_or_refuses_and_is_replaced(serve_url: str, sd_dir: Path) -> None:
     # (status or transport error, seconds, Retry-After, our error code or None)
     results: list[tuple[int | str, float, str | None, str | None]] = []
     stop = threading.Event()
@@ -223,10 +287,16 @@ def test_a_replica_killed_under_load_answers_or_refuses_and_is_replaced(serve_ur
     threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
     for thread in threads:
         thread.start()
+    wait_until(lambda: len(replica_targets(sd_dir)) >= REPLICAS, timeout=60, what="replica targets")
     wait_until(lambda: len(results) >= 20, timeout=60, what="load running")
-    victim = replica_actors()[0]
-    os.kill(replica_pid(victim["name"], victim["namespace"]), signal.SIGKILL)  # a crash: no drain, no goodbye
+    # the victim: the replica serving the most requests at this moment (its own counter, just read)
+    replica, recent, served = busiest_replica(sd_dir)
+    [victim] = [actor for actor in replica_actors() if actor["name"].endswith(replica)]
+    pid = replica_pid(victim["name"], victim["namespace"])
+    os.kill(pid, signal.SIGKILL)  # a crash: no drain, no goodbye
     killed_at = len(results)
+    print(f"killed replica {replica} (pid {pid}): {recent:g} requests in the last second, {served:g} in all")
+    assert recent > 0 and served > 0, "the killed replica was serving requests when it was killed"
     wait_until(lambda: len(results) >= killed_at + 40, timeout=120, what="load after the kill")
     stop.set()
     for thread in threads:

@@ -62,6 +62,32 @@ def test_serve_config_builds_our_application() -> None:
     assert Path(args["models_dir"]).is_absolute(), "a path every node sees"
 
 
+def test_local_serve_config_runs_the_same_application_from_a_checkout() -> None:
+    """deploy/ray/serve_config.local.yaml (README's `serve run`): the cluster config's application with
+    the checkout's paths: models_dir relative to the repository root (the replicas' working directory),
+    no file_sd directory; loopback only. tests/deploy/test_ray.py deploys it with `serve run`."""
+    local, cluster = load(RAY / "serve_config.local.yaml"), load(RAY / "serve_config.yaml")
+    [app], [cluster_app] = local["applications"], cluster["applications"]
+    same = ("name", "route_prefix", "import_path", "runtime_env")
+    assert {k: app[k] for k in same} == {k: cluster_app[k] for k in same}
+    assert app["args"] == {"models_dir": "models", "intra_op_threads": 1}
+    settings, metrics_sd_dir = built_replica(app["args"])
+    assert settings.models_dir == Path("models") and metrics_sd_dir is None
+    [deployment], [cluster_deployment] = app["deployments"], cluster_app["deployments"]
+    assert deployment["name"] == cluster_deployment["name"] == RetentionService.name
+    assert deployment["ray_actor_options"] == cluster_deployment["ray_actor_options"]
+    assert local["http_options"]["host"] == "127.0.0.1"
+    for line in ("serve run deploy/ray/serve_config.local.yaml", PROXY_CALLBACK_ENV):
+        assert line in (RAY / "serve_config.local.yaml").read_text(encoding="utf-8")
+
+
+def test_cluster_serve_config_states_its_assumptions() -> None:
+    header = (RAY / "serve_config.yaml").read_text(encoding="utf-8").split("proxy_location")[0]
+    args = load(RAY / "serve_config.yaml")["applications"][0]["args"]
+    assumptions = (args["models_dir"], args["metrics_sd_dir"], PROXY_CALLBACK_ENV, "serve_config.local.yaml")
+    assert all(assumption in header for assumption in assumptions), header
+
+
 def test_rayservice_runs_the_serve_config() -> None:
     manifest = load(RAY / "rayservice.yaml")
     assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayService"

@@ -1,0 +1,232 @@
+#!/usr/bin/env bash
+# The GPU check as one prepared device call (docs/benchmarks.md, "GPU"): the torch-CUDA part of
+# python -m benchmarks.gpu (retention vs dense SDPA, fp32/bf16, 512/256 tokens, batch 32/8/1, peak
+# memory; fit seconds per step on CUDA vs the CPU) on a lent machine that reaches no package index.
+#
+#   scripts/gpu_check.sh prepare          # here: .gpu-check/ (git-ignored, <= 64 MiB): the wheels the
+#                                         #   device image may lack, the tokenizer and the fit texts,
+#                                         #   SHA256SUMS; prints its size and the device call's carry
+#   scripts/gpu_check.sh run              # there: check the image, install the carried wheels (no
+#                                         #   network: pip --no-index --target), run the torch and fit
+#                                         #   parts inside the time budget; JSON under $OUT/gpu-check/
+#   scripts/gpu_check.sh run --dry-run    # the same script on this CPU with tiny sizes (also:
+#                                         #   GPU_CHECK_DRY_RUN=1); tests/deploy/test_gpu_check.py
+#
+# Settings (environment): GPU_CHECK_DIR (.gpu-check), GPU_CHECK_PYTHON (3.12: the device image's Python,
+# the one the binary wheels are for), GPU_CHECK_WHEELS (space-separated distributions; default below),
+# PYTHON (python3; prepare: a Python with pip and this project's packages, e.g. .venv/bin/python),
+# OUT (results; default ./gpu-check-out), GPU_CHECK_SITE (/tmp/gpu-check-site), GPU_CHECK_BUDGET_S
+# (480: the whole run, start to end), GPU_CHECK_CPU_SECONDS_PER_STEP (the fit's CPU number, else the
+# device's CPU measures it).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CHECK_DIR="${GPU_CHECK_DIR:-$ROOT/.gpu-check}"
+DEVICE_PYTHON="${GPU_CHECK_PYTHON:-3.12}"
+PYTHON="${PYTHON:-python3}"
+SITE="${GPU_CHECK_SITE:-/tmp/gpu-check-site}"
+BUDGET_S="${GPU_CHECK_BUDGET_S:-480}"
+MAX_MIB=64
+# What the torch and fit parts import beyond torch and numpy (which the image's torch brings): our
+# pins of the Hugging Face stack (the image's may be another major version), pydantic (the recipes),
+# PyYAML, and onnxruntime (CPU; training.fit imports retention_core.onnx) with its needs. Installed
+# whole into $SITE, ahead of the image's site-packages. onnx (training.export) only for the dry run's
+# tiny model and the ORT call: the image has it.
+DEFAULT_WHEELS="pydantic pydantic-core annotated-types typing-inspection typing-extensions pyyaml
+onnxruntime flatbuffers protobuf packaging transformers tokenizers huggingface-hub safetensors regex
+tqdm filelock fsspec httpx2 httpcore2 h11 anyio idna truststore click"
+read -r -a WHEELS <<<"$(echo "${GPU_CHECK_WHEELS:-$DEFAULT_WHEELS}" | tr '\n' ' ')"
+PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64)
+
+usage() {
+    sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    exit 2
+}
+
+relative() { # a path as the run tool's carry names it: relative to the repository root
+    case "$1" in
+        "$ROOT"/*) echo "${1#"$ROOT"/}" ;;
+        *) echo "$1" ;;
+    esac
+}
+
+mib() { echo $((($1 + 1048575) / 1048576)); }
+
+cmd_prepare() {
+    rm -rf "$CHECK_DIR"
+    mkdir -p "$CHECK_DIR/wheels"
+    local platform_flags=() specs=() package version
+    for platform in "${PLATFORMS[@]}"; do platform_flags+=(--platform "$platform"); done
+    for package in "${WHEELS[@]}"; do
+        version="$("$PYTHON" -c 'import sys; from importlib.metadata import version; print(version(sys.argv[1]))' "$package")"
+        specs+=("$package==$version")
+    done
+    # For the device's Python and platform, not this machine's; --no-deps: the list is the closure.
+    "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --implementation cp \
+        --python-version "$DEVICE_PYTHON" "${platform_flags[@]}" -d "$CHECK_DIR/wheels" "${specs[@]}"
+    # The fit part's tokenizer and the recipe's training texts (no backbone package, no data there).
+    (cd "$ROOT" && "$PYTHON" -m benchmarks.gpu --write-assets "$CHECK_DIR/assets")
+    local commit
+    commit="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    "$PYTHON" - "$CHECK_DIR" "$DEVICE_PYTHON" "$commit" "${specs[@]}" <<'EOF'
+import json, sys, time
+from pathlib import Path
+
+directory, python, commit, *specs = sys.argv[1:]
+manifest = {
+    "device_python": python,
+    "commit": commit,
+    "prepared": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    "wheels": sorted(p.name for p in (Path(directory) / "wheels").glob("*.whl")),
+    "requirements": specs,
+}
+(Path(directory) / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+EOF
+    local sums
+    sums="$(cd "$CHECK_DIR" && find . -type f ! -name SHA256SUMS -print0 | sort -z | xargs -0 sha256sum)"
+    printf '%s\n' "$sums" >"$CHECK_DIR/SHA256SUMS"
+    local bytes tree
+    bytes="$(du -sb "$CHECK_DIR" | cut -f1)"
+    tree="$(cd "$ROOT" && { git ls-files -z; git ls-files -z --others --exclude-standard; } 2>/dev/null |
+        xargs -0 -r du -cb 2>/dev/null | tail -1 | cut -f1 || echo 0)"
+    echo "$(relative "$CHECK_DIR"): $(mib "$bytes") MiB ($bytes bytes; the working tree: $(mib "${tree:-0}") MiB)"
+    if ((bytes > MAX_MIB * 1048576)); then
+        echo "over $MAX_MIB MiB: one device call cannot carry it (set GPU_CHECK_WHEELS to fewer)" >&2
+        exit 1
+    fi
+    echo "carry: [\"$(relative "$CHECK_DIR")\"]"
+}
+
+# The image, as the device call finds it (phase "image") and after the install (phase "installed").
+image_check() {
+    "$PYTHON" - "$1" "$2" "$DRY_RUN" "$CHECK_DIR" "${WHEELS[@]}" <<'EOF'
+import json, platform, sys
+from importlib import metadata
+from pathlib import Path
+
+path, phase, dry_run, check_dir, *wheels = sys.argv[1:]
+report = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
+def version(name):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+found = {"python": platform.python_version(), "executable": sys.executable}
+names = ["torch", "numpy", "transformers", "tokenizers", "onnx", "onnxruntime", "onnxruntime-gpu", *wheels]
+found["versions"] = {name: version(name) for name in dict.fromkeys(names)}
+try:
+    import torch
+
+    found["torch_cuda"] = torch.version.cuda
+    found["cuda_available"] = torch.cuda.is_available()
+    found["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    found["bf16"] = torch.cuda.is_bf16_supported() if torch.cuda.is_available() else None
+except Exception as exc:  # no torch at all: say so, the benchmark then fails on its own
+    found["torch_error"] = f"{type(exc).__name__}: {exc}"
+    found["cuda_available"] = False
+if phase == "installed":
+    try:  # the code path the benchmark runs, imported from $SITE and the checkout
+        import benchmarks.gpu, training.fit, training.model, training.encoders  # noqa: F401
+        found["imports"] = "ok"
+    except Exception as exc:
+        found["imports"] = f"{type(exc).__name__}: {exc}"
+manifest = Path(check_dir) / "manifest.json"
+if phase == "image" and manifest.is_file():  # binary wheels install only on the Python they are for
+    wanted = json.loads(manifest.read_text())["device_python"]
+    found["wheels_python"] = wanted
+    found["python_matches_wheels"] = platform.python_version().startswith(wanted + ".")
+report[phase] = found
+report["dry_run"] = dry_run == "1"
+Path(path).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+print(f"{phase}: python {found['python']}, cuda {found.get('cuda_available')}, "
+      + ", ".join(f"{k} {v}" for k, v in found["versions"].items() if k in names[:7]))
+EOF
+}
+
+record() { # record KEY VALUE into the image check (a string)
+    "$PYTHON" - "$IMAGE" "$1" "$2" <<'EOF'
+import json, sys
+from pathlib import Path
+
+path, key, value = sys.argv[1:]
+report = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
+report[key] = value
+Path(path).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+EOF
+}
+
+install_wheels() {
+    rm -rf "$SITE"
+    mkdir -p "$SITE"
+    local wheels=("$CHECK_DIR"/wheels/*.whl)
+    if [[ ! -e "${wheels[0]}" ]]; then
+        record install "nothing carried"
+        return
+    fi
+    if "$PYTHON" -m pip --version >/dev/null 2>&1; then
+        # never the network: only the carried wheels, into $SITE (ahead of the image's site-packages)
+        if "$PYTHON" -m pip install --quiet --no-index --find-links "$CHECK_DIR/wheels" --no-deps \
+            --no-compile --disable-pip-version-check --target "$SITE" "${wheels[@]}"; then
+            record install "pip --no-index --target: ${#wheels[@]} wheels"
+        else
+            record install "failed: pip install (a wheel for another Python than $("$PYTHON" -V 2>&1)?)"
+        fi
+    else # an image without pip: a wheel is a zip laid out for site-packages
+        "$PYTHON" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
+            "$SITE" "${wheels[@]}"
+        record install "no pip in the image: ${#wheels[@]} wheels unzipped"
+    fi
+}
+
+cmd_run() {
+    DRY_RUN="${GPU_CHECK_DRY_RUN:-0}"
+    [[ "${1:-}" == "--dry-run" ]] && DRY_RUN=1
+    local started=$SECONDS
+    local out="${OUT:-$ROOT/gpu-check-out}/gpu-check"
+    mkdir -p "$out"
+    IMAGE="$out/image.json"
+    rm -f "$IMAGE"
+    if [[ -f "$CHECK_DIR/SHA256SUMS" ]] && (cd "$CHECK_DIR" && sha256sum --quiet -c SHA256SUMS); then
+        record carried "checksums ok: $(relative "$CHECK_DIR")"
+    else
+        record carried "failed: $(relative "$CHECK_DIR") missing or its checksums differ (run prepare, carry it)"
+    fi
+    image_check "$IMAGE" image
+    install_wheels
+    export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+        PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+    if [[ -z "${GIT_COMMIT:-}" && -f "$CHECK_DIR/manifest.json" ]]; then
+        GIT_COMMIT="$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["commit"])' \
+            "$CHECK_DIR/manifest.json")"
+        export GIT_COMMIT
+    fi
+    image_check "$IMAGE" installed
+    local sizes=(--seq-lens "512,256" --batches "32,8,1" --fit-reserve-s 90)
+    if [[ "$DRY_RUN" == 1 ]]; then
+        sizes=(--dry-run --seq-lens "16,8" --batches "2,1" --fit-reserve-s 5)
+    fi
+    local cpu=()
+    if [[ -n "${GPU_CHECK_CPU_SECONDS_PER_STEP:-}" ]]; then
+        cpu=(--cpu-seconds-per-step "$GPU_CHECK_CPU_SECONDS_PER_STEP")
+    fi
+    # The time guard: benchmarks.gpu adds no cell past --budget-s; timeout is the hard stop behind it.
+    local left=$((BUDGET_S - (SECONDS - started) - 20))
+    ((left < 30)) && left=30
+    echo "budget: ${left} s for the benchmark (of ${BUDGET_S} s)"
+    local rc=0
+    (cd "$ROOT" && timeout --signal=INT --kill-after=15 $((left + 40)) "$PYTHON" -m benchmarks.gpu \
+        --out "$out" --parts torch,fit "${sizes[@]}" --budget-s "$left" --assets "$CHECK_DIR/assets" \
+        --image-check "$IMAGE" "${cpu[@]}") 2>&1 | tee "$out/run.log" || rc=$?
+    echo "gpu check: exit $rc after $((SECONDS - started)) s; results in $out"
+    ls -l "$out"
+    return "$rc"
+}
+
+case "${1:-}" in
+    prepare) cmd_prepare ;;
+    run)
+        shift
+        cmd_run "$@"
+        ;;
+    *) usage ;;
+esac

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,8 +134,14 @@ REGISTRY: dict[str, dict[str, SplitSource]] = {
 }
 
 
+DATA_ROOT_VARIABLE = "RETENTION_DATA_ROOT"
+
+
 def default_data_root() -> Path | None:
-    """``../shared/data`` next to the repository (or the working directory), when present."""
+    """``$RETENTION_DATA_ROOT`` when set, else ``../shared/data`` next to the repository (or the working
+    directory), when present."""
+    if os.environ.get(DATA_ROOT_VARIABLE):
+        return Path(os.environ[DATA_ROOT_VARIABLE])
     repo_root = Path(__file__).resolve().parents[1]
     for candidate in (repo_root.parent / "shared" / "data", Path.cwd().parent / "shared" / "data"):
         if candidate.is_dir():

@@ -60,12 +60,11 @@ def tiny_config(vocab_size: int, family: str = "bert") -> PretrainedConfig:
         "num_hidden_layers": TINY_LAYERS,
         "num_attention_heads": TINY_HEADS,
         "intermediate_size": TINY_FFN,
-        "max_position_embeddings": 514,
     }
-    if family == "mpnet":
-        return MPNetConfig(**sizes, relative_attention_num_buckets=32)
+    if family == "mpnet":  # 514 positions, as all-mpnet-base-v2 (its numbering starts after the pad id)
+        return MPNetConfig(**sizes, max_position_embeddings=514, relative_attention_num_buckets=32)
     if family == "bert":
-        return BertConfig(**sizes)
+        return BertConfig(**sizes, max_position_embeddings=512)
     raise ValueError(f"no tiny config for family {family!r}; have {TINY_FAMILIES}")
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu
+from tests.tiny import write_rows
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
@@ -33,10 +34,19 @@ def script(command: list[str], env: dict[str, str], timeout: float) -> subproces
 
 
 def test_prepare_then_a_dry_run_writes_the_cells_and_the_image_check(tmp_path: Path) -> None:
-    from training.data import default_data_root
+    from training.data import DATA_ROOT_VARIABLE
 
-    if default_data_root() is None:
-        pytest.skip("no data root (../shared/data): prepare copies the fit recipe's texts from it")
+    # prepare copies the fit recipe's texts from the data root: one in ../shared/data's layout, made here
+    data_root = tmp_path / "data"
+    paragraphs = [
+        {
+            "title": f"article {i}",
+            "context": f"Paragraph {i} about rivers, stones and clouds.",
+            "question": "?",
+        }
+        for i in range(40)
+    ]
+    write_rows(data_root / "squad" / "train_subset.jsonl.gz", paragraphs)
     check_dir, out, site = tmp_path / "carried", tmp_path / "out", tmp_path / "site"
     python = ".".join(platform.python_version_tuple()[:2])
     env = {
@@ -47,6 +57,7 @@ def test_prepare_then_a_dry_run_writes_the_cells_and_the_image_check(tmp_path: P
         "PYTHON": sys.executable,
         "OUT": str(out),
         "OMP_NUM_THREADS": "1",
+        DATA_ROOT_VARIABLE: str(data_root),
     }
     prepared = script(["prepare"], env, timeout=120)
     assert prepared.returncode == 0, prepared.stderr[-3000:]

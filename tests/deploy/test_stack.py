@@ -41,7 +41,8 @@ pytestmark = pytest.mark.integration  # a real Prometheus
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "retention.json"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 TINY_TASKS = {task: f"tiny-{task}" for task in TASKS}  # one tiny model per task of the registry
-EMBEDDING_ROUTES = ("embed", "v1/embeddings")  # the endpoint labels of the embedding model's routes
+# the endpoint labels of the embedding model's routes ("root": TEI's POST /, where its clients post)
+EMBEDDING_ROUTES = ("embed", "v1/embeddings", "root")
 P99_RULE = "endpoint:retention_request_duration_seconds:p99_5m"
 P99_ALERT = "RetentionHighP99Latency"
 
@@ -270,14 +271,19 @@ def run_batch_client(stack: dict[str, Any]) -> int:
 
 
 def send_embedding_traffic(service_url: str, rounds: int = 6) -> int:
-    """Requests to both routes of the embedding model at a numeric rho; how many were sent."""
+    """Requests to every route of the embedding model at a numeric rho; how many were sent."""
     with httpx.Client(base_url=service_url, timeout=30) as client:
         for i in range(rounds):
             text = f"Sentence {i} to embed: the film was {'great' if i % 2 else 'dull'}."
-            for path, body in (("/embed", {"text": text}), ("/v1/embeddings", {"input": [text, text]})):
+            routes = (
+                ("/embed", {"text": text}),
+                ("/v1/embeddings", {"input": [text, text]}),
+                ("/", {"inputs": text}),
+            )
+            for path, body in routes:
                 response = client.post(path, json={**body, "rho": 0.5})
                 assert response.status_code == 200, f"{path}: {response.text}"
-    return 2 * rounds
+    return len(EMBEDDING_ROUTES) * rounds
 
 
 def scraped(stack: dict[str, Any], selector: str, total: int) -> float:

@@ -47,6 +47,15 @@ TEI_INFO_REQUIRED = {
 }
 
 
+@pytest.fixture(autouse=True)
+def hub_online(monkeypatch: pytest.MonkeyPatch) -> None:
+    """huggingface_hub refuses every request while HF_HUB_OFFLINE=1 (read once, at import), even to a
+    local server; `make test` sets it for transformers. A TEI user's client runs online."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+
+
 @pytest.fixture(scope="module")
 def live_url(models_root: Path) -> Iterator[str]:
     with served(settings_for(models_root)) as url:

@@ -44,6 +44,7 @@ TEI_EMBED_PATH = "/"  # TEI serves an embedding model's embed at its root too
 ROOT_ENDPOINT = "root"  # that route's metrics label, as ``service.api.app.endpoint_label`` names it
 TEI_DTYPES = {"fp32": "float32"}  # this server's precision -> TEI's model_dtype (int8 stays int8)
 
+INFO_QUERY = frozenset({"model"})  # /info's query parameters: anything else is refused, not ignored
 ModelQuery = Annotated[str | None, Query(description="model name; default: the default embedding model")]
 
 # POST / runs the embedding models (its metrics carry the task); /info and /tokenize run none.
@@ -138,6 +139,11 @@ async def info(
     request: Request, server: ServerDep, settings: SettingsDep, model: ModelQuery = None
 ) -> TEIInfo:
     """TEI's model and router information, for the default embedding model (or `model`)."""
+    unknown = sorted(set(request.query_params) - INFO_QUERY)
+    if unknown:  # a typo (?models=...) would otherwise describe another model than the one asked for
+        raise InvalidRequest(
+            f"unknown query parameter(s) {unknown}; /info takes only 'model'", param=unknown[0]
+        )
     return tei_info(server.resolve(model, EMBEDDING), settings, request.app.version)
 
 

@@ -294,14 +294,24 @@ Feeds = dict[str, np.ndarray]  # one padded batch: input_ids, attention_mask, to
 
 def torch_sdpa_run(checkpoint: Path, batches: list[Feeds], threads: int) -> Run:
     """``transformers`` in torch, SDPA attention, mean pooling (the peer's ``SentenceEmbeddingGraph``),
-    no autograd, ``threads`` threads, over every batch."""
+    no autograd, ``threads`` threads, over every batch. A family transformers has no SDPA for (MPNet) runs
+    its eager attention: what sentence-transformers runs for it."""
     import torch
     from transformers import AutoModel
 
     from training.optimize import PEER_INPUTS, SentenceEmbeddingGraph
 
     torch.set_num_threads(threads)
-    encoder = AutoModel.from_pretrained(str(checkpoint), attn_implementation="sdpa", local_files_only=True)
+    try:
+        encoder = AutoModel.from_pretrained(
+            str(checkpoint), attn_implementation="sdpa", local_files_only=True
+        )
+    except (
+        ValueError
+    ):  # "does not support an attention implementation through … scaled_dot_product_attention"
+        encoder = AutoModel.from_pretrained(
+            str(checkpoint), attn_implementation="eager", local_files_only=True
+        )
     graph = SentenceEmbeddingGraph(encoder.float().eval()).eval()
     inputs = [tuple(torch.from_numpy(feeds[name]) for name in PEER_INPUTS) for feeds in batches]
 

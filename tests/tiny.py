@@ -27,6 +27,7 @@ __all__ = [
     "tiny_model",
     "tiny_recipe",
     "write_rows",
+    "write_squad_paragraphs",
 ]
 
 
@@ -36,3 +37,18 @@ def write_rows(path: Path, rows: list[dict]) -> None:
     with gzip.open(path, "wt", encoding="utf-8") as handle:
         for row in rows:
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def write_squad_paragraphs(root: Path, articles: int = 40) -> Path:
+    """A data root holding SQuAD's train-subset file (the embedding recipe's texts): one short paragraph
+    per article. Returns ``root``."""
+    rows = [
+        {
+            "title": f"article {i}",
+            "context": f"Paragraph {i} about rivers, stones and clouds.",
+            "question": "?",
+        }
+        for i in range(articles)
+    ]
+    write_rows(root / "squad" / "train_subset.jsonl.gz", rows)
+    return root

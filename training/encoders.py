@@ -288,8 +288,9 @@ class EncoderBackbone(nn.Module):
         config = hf_model.config
         family = config.model_type
         self.embeddings: Any = hf_model.embeddings
-        if family in BERT_LIKE:
-            layers = [_bert_layer_view(layer, config) for layer in hf_model.encoder.layer]
+        if family in BERT_LIKE | MPNET_LIKE:  # the same post-LayerNorm layer; MPNet names its attention apart
+            view = _mpnet_layer_view if family in MPNET_LIKE else _bert_layer_view
+            layers = [view(layer, config) for layer in hf_model.encoder.layer]
             self.info = BackboneInfo(
                 family=family,
                 hidden_size=config.hidden_size,
@@ -297,18 +298,7 @@ class EncoderBackbone(nn.Module):
                 num_heads=config.num_attention_heads,
                 intermediate_size=config.intermediate_size,
                 max_positions=config.max_position_embeddings,
-                uses_token_types=getattr(config, "type_vocab_size", 0) > 1,
-            )
-        elif family in MPNET_LIKE:
-            layers = [_mpnet_layer_view(layer, config) for layer in hf_model.encoder.layer]
-            self.info = BackboneInfo(
-                family=family,
-                hidden_size=config.hidden_size,
-                num_layers=config.num_hidden_layers,
-                num_heads=config.num_attention_heads,
-                intermediate_size=config.intermediate_size,
-                max_positions=config.max_position_embeddings,
-                uses_token_types=False,
+                uses_token_types=getattr(config, "type_vocab_size", 0) > 1,  # MPNet has none
             )
         elif family in DISTILBERT_LIKE:
             layers = [_distilbert_layer_view(layer, config) for layer in hf_model.transformer.layer]
@@ -394,29 +384,42 @@ class EncoderBackbone(nn.Module):
 
 
 def _bert_layer_view(layer: Any, config: Any) -> LayerView:
-    return LayerView(
-        query=layer.attention.self.query,
-        key=layer.attention.self.key,
-        value=layer.attention.self.value,
-        attn_out=layer.attention.output.dense,
-        attn_norm=layer.attention.output.LayerNorm,
-        ffn_in=layer.intermediate.dense,
-        activation=layer.intermediate.intermediate_act_fn,
-        ffn_out=layer.output.dense,
-        ffn_norm=layer.output.LayerNorm,
-        num_heads=config.num_attention_heads,
-        dropout=config.hidden_dropout_prob,
-        attention_dropout=config.attention_probs_dropout_prob,
+    attention = layer.attention
+    return _post_norm_view(
+        layer,
+        config,
+        (attention.self.query, attention.self.key, attention.self.value),
+        attention.output.dense,
+        attention.output.LayerNorm,
     )
 
 
 def _mpnet_layer_view(layer: Any, config: Any) -> LayerView:
+    attention = layer.attention
+    return _post_norm_view(
+        layer,
+        config,
+        (attention.attn.q, attention.attn.k, attention.attn.v),
+        attention.attn.o,
+        attention.LayerNorm,
+    )
+
+
+def _post_norm_view(
+    layer: Any,
+    config: Any,
+    qkv: tuple[nn.Linear, nn.Linear, nn.Linear],
+    attn_out: nn.Linear,
+    attn_norm: nn.LayerNorm,
+) -> LayerView:
+    """A BERT-shaped layer (``intermediate`` / ``output`` feed-forward) around its attention's parts."""
+    query, key, value = qkv
     return LayerView(
-        query=layer.attention.attn.q,
-        key=layer.attention.attn.k,
-        value=layer.attention.attn.v,
-        attn_out=layer.attention.attn.o,
-        attn_norm=layer.attention.LayerNorm,
+        query=query,
+        key=key,
+        value=value,
+        attn_out=attn_out,
+        attn_norm=attn_norm,
         ffn_in=layer.intermediate.dense,
         activation=layer.intermediate.intermediate_act_fn,
         ffn_out=layer.output.dense,

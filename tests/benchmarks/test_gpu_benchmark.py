@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu, report
-from tests.tiny import write_rows
+from tests.tiny import write_squad_paragraphs
 
 REPO = Path(__file__).resolve().parents[2]
 WHEEL_SCRIPT = REPO / "scripts" / "gpu_wheel.sh"
@@ -137,16 +137,7 @@ def test_written_assets_feed_the_fit_without_the_package_or_the_data_root(
     from training.fit import training_rows
 
     # A data root in ../shared/data's layout, made here: the recipe's SQuAD train file, 40 articles.
-    root = tmp_path / "data"
-    paragraphs = [
-        {
-            "title": f"article {i}",
-            "context": f"Paragraph {i} about rivers, stones and clouds.",
-            "question": "?",
-        }
-        for i in range(40)
-    ]
-    write_rows(root / "squad" / "train_subset.jsonl.gz", paragraphs)
+    root = write_squad_paragraphs(tmp_path / "data")
     monkeypatch.setattr(training.data, "default_data_root", lambda: root)
     assets = tmp_path / "assets"
     gpu.main(["--write-assets", str(assets)])

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu
-from tests.tiny import write_rows
+from tests.tiny import write_squad_paragraphs
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
@@ -37,16 +37,7 @@ def test_prepare_then_a_dry_run_writes_the_cells_and_the_image_check(tmp_path: P
     from training.data import DATA_ROOT_VARIABLE
 
     # prepare copies the fit recipe's texts from the data root: one in ../shared/data's layout, made here
-    data_root = tmp_path / "data"
-    paragraphs = [
-        {
-            "title": f"article {i}",
-            "context": f"Paragraph {i} about rivers, stones and clouds.",
-            "question": "?",
-        }
-        for i in range(40)
-    ]
-    write_rows(data_root / "squad" / "train_subset.jsonl.gz", paragraphs)
+    data_root = write_squad_paragraphs(tmp_path / "data")
     check_dir, out, site = tmp_path / "carried", tmp_path / "out", tmp_path / "site"
     python = ".".join(platform.python_version_tuple()[:2])
     env = {

@@ -43,6 +43,7 @@ SERVE_CLI = Path(sys.executable).with_name("serve")  # Ray's own `serve` command
 
 APP = "retention"
 REPLICAS = 2
+PROXY_PROBES = 12  # fresh connections that must all see the route: two proxies share the port
 # Both sides (the replicas, plain uvicorn) run these: one ORT intra-op thread per session, so the same
 # kernels in the same order. A one-row request runs as the same (1, T) shape on both sides: vectors equal
 # to the last bit. A request of several rows is cut into runs by a plan that weighs padding against the
@@ -165,7 +166,9 @@ def serve_url(
         return app is not None and app.status == "RUNNING" and running_replicas() == REPLICAS
 
     wait_until(running, timeout=240, what=f"{APP} RUNNING from {LOCAL_CONFIG.name}")
-    yield f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: every_proxy_routes(url), timeout=120, what="every proxy's route table")
+    yield url
     serve.delete(APP)
 
 
@@ -173,6 +176,20 @@ def serve_url(
 def plain_url(models_root: Path) -> Iterator[str]:  # noqa: F811
     with served(settings_for(models_root, **SETTINGS)) as url:
         yield url
+
+
+def every_proxy_routes(url: str) -> bool:
+    """True once PROXY_PROBES fresh connections all find the app in the proxy's route table. With
+    EveryNode, both nodes' proxies listen on the one loopback port (the kernel spreads connections
+    between them), and a proxy can lag the controller: /readyz through one, 404 through the other."""
+    for _ in range(PROXY_PROBES):
+        try:
+            routes = httpx.get(f"{url}/-/routes", timeout=10)  # a new connection each time
+        except httpx.HTTPError:
+            return False
+        if routes.status_code != 200 or "/" not in routes.json():
+            return False
+    return True
 
 
 def running_replicas() -> int:

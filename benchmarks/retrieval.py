@@ -496,22 +496,26 @@ class EmbeddingStore:
 
 
 # ---------------------------------------------------------------------- the benchmark
-def load_embedding_run(
-    run_dir: Path, min_kept_tokens: int | None = None, merge: bool | None = None
-) -> tuple[Any, Any, Any]:
+def load_embedding_run(run_dir: Path, schedule: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
     """The run's model (eval mode, CPU), recipe and tokenizer; an embedding run or exit.
-    ``min_kept_tokens``: evaluate with this kept-token floor instead of the run's own; ``merge``: with
-    (or without) merging dropped tokens, whatever the run trained with."""
-    from dataclasses import replace
-
-    from training.fit import load_run, with_min_kept_tokens
+    ``schedule``: evaluate with these schedule settings instead of the run's own (``--min-kept-tokens``,
+    ``--merge``, ``--schedule-power``, ``--leading-share``; ``training.fit.with_schedule``)."""
+    from training.fit import load_run, with_schedule
 
     model, recipe, tokenizer = load_run(run_dir)
     if recipe.task != "embedding":
         raise SystemExit(f"retrieval needs an embedding run; {run_dir} is task {recipe.task!r}")
-    if merge is not None:
-        model.config = replace(model.config, merge_dropped=merge)
-    return model, with_min_kept_tokens(model, recipe, min_kept_tokens), tokenizer
+    return model, with_schedule(model, recipe, **(schedule or {})), tokenizer
+
+
+def schedule_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The schedule settings the command line overrides (None: the run's own)."""
+    return {
+        "min_kept_tokens": args.min_kept_tokens,
+        "merge_dropped": args.merge,
+        "schedule_power": args.schedule_power,
+        "leading_share": args.leading_share,
+    }
 
 
 def dataset_cache(cache_dir: Path | None, dataset: Dataset) -> Path | None:
@@ -745,9 +749,8 @@ def retrieval_benchmark(
     query_rhos: Sequence[float] | None = None,
     dataset: Dataset = DATASETS[DEFAULT_DATASET],
     paired_run: Path | None = None,
-    min_kept_tokens: int | None = None,
+    schedule: dict[str, Any] | None = None,
     layer_exits: Sequence[int] = (),
-    merge: bool | None = None,
     baselines_from: Path | None = None,
     graph: str = "torch",
     workdir: Path | None = None,
@@ -759,7 +762,7 @@ def retrieval_benchmark(
     from training.data import EVAL_SEED
 
     start = time.perf_counter()
-    model, recipe, tokenizer = load_embedding_run(run_dir, min_kept_tokens, merge)
+    model, recipe, tokenizer = load_embedding_run(run_dir, schedule)
     if max_length is not None:  # longer documents than the run was trained on (positions permitting)
         recipe = recipe.model_copy(update={"max_length": min(max_length, model.backbone.info.max_positions)})
     data = read_retrieval_set(data_path, limit_queries, dataset, limit_documents)
@@ -777,14 +780,14 @@ def retrieval_benchmark(
         fp32 = Encoder(model, tokenizer, recipe.max_length)
         baseline_store, own_methods = EmbeddingStore(fp32, dataset_cache(cache_dir, dataset)), ONNX_METHODS
     if baselines_from is not None:
-        base_model, base_recipe, base_tokenizer = load_embedding_run(baselines_from, min_kept_tokens, merge)
+        base_model, base_recipe, base_tokenizer = load_embedding_run(baselines_from, schedule)
         baseline_store = EmbeddingStore(
             Encoder(base_model, base_tokenizer, base_recipe.max_length), dataset_cache(cache_dir, dataset)
         )
     results = retrieval_grid(store, data, methods, rhos, query_rhos, layer_exits, baseline_store, own_methods)
     paired: dict[str, Any] = {}
     if paired_run is not None:
-        other_model, other_recipe, other_tokenizer = load_embedding_run(paired_run, min_kept_tokens, merge)
+        other_model, other_recipe, other_tokenizer = load_embedding_run(paired_run, schedule)
         other = EmbeddingStore(
             Encoder(other_model, other_tokenizer, other_recipe.max_length), dataset_cache(cache_dir, dataset)
         )
@@ -943,6 +946,18 @@ def main(argv: list[str] | None = None) -> None:
         help="evaluate with this kept-token floor (default: the run's)",
     )
     parser.add_argument(
+        "--schedule-power",
+        type=float,
+        default=None,
+        help="evaluate with this schedule power (keep fraction rho^((p/P)^power); default: the run's)",
+    )
+    parser.add_argument(
+        "--leading-share",
+        type=float,
+        default=None,
+        help="evaluate with this share of each point's kept count on the first tokens (default: the run's)",
+    )
+    parser.add_argument(
         "--paired-with",
         type=Path,
         default=None,
@@ -1013,9 +1028,8 @@ def main(argv: list[str] | None = None) -> None:
             args.query_rhos,
             dataset,
             args.paired_with,
-            args.min_kept_tokens,
+            schedule_overrides(args),
             args.layer_exits,
-            args.merge,
             args.baselines_from,
             args.graph,
             Path(workdir),

@@ -54,7 +54,7 @@ class CellSpec:
 
 
 def store_for(spec: CellSpec, cache_dir: Path | None, dataset_name: str) -> EmbeddingStore:
-    model, recipe, tokenizer = load_embedding_run(spec.run, merge=spec.merge)
+    model, recipe, tokenizer = load_embedding_run(spec.run, {"merge_dropped": spec.merge})
     model.config = replace(model.config, leading_share=spec.leading_share)
     return EmbeddingStore(
         Encoder(model, tokenizer, recipe.max_length), dataset_cache(cache_dir, DATASETS[dataset_name])

@@ -11,6 +11,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -458,12 +459,22 @@ def load_run(run_dir: Path, device: str = "cpu") -> tuple[RetentionModel, Recipe
     return model.to(device).eval(), recipe, tokenizer
 
 
-def with_min_kept_tokens(model: RetentionModel, recipe: Recipe, floor: int | None) -> Recipe:
-    """``--min-kept-tokens``: re-export or re-evaluate a trained run with another kept-token floor. The
-    floor is a schedule setting, not a weight: ``model`` (a RetentionModel) gets it in its config and the
-    returned recipe (what the manifest records) says it. None keeps the run's own floor."""
-    if floor is None:
+def with_schedule(model: RetentionModel, recipe: Recipe, **settings: Any) -> Recipe:
+    """Re-export or re-evaluate a trained run with other schedule settings (``SCHEDULE_FIELDS``: the
+    kept-token floor, schedule power, leading share, merging). They are not weights: ``model`` (a
+    RetentionModel) gets them in its config and the returned recipe (what the manifest records) says
+    them. A setting given as None keeps the run's own; with none given the recipe is returned as is."""
+    chosen = {name: value for name, value in settings.items() if value is not None}
+    unknown = set(chosen) - set(SCHEDULE_FIELDS)
+    if unknown:
+        raise ValueError(f"not schedule settings: {sorted(unknown)}; known: {sorted(SCHEDULE_FIELDS)}")
+    if not chosen:
         return recipe
-    model.config = replace(model.config, min_kept_tokens=floor)
-    retention = recipe.retention.model_copy(update={"min_kept_tokens": floor})
+    model.config = replace(model.config, **chosen)
+    retention = recipe.retention.model_copy(update=chosen)
     return recipe.model_copy(update={"retention": retention})
+
+
+def with_min_kept_tokens(model: RetentionModel, recipe: Recipe, floor: int | None) -> Recipe:
+    """``--min-kept-tokens``: ``with_schedule`` for the kept-token floor alone."""
+    return with_schedule(model, recipe, min_kept_tokens=floor)

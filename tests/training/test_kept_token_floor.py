@@ -21,7 +21,7 @@ from training.__main__ import main as training_main
 from training.classification import evaluate_classification
 from training.evaluation import CODEC_METHODS, EvaluationRun, truncation_keep
 from training.export import graph_for
-from training.fit import RECIPE_FILE, load_run, save_run, with_min_kept_tokens
+from training.fit import RECIPE_FILE, load_run, save_run, with_min_kept_tokens, with_schedule
 from training.recipes import Recipe, load_recipe
 from training.tasks import training_task
 
@@ -120,6 +120,22 @@ def test_the_floor_override_changes_the_schedule_not_the_weights() -> None:
     assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items())
     assert with_min_kept_tokens(model, recipe, None) is recipe  # no option: the run's own floor
 
+
+
+def test_schedule_overrides_reach_the_counts_and_the_recipe_and_refuse_weights() -> None:
+    """``with_schedule`` (retrieval's --schedule-power / --leading-share, export's options): a setting
+    lands in the model's config (so the keep counts change) and in the recipe the manifest records."""
+    model, _ = tiny_model()
+    rho, real, protected = torch.tensor([0.5]), torch.tensor([40]), torch.tensor([1])
+    geometric = model.keep_counts(rho, real, protected)
+    recipe = with_schedule(model, tiny_recipe(), schedule_power=0.5, leading_share=0.25)
+    assert (model.config.schedule_power, model.config.leading_share) == (0.5, 0.25)
+    assert (recipe.retention.schedule_power, recipe.retention.leading_share) == (0.5, 0.25)
+    front_loaded = model.keep_counts(rho, real, protected)
+    assert front_loaded[0, -1] == geometric[0, -1]  # the last point reaches ρ either way
+    assert front_loaded.sum() < geometric.sum()  # power < 1 prunes earlier: less token-work
+    with pytest.raises(ValueError, match="not schedule settings"):
+        with_schedule(model, recipe, scorer_size=8)
 
 def test_truncation_keeps_the_floor_in_all() -> None:
     row = Row(tuple(range(10)))  # [CLS] + 8 content + [SEP]

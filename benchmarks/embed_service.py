@@ -1,4 +1,4 @@
-"""Service level, embeddings: our ``POST /v1/embeddings`` vs Infinity serving the same local model (issue 20).
+"""Service level, embeddings: our ``POST /v1/embeddings`` vs Infinity serving the same local model.
 
     python -m benchmarks.embed_service --models-dir /tmp/h3-models \
         --infinity /tmp/infinity-venv/bin/infinity_emb --out results/bench/embed_service.json
@@ -61,8 +61,8 @@ import psutil
 
 from benchmarks import _http
 from benchmarks._http import free_port
+from benchmarks.harness import describe, fmt, write_result
 from benchmarks.load import Cell, run_cell, summary_line
-from benchmarks.machine import describe, write_result
 
 MODULE = "benchmarks.embed_service"
 OURS = "service"  # benchmarks.load.run_cell reads the usage block only for this target
@@ -210,7 +210,7 @@ def batched(texts: Sequence[str], size: int) -> list[list[str]]:
 
 def read_paragraphs(path: Path, seed: int) -> list[str]:
     """Every distinct SQuAD context once, in a seeded order (file order runs article by article)."""
-    from benchmarks.retrieval import read_retrieval_set
+    from benchmarks.retrieval_parts import read_retrieval_set
 
     paragraphs = read_retrieval_set(path).paragraphs
     random.Random(seed).shuffle(paragraphs)
@@ -365,10 +365,6 @@ def run_rounds(specs: list[ServerSpec], plan: Plan, rounds: int, ready_timeout_s
 
 
 # ---------------------------------------------------------------------- report
-def fmt(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def markdown(payload: dict[str, Any]) -> str:
     lines = [
         "# Embeddings service: our /v1/embeddings vs Infinity (loopback, same client, same texts)",

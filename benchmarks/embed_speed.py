@@ -9,7 +9,7 @@ sentence-transformers in PyTorch.
 Variants, every one fed the same token ids (the texts below, tokenized to exactly ``seq_len`` tokens):
 
 - ``peer-fused`` — the reference: every speed-up is the median, over repeat rounds, of (its time / the
-  variant's time) within the same round (``benchmarks.encoder_speed.timed_rounds``);
+  variant's time) within the same round (``benchmarks.harness.timed_rounds``);
 - ``peer-onnx`` — the same export before the optimizer;
 - ``ours-onnx@ρ`` — our exported embedding graph (``training.export``: onnxruntime's fused
   ``Attention`` and ``SkipLayerNormalization`` in every layer); ρ = 1 is our dense ONNX;
@@ -41,17 +41,15 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.encoder_speed import paired_ratios, session, timed_rounds
 from benchmarks.flops import EncoderShape, flop_ratio
-from benchmarks.machine import write_result
-from retention_core.machine import describe
+from benchmarks.harness import ort_session, paired_ratios, publish, timed_rounds
 
 MODULE = "benchmarks.embed_speed"
 DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "models" / "recipes" / "minilm-embed.yaml"
 DEFAULT_RHOS = (0.7, 0.5, 0.3, 0.2)
 REFERENCE = "peer-fused"
 INT8_REFERENCE = "peer-fused-int8"
-TARGET_SEQ_LEN = 256  # issue 20's speed targets: document throughput over the fused peer at 256 tokens
+TARGET_SEQ_LEN = 256  # the speed targets (TARGETS) hold at 256 tokens: docs/benchmarks.md's target table
 TARGETS = {0.5: 1.8, 0.3: 2.5}  # ρ → speed-up over the fused dense peer
 MIN_WORD_LENGTH = 3
 
@@ -283,7 +281,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix="embed-speed-") as tmp:
         graphs = build_graphs(args, Path(tmp))
-        sessions = {name: session(path, args.threads) for name, path in graphs.files.items()}
+        sessions = {name: ort_session(path, args.threads) for name, path in graphs.files.items()}
         tokenizer = AutoTokenizer.from_pretrained(str(graphs.checkpoint), local_files_only=True)
         encoder = (
             sentence_transformers_encoder(graphs.checkpoint, args.threads) if args.torch_baseline else None
@@ -307,8 +305,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def target_checks(results: list[Measurement]) -> list[dict[str, Any]]:
-    """Issue 20's targets at 256 tokens, per batch: the faster of our fp32 graphs (plain or fused) at ρ
-    over the fp32 fused peer."""
+    """The speed targets (``TARGETS``; their table in docs/benchmarks.md) at 256 tokens, per batch: the
+    faster of our fp32 graphs (plain or fused) at ρ over the fp32 fused peer."""
     checks = []
     fp32 = [r for r in results if r.precision == "fp32" and r.seq_len == TARGET_SEQ_LEN]
     for rho, target in TARGETS.items():
@@ -395,12 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     started = time.perf_counter()
-    payload = measure(args)
-    payload["machine"] = describe()
-    payload["command"] = f"python -m {MODULE} " + " ".join(argv)
-    payload["wall_seconds"] = round(time.perf_counter() - started, 1)
-    write_result(args.out, payload, markdown(payload))
-    print(markdown(payload))
+    publish(measure(args), markdown, args.out, MODULE, argv, machine=True, started=started)
 
 
 if __name__ == "__main__":

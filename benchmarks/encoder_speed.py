@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from benchmarks.flops import EncoderShape, flop_ratio
-from benchmarks.machine import write_result
-from retention_core.machine import describe
+from benchmarks.harness import ort_session, paired_ratios, publish, timed_rounds
 
+MODULE = "benchmarks.encoder_speed"
 DEFAULT_RHOS = (1.0, 0.7, 0.5, 0.3, 0.2)
 DENSE = "dense-onnx-fp32"
 FUSED_DENSE = "dense-onnx-fp32-fused"
@@ -51,15 +50,6 @@ class Measurement:
     speedup_max: float
     speedup_vs_fused_dense: float  # median of paired ratios against the optimizer-fused dense graph
     theoretical_flop_ratio: float | None
-
-
-def session(path: Path, threads: int):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def build_graphs(args: argparse.Namespace, workdir: Path):
@@ -133,7 +123,7 @@ def hf_runner(model, threads: int) -> Callable[[np.ndarray, np.ndarray], object]
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         model, graphs = build_graphs(args, Path(tmp))
-        sessions = {name: session(path, args.threads) for name, path in graphs.items()}
+        sessions = {name: ort_session(path, args.threads) for name, path in graphs.items()}
         hf = hf_runner(model, args.threads) if args.torch_baseline else None
         info = model.backbone.info
         shape = EncoderShape(
@@ -183,34 +173,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def info_vocab(model) -> int:
     return int(model.backbone.info_vocab_size)
-
-
-def timed_rounds(
-    runs: dict[str, Callable[[], object]], repeats: int, iterations: int, max_seconds: float
-) -> dict[str, list[float]]:
-    """Seconds per call of every run, one entry per repeat round. Runs are interleaved within a round
-    (rotated, so no run always goes first) because the machine's speed drifts; later rounds are
-    skipped once ``max_seconds`` have passed (at least one round always runs)."""
-    for run in runs.values():  # warm-up: arenas, kernels, first-shape allocations
-        run()
-    rounds: dict[str, list[float]] = {name: [] for name in runs}
-    names = list(runs)
-    deadline = time.perf_counter() + max_seconds
-    for repeat in range(repeats):
-        order = names[repeat % len(names) :] + names[: repeat % len(names)]
-        for name in order:
-            started = time.perf_counter()
-            for _ in range(iterations):
-                runs[name]()
-            rounds[name].append((time.perf_counter() - started) / iterations)
-        if time.perf_counter() > deadline:
-            break
-    return rounds
-
-
-def paired_ratios(reference: list[float], variant: list[float]) -> list[float]:
-    """Speed-up of ``variant`` over ``reference`` within each round (reference time / variant time)."""
-    return [ref / var for ref, var in zip(reference, variant, strict=True)]
 
 
 def time_variants(
@@ -295,14 +257,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     started = time.perf_counter()
-    payload = measure(args)
-    payload["machine"] = describe()
-    payload["command"] = "python -m benchmarks.encoder_speed " + " ".join(
-        argv if argv is not None else sys.argv[1:]
-    )
-    payload["wall_seconds"] = round(time.perf_counter() - started, 1)
-    write_result(args.out, payload, markdown(payload))
-    print(markdown(payload))
+    publish(measure(args), markdown, args.out, MODULE, argv, machine=True, started=started)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ knob a user can turn, so they can choose one.
 
 Every variant below embeds the same batch of ``--batch`` documents of ``--seq-len`` tokens
 (``benchmarks.embed_speed.documents``), timed in interleaved paired rounds in one run
-(``benchmarks.encoder_speed.timed_rounds``); each speed is joined with the quality of the same knob in
+(``benchmarks.harness.timed_rounds``); each speed is joined with the quality of the same knob in
 the retrieval file (``benchmarks.retrieval``: nDCG@10 and the paired differences vs dense and vs
 truncation, with their standard errors). Families:
 
@@ -57,9 +57,16 @@ from benchmarks.embed_speed import (
     peer_checkpoint,
     token_feeds,
 )
-from benchmarks.encoder_speed import paired_ratios, session, timed_rounds
-from benchmarks.machine import describe, write_result
-from benchmarks.retrieval import CUTOFF, DENSE, LAYER_EXIT, LEARNED, TRUNCATION, file_sha1, truncated_length
+from benchmarks.harness import ort_session, paired_ratios, publish, timed_rounds
+from benchmarks.retrieval_parts import (
+    CUTOFF,
+    DENSE,
+    LAYER_EXIT,
+    LEARNED,
+    TRUNCATION,
+    file_sha1,
+    truncated_length,
+)
 
 MODULE = "benchmarks.frontier"
 METRIC = f"ndcg@{CUTOFF}"
@@ -367,7 +374,7 @@ def point_runs(
 ) -> dict[str, Run]:
     """One call per point over the same documents (``rows``, batched): ORT sessions (the peer, our graph at
     every ρ, truncation on each row's first tokens, layer exits through their own graphs) and torch SDPA."""
-    sessions = {name: session(path, threads) for name, path in graphs.files.items()}
+    sessions = {name: ort_session(path, threads) for name, path in graphs.files.items()}
     batches = batched(rows, batch)
     largest = max(len(feeds["input_ids"]) for feeds in batches)
     runs: dict[str, Run] = {TORCH_SDPA: torch_sdpa_run(graphs.checkpoint, batches, threads)}
@@ -396,7 +403,7 @@ def dataset_rows(
     """The first ``count`` distinct documents of a retrieval set (its file under the data root, or
     ``path``), tokenized as the retrieval encodes them ([CLS] … [SEP], cut to ``max_length``): the very
     documents whose quality the files measured."""
-    from benchmarks.retrieval import DATASETS, read_retrieval_set
+    from benchmarks.retrieval_parts import DATASETS, read_retrieval_set
     from training.data import default_data_root
 
     root = default_data_root()
@@ -739,12 +746,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     payload = measure(args)
     payload["plot"] = str(args.plot)
-    payload["machine"] = describe()
-    payload["command"] = f"python -m {MODULE} " + " ".join(argv)
-    payload["wall_seconds"] = round(time.perf_counter() - started, 1)
-    write_result(args.out, payload, markdown(payload))
+    publish(payload, markdown, args.out, MODULE, argv, machine=True, started=started)
     plot(payload, args.plot)
-    print(markdown(payload))
     return payload
 
 

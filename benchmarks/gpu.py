@@ -56,10 +56,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.cli import publish
 from benchmarks.embed_speed import DEFAULT_RECIPE, documents
-from benchmarks.encoder_speed import VOCAB_HIGH, VOCAB_LOW, paired_ratios, timed_rounds
-from benchmarks.machine import describe
+from benchmarks.encoder_speed import VOCAB_HIGH, VOCAB_LOW
+from benchmarks.harness import describe, paired_ratios, publish, timed_rounds
 
 MODULE = "benchmarks.gpu"
 RESULT_FILE = "gpu.json"

@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import random
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,8 +23,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.machine import write_result
-from retention_core.machine import describe
+from benchmarks.harness import fmt, percentile, publish
 
 RHOS = ("1", "0.5", "0.3", "auto")
 WORDS = [
@@ -116,12 +114,6 @@ def payload(task: str, text: str) -> dict[str, Any]:
 
 
 ENDPOINTS = {"classification": "/classify", "qa": "/qa", "summarization": "/summarize"}
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 async def run_cell(
@@ -235,9 +227,6 @@ def markdown(report: dict[str, Any]) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
-    def fmt(value: float | None, digits: int = 1) -> str:
-        return "-" if value is None else f"{value:.{digits}f}"
-
     for cell in report["results"]:
         lines.append(
             f"| {cell['target']} | {cell['rho']} | {cell['concurrency']} | {cell['ok']} | {cell['errors']} | "
@@ -279,9 +268,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     report = asyncio.run(run(args))
-    report["machine"] = describe()
-    report["command"] = "python -m benchmarks.load " + " ".join(argv if argv is not None else sys.argv[1:])
-    write_result(args.out, report, markdown(report))
+    publish(report, markdown, args.out, "benchmarks.load", argv, machine=True, show=False)
     print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
     return report
 

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.harness import describe, ort_session
+
 DEFAULT_RHOS = (1.0, 0.7, 0.5, 0.3, 0.2)
 KIB = 1024
 
@@ -42,13 +44,9 @@ def peak_rss() -> int:
 
 def child(graph: str, batch: int, seq_len: int, rho: float | None, arena: bool) -> None:
     """Runs in the subprocess: print one JSON line with RSS before and at peak (bytes)."""
-    import onnxruntime as ort
     import psutil
 
-    options = ort.SessionOptions()
-    options.enable_cpu_mem_arena = arena
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
+    session = ort_session(graph, arena=arena)
     rng = np.random.default_rng(0)
     feeds: dict[str, np.ndarray] = {
         "input_ids": rng.integers(1000, 29000, (batch, seq_len)).astype(np.int64),
@@ -153,7 +151,6 @@ def main(argv: list[str] | None = None) -> None:
         result["activation_bytes"] = activation
         result["activation_vs_dense"] = activation / dense_activation if dense_activation > 0 else None
         result["peak_vs_dense"] = result["peak_bytes"] / dense_result["peak_bytes"]
-    from retention_core.machine import describe
 
     payload = {
         "batch": args.batch,

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.embed_speed import DEFAULT_RECIPE, documents, our_model, peer_checkpoint, token_feeds
-from benchmarks.machine import describe, write_result
+from benchmarks.harness import ort_session, publish
 
 MODULE = "benchmarks.op_profile"
 SEQ_LEN, BATCH, ITERATIONS = 256, 8, 10
@@ -101,14 +101,7 @@ def profile_variant(
     path: Path, feeds: dict[str, np.ndarray], threads: int, iterations: int, workdir: Path, name: str
 ) -> tuple[float, float, list[OperatorTime]]:
     """Warm up, then profile ``iterations`` calls: (wall ms per call, kernel ms per call, operators)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.enable_profiling = True
-    options.profile_file_prefix = str(workdir / name)
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = ort_session(path, threads, profile=workdir / name)
     for _ in range(WARM_UP_CALLS):  # arenas, first-shape allocations: profiled, then left out below
         session.run(None, feeds)
     walls = []
@@ -228,13 +221,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     started = time.perf_counter()
-    payload = measure(args)
-    payload["machine"] = describe()
-    payload["command"] = f"python -m {MODULE} " + " ".join(argv)
-    payload["wall_seconds"] = round(time.perf_counter() - started, 1)
-    write_result(args.out, payload, markdown(payload))
-    print(markdown(payload))
-    return payload
+    return publish(measure(args), markdown, args.out, MODULE, argv, machine=True, started=started)
 
 
 if __name__ == "__main__":

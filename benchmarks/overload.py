@@ -47,9 +47,8 @@ import httpx
 import psutil
 
 from benchmarks._http import free_port, wait_ready
-from benchmarks.load import make_texts, percentile
-from benchmarks.machine import write_result
-from retention_core.machine import describe
+from benchmarks.harness import fmt, percentile, publish
+from benchmarks.load import make_texts
 from service.settings import Settings
 
 LOCUSTFILE = Path(__file__).with_name("overload_locust.py")
@@ -443,10 +442,6 @@ def soak(
     return {**asdict(cell), "rss_growth_percent": growth, "rss_tenths_mib": [round(m, 1) for m in marks]}
 
 
-def fmt(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def summary_line(cell: Cell) -> str:
     return " ".join(
         [
@@ -518,8 +513,9 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# Issue 36's targets for clients that ignore Retry-After: rho=auto keeps this share of its goodput with
-# polite clients at the same offered load, and its accepted p99 within this multiple of its target.
+# The targets for clients that ignore Retry-After (docs/service.md, "Overload with clients that ignore
+# Retry-After"): rho=auto keeps this share of its goodput with polite clients at the same offered load,
+# and its accepted p99 within this multiple of its target.
 IMPOLITE_GOODPUT_SHARE = 0.8
 DEFAULT_TARGET_S: float = Settings.model_fields["auto_latency_target_s"].default
 P99_TARGET_MULTIPLE = 2.0
@@ -690,11 +686,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     report = run(args)
-    report["machine"] = describe()
-    report["command"] = "python -m benchmarks.overload " + " ".join(
-        argv if argv is not None else sys.argv[1:]
-    )
-    write_result(args.out, report, markdown(report))
+    publish(report, markdown, args.out, "benchmarks.overload", argv, machine=True, show=False)
     image = plot(report, args.plot or args.out.with_suffix(".png"))
     print(
         f"wrote {args.out}, {args.out.with_suffix('.md')}"

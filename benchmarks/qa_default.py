@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from benchmarks.machine import describe, write_result
+from benchmarks.harness import publish
 from benchmarks.overload import Policy, server
 from retention_core.metrics import squad_scores
 from training.data import EVAL_SEED, load_split, shuffled
@@ -137,11 +136,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     report = run(args)
-    report["machine"] = describe()
-    report["command"] = "python -m benchmarks.qa_default " + " ".join(sys.argv[1:] if argv is None else argv)
-    write_result(args.out, report, markdown(report))
-    print(markdown(report))
-    return report
+    return publish(report, markdown, args.out, "benchmarks.qa_default", argv, machine=True)
 
 
 if __name__ == "__main__":

@@ -30,11 +30,9 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -43,10 +41,10 @@ from typing import Any
 
 import httpx
 
+from benchmarks._http import free_port, wait_ready
+from benchmarks.harness import describe, write_result
 from benchmarks.load import Cell, make_texts, run_cell
-from benchmarks.machine import write_result
 from clients import batch
-from retention_core.machine import describe
 
 DEFAULT_MODEL_DIR = Path("/root/models-out/minilm-embed")
 CLIENTS = (8, 32)
@@ -68,24 +66,6 @@ SERVE_APPS = {"serve-1": 1, "serve-2": 2}  # variant -> replicas (app name and r
 PLAIN_THREADS = {"uvicorn": 0, "uvicorn-1t": 1}  # variant -> ORT intra-op threads (0: ORT's default)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_ready(url: str, timeout_s: float = READY_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} not ready after {timeout_s:.0f}s")
-
-
 @contextmanager
 def plain_server(models_dir: Path, threads: int) -> Iterator[str]:
     """``python -m service`` in a subprocess; yields its base URL."""
@@ -95,7 +75,7 @@ def plain_server(models_dir: Path, threads: int) -> Iterator[str]:
     process = subprocess.Popen(command)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url)
+        wait_ready(url, READY_TIMEOUT_S, process=process)
         yield url
     finally:
         process.terminate()
@@ -123,7 +103,7 @@ def serve_apps(models_dir: Path) -> Iterator[dict[str, str]]:
         urls[name] = f"http://127.0.0.1:{port}/{name}"
     try:
         for url in urls.values():
-            wait_ready(url)
+            wait_ready(url, READY_TIMEOUT_S)
         yield urls
     finally:
         serve.shutdown()

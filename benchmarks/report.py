@@ -397,7 +397,7 @@ def ablation_sections(results_dir: Path, plots: Path) -> list[str]:
     return [
         "## Ablations and pilots",
         "",
-        "Runs of `models/recipes/ablations/`, the quick profiles they compare with, and the earlier",
+        "Runs of `experiments/recipes/ablations/`, the quick profiles they compare with, and the earlier",
         "stages of the SQuAD reference chain. What each tested and what it showed:",
         "[experiments/](experiments/).",
         "",
@@ -532,15 +532,18 @@ def gpu_section(results_dir: Path, plots: Path) -> list[str]:
 
 
 def retrofit_sections(results_dir: Path) -> list[str]:
-    """Every ``results/*/comparison.json`` (``python -m benchmarks.retrofit_comparison``): its table."""
-    from benchmarks import retrofit_comparison
+    """Every ``results/*/comparison.json`` (the study ``python -m experiments.retrofit_comparison``)."""
+    from experiments import retrofit_comparison
 
     body: list[str] = []
     for path in sorted(results_dir.glob("*/comparison.json")):
         payload = _load(path)
         if payload is None:
             continue
-        command = payload.get("command", "")
+        # the study moved from benchmarks/ to experiments/ after these runs recorded their command
+        command = payload.get("command", "").replace(
+            "benchmarks.retrofit_comparison", "experiments.retrofit_comparison"
+        )
         body += [
             f"Source: `{path}` — {_machine_line(payload)}; `{command}`.",
             "",

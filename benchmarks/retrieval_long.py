@@ -1,5 +1,5 @@
 """Long documents: dense truncation at the configured max length against learned retention over more
-tokens at equal encoder token-work (issue 20, "worth measuring", no target).
+tokens at equal encoder token-work (a question worth measuring; it has no target).
 
 ``python -m benchmarks.retrieval <run_dir> --out <dir> --dataset scitldr --long-context [--long-length 512]
 [--short-length N] [--cache-dir DIR]`` → ``<dir>/long_context.json`` and ``.md``.
@@ -12,7 +12,7 @@ max_length, 256 for MiniLM) are encoded five ways:
   the largest ρ (on a grid of ``RHO_STEP``) whose encoder token-work is not above (a)'s for it;
 - ``attention@long, equal work``: attention-received top-k at those same ρ (do the learned scorers
   matter, or only the extra tokens?);
-- ``learned@long, ρ=0.5``: the question as the issue words it, its token-work reported beside it;
+- ``learned@long, ρ=0.5``: the question as first asked, its token-work reported beside it;
 - ``dense@long`` (c): every token up to ``long``, the would-be ceiling at the full work.
 
 Every other document (≤ ``short`` tokens: nothing is cut, and equal work is the whole dense pass) is
@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.machine import describe, write_result
-from benchmarks.retrieval import (
+from benchmarks.harness import describe, write_result
+from benchmarks.retrieval_parts import (
     DECIMALS,
     DENSE,
     ENCODER,
@@ -49,6 +49,7 @@ from benchmarks.retrieval import (
     cosine_distribution,
     dataset_cache,
     load_embedding_run,
+    payload_dataset,
     query_fields,
     ranking_metrics,
     read_retrieval_set,
@@ -243,8 +244,6 @@ def answer(results: dict[str, dict[str, Any]], short: int, long: int) -> dict[st
 
 # ---------------------------------------------------------------------- report
 def markdown(payload: dict[str, Any]) -> str:
-    from benchmarks.retrieval import payload_dataset
-
     dataset = payload_dataset(payload)
     short, long = payload["short_length"], payload["long_length"]
     tokens, rho, trained = (

@@ -24,7 +24,7 @@ import numpy as np
 import ray
 from tqdm import tqdm
 
-from clients.batch import (
+from clients.records import (
     ERROR_BODY_CHARS,
     BatchConfig,
     Summary,

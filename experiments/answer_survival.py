@@ -67,7 +67,7 @@ def answer_survival(run_dir: Path, rhos: list[float], questions: int) -> dict[st
     """{"dense_span_hit": float, "methods": {"<method>": {"<ρ>": SurvivalTally.summary()}}, ...}."""
     import torch
 
-    from benchmarks.machine import describe
+    from benchmarks.harness import describe
     from training.classification import RANDOM_SEED
     from training.data import EVAL_SEED, load_split, shuffled
     from training.fit import load_run

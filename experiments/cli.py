@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.cli import Payload, publish
+from benchmarks.harness import Payload, publish
 
 DEFAULT_RHOS = (0.3, 0.5)
 

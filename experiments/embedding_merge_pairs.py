@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.machine import describe
-from benchmarks.retrieval import (
+from benchmarks.harness import describe
+from benchmarks.retrieval_parts import (
     DATASETS,
     DEFAULT_DATASET,
     DENSE,

@@ -28,11 +28,15 @@ from typing import Any
 import numpy as np
 
 from benchmarks import gpu
-from benchmarks.cli import publish
-from benchmarks.machine import describe
+from benchmarks.harness import describe, publish
 
 MODULE = "experiments.gpu_host_bound"
-BASE_SHAPE: dict[str, Any] = {**gpu.MINILM_SHAPE, "hidden_size": 768, "num_hidden_layers": 12, "intermediate_size": 3072}
+BASE_SHAPE: dict[str, Any] = {
+    **gpu.MINILM_SHAPE,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "intermediate_size": 3072,
+}
 SHAPES = {"minilm": gpu.MINILM_SHAPE, "base": BASE_SHAPE}
 GRID = ((8, 256), (32, 512), (128, 512))
 PROFILE_BATCH, PROFILE_LENGTH, PROFILE_RHO = 8, 256, 0.5
@@ -96,7 +100,9 @@ def profile_one(name: str, call: Any, plan: gpu.Plan) -> dict[str, Any]:
         if plan.cuda:
             torch.cuda.synchronize()
     averages = prof.key_averages()
-    kernels = [e for e in averages if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type)]
+    kernels = [
+        e for e in averages if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type)
+    ]
     waits = {e.key: e.count / PROFILE_CALLS for e in averages if e.key in WAITS}
     operators = sorted(
         (e for e in averages if e.key.startswith("aten::")), key=lambda e: e.self_cpu_time_total, reverse=True
@@ -106,9 +112,11 @@ def profile_one(name: str, call: Any, plan: gpu.Plan) -> dict[str, Any]:
         "wall_ms_per_forward": 1000 * wall / PROFILE_CALLS,
         "host_ms_per_forward": 1000 * host / PROFILE_CALLS,
         "kernels_per_forward": sum(e.count for e in kernels) / PROFILE_CALLS,
-        "kernel_ms_per_forward": sum(key_time_ms(e, "self_device_time_total") for e in kernels) / PROFILE_CALLS,
+        "kernel_ms_per_forward": sum(key_time_ms(e, "self_device_time_total") for e in kernels)
+        / PROFILE_CALLS,
         "waits_per_forward": waits,
-        "aten_calls_per_forward": sum(e.count for e in averages if e.key.startswith("aten::")) / PROFILE_CALLS,
+        "aten_calls_per_forward": sum(e.count for e in averages if e.key.startswith("aten::"))
+        / PROFILE_CALLS,
         "top_cpu_operators": [
             {
                 "operator": e.key,
@@ -165,7 +173,9 @@ def measure_grid(plan: gpu.Plan) -> tuple[list[dict[str, Any]], list[str]]:
                     ids = torch.from_numpy(tokens).to(plan.device)
                     variants = gpu.torch_variants(model, dense, ids, at, dtype)
                     memory = {v.name: gpu.torch_memory(at, v.run) for v in variants}
-                    for cell in gpu.cells_of("torch", variants, precision, batch, at, gpu.DENSE_TORCH, memory):
+                    for cell in gpu.cells_of(
+                        "torch", variants, precision, batch, at, gpu.DENSE_TORCH, memory
+                    ):
                         cells.append({"shape": shape_name, **asdict(cell)})
                 except Exception as exc:
                     traceback.print_exc()
@@ -198,11 +208,16 @@ def markdown(payload: dict[str, Any]) -> str:
             f"{row['kernels_per_forward']:.0f} | {row['kernel_ms_per_forward']:.2f} | "
             f"{row['aten_calls_per_forward']:.0f} | {waits} |"
         )
-    lines += ["", "| shape | precision | batch × seq | variant | seq/s | vs dense | peak MiB |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| shape | precision | batch × seq | variant | seq/s | vs dense | peak MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for cell in payload["cells"]:
         peak = cell["peak_memory_bytes"]
         lines.append(
-            f"| {cell['shape']} | {cell['precision']} | {cell['batch']} × {cell['seq_len']} | {cell['variant']} | "
+            f"| {cell['shape']} | {cell['precision']} | {cell['batch']} × {cell['seq_len']} | "
+            f"{cell['variant']} | "
             f"{cell['sequences_per_second']:.1f} | {cell['speedup_vs_dense']:.2f}× | "
             f"{'–' if peak is None else round(peak / 2**20)} |"
         )

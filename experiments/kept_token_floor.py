@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.cli import publish
-from benchmarks.paired import outcomes, paired
+from benchmarks.harness import publish
+from experiments.paired import outcomes, paired
 
 DEFAULT_FLOORS = (0, 16)
 DEFAULT_RHOS = (0.2, 0.3, 0.5, 1.0)

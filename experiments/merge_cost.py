@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.machine import describe
+from benchmarks.harness import describe
 from retention_core.onnx import open_session
 from training.export import export_onnx
 from training.fit import load_run

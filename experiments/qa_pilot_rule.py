@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.cli import publish
+from benchmarks.harness import publish
 
 MARGIN_SE = 2.0
 METHOD = "learned"

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from benchmarks.cli import publish
+from benchmarks.harness import publish
 
 SPREADS = (0.5, 1.0, 2.0, 4.0, 8.0)
 NUM_POINTS = 6  # MiniLM-L6: one pruning point per layer
@@ -31,7 +31,7 @@ def score_shift(num_tokens: int = DEFAULT_TOKENS) -> dict[str, object]:
     """{"cells": [{"rate", "spread", "quantile", "calibrated"}], ...}: expected kept shares."""
     import torch
 
-    from benchmarks.machine import describe
+    from benchmarks.harness import describe
     from training import retention as R
 
     generator = torch.Generator().manual_seed(SEED)

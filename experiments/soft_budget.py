@@ -22,7 +22,7 @@ def soft_budget(run_dir: Path, rhos: list[float], examples: int) -> dict[str, ob
     """{"rhos": {"<ρ>": {"expected": [P floats], "target": [P floats]}}, ...} for one run."""
     import torch
 
-    from benchmarks.machine import describe
+    from benchmarks.harness import describe
     from training.data import EVAL_SEED, load_split, shuffled
     from training.fit import load_run
     from training.gates import SoftGates

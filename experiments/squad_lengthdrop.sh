@@ -4,7 +4,7 @@
 # 2,000 SQuAD dev questions (paired with the teacher's dense scores). Long on 2 CPU cores: run it nice'd,
 # RETENTION_RUNS_DIR outside the work tree; rerun the same command after an interruption.
 #   RETENTION_RUNS_DIR=/root/retention-runs nice -n 19 bash experiments/squad_lengthdrop.sh
-# PRECISION=bf16 trains with bf16 autocast (1.75x faster a step on this machine's AMX cores: benchmarks.train_step); evaluation is fp32.
+# PRECISION=bf16 trains with bf16 autocast (1.75x faster a step on this machine's AMX cores: experiments.train_step); evaluation is fp32.
 # The warmup, lengthdrop-pilot and answer-block stages' objective terms were removed from the product
 # after commit 3614e43 (experiments/recipes/squad-teacher.yaml's header): rerun this at that commit,
 #   git checkout 3614e43523840edc2bd7516f4b85629af797adac

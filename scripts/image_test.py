@@ -1,4 +1,4 @@
-"""Builds the images from our Dockerfile with podman and runs them for real (issue 23; ``make image-test``).
+"""Builds the images from our Dockerfile with podman and runs them for real (``make image-test``).
 
 No Docker engine and no container registry here, so: a base image made with debootstrap (cached as
 ``localhost/retention-base:bookworm``), Debian's podman with runc, and podman-compose. Four stages, each

@@ -101,15 +101,17 @@ def manifest_quality(model_path: Path, recipe: Recipe, tokenizer: Any, runtime: 
 
 
 def export_run(
-    run_dir: Path, out_dir: Path, int8: bool, quality: bool, min_kept_tokens: int | None = None
+    run_dir: Path, out_dir: Path, int8: bool, quality: bool, schedule: dict[str, Any] | None = None
 ) -> None:
+    """Export a trained run; ``schedule``: selection settings instead of the run's (``with_schedule``:
+    the kept-token floor, the leading share; they are not weights, the manifest records them)."""
     from retention_core.contract import INT8_MODEL_FILE, Manifest
     from training.export import export_model
-    from training.fit import load_run, with_min_kept_tokens
+    from training.fit import load_run, with_schedule
     from training.speed import measure_speed
 
     model, recipe, tokenizer = load_run(run_dir)
-    recipe = with_min_kept_tokens(model, recipe, min_kept_tokens)
+    recipe = with_schedule(model, recipe, **(schedule or {}))
 
     def measure(staging: Path, manifest: Manifest) -> Manifest:
         """Quality curves (fp32, int8) and speed of the staged graphs: they go live with their curves."""
@@ -130,7 +132,8 @@ def cmd_export(args: argparse.Namespace) -> None:
     if out_dir is None:
         recipe = Recipe.model_validate_json((args.run_dir / "recipe.json").read_text(encoding="utf-8"))
         out_dir = args.models_dir / recipe.name
-    export_run(args.run_dir, out_dir, args.int8, not args.no_quality, args.min_kept_tokens)
+    schedule = {"min_kept_tokens": args.min_kept_tokens, "leading_share": args.leading_share}
+    export_run(args.run_dir, out_dir, args.int8, not args.no_quality, schedule)
 
 
 def machine_description(device: str = "cpu") -> dict[str, object]:
@@ -394,6 +397,13 @@ def parser() -> argparse.ArgumentParser:
     exp_p.add_argument("--int8", action="store_true", help="also write a dynamic-int8 variant")
     exp_p.add_argument("--no-quality", action="store_true", help="skip the validation quality curve")
     add_min_kept_tokens_option(exp_p)
+    exp_p.add_argument(
+        "--leading-share",
+        type=float,
+        default=None,
+        help="share of each pruning point's kept count given to the first tokens, instead of the run's "
+        "recipe.retention.leading_share (a selection setting: the scorers never train with it)",
+    )
     exp_p.set_defaults(func=cmd_export)
 
     ev_p = sub.add_parser("evaluate", help="quality vs rho for learned retention and baselines")

@@ -315,9 +315,13 @@ def quantize_int8(source: Path, target: Path) -> None:
 
 def quantized(model: Any) -> Any:
     """``model`` with int8 weights (``quantize_int8``'s choices), as a new ModelProto."""
+    return int8_weights(split_biased_attention(model), INT8_OPERATORS)
+
+
+def int8_weights(model: Any, operators: list[str]) -> Any:
+    """Dynamic per-channel int8 weights of ``operators`` (the scorers excepted), as a new ModelProto."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    model = split_biased_attention(model)
     with tempfile.TemporaryDirectory(prefix="quantize-") as tmp:
         staged, out = Path(tmp) / "split.onnx", Path(tmp) / "int8.onnx"
         onnx.save(model, str(staged))
@@ -326,7 +330,7 @@ def quantized(model: Any) -> Any:
             str(out),
             weight_type=QuantType.QInt8,
             per_channel=True,
-            op_types_to_quantize=INT8_OPERATORS,
+            op_types_to_quantize=operators,
             nodes_to_exclude=[
                 node.name for node in model.graph.node if node.name.startswith(FP32_NODE_SCOPES)
             ],

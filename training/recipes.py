@@ -155,15 +155,15 @@ class OptimizerSpec(Strict):
 
 
 # Terms deleted from ObjectiveSpec, with the weight that meant "off". They served only the QA studies of
-# experiments/recipes/squad-teacher.yaml (docs/experiments/2026-11-26-qa-lengthdrop.md), which ended; the
-# last commit that has them is REMOVED_TERMS_COMMIT. Run directories' recipe.json files written while
-# they existed carry them at 0, which is dropped on load; any other weight asked for a term that no longer
-# exists, so loading it is an error that names the commit to check out.
+# experiments/recipes/squad-teacher.yaml (docs/experiments/2026-11-26-qa-lengthdrop.md), which ended;
+# that recipe's header names the last commit that has them (version history belongs to the study, not
+# to product code). Run directories' recipe.json files written while they existed carry them at 0, which
+# is dropped on load; any other weight asked for a term that no longer exists, so loading it is an error
+# that points to that header.
 DELETED_OBJECTIVE_TERMS: dict[str, float] = {
     "attention_rank_weight": 0.0,  # KL from the dense pass's attention-received ranking to the scorers
     "answer_block_weight": 0.0,  # Block-Skim's answer-block loss on the soft pass's gates
 }
-REMOVED_TERMS_COMMIT = "3614e43523840edc2bd7516f4b85629af797adac"
 
 
 class ObjectiveSpec(Strict):
@@ -232,7 +232,7 @@ class ObjectiveSpec(Strict):
                 raise ValueError(
                     f"objective.{key} was removed with the ended QA study that used it "
                     f"(experiments/recipes/squad-teacher.yaml); only {key}: {off:g} (off) still loads. "
-                    f"To rerun that study: git checkout {REMOVED_TERMS_COMMIT[:7]}"
+                    "To rerun that study, check out the commit that file's header names."
                 )
         return {key: value for key, value in data.items() if key not in DELETED_OBJECTIVE_TERMS}
 

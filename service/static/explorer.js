@@ -421,7 +421,7 @@ function init() {
   // made before the key is typed.
 }
 
-// What the page shows, for scripts that record it (benchmarks/explorer_screenshot.py writes it beside
+// What the page shows, for scripts that record it (experiments/explorer_screenshot.py writes it beside
 // the screenshot).
 window.explorer = { state };
 

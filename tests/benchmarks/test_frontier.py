@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from benchmarks import frontier, report
-from benchmarks.retrieval import file_sha1
+from benchmarks.retrieval_parts import file_sha1
 from training.fit import WEIGHTS_FILE
 from training.tiny import TINY_LAYERS
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks import retrieval
+from benchmarks import retrieval, retrieval_parts
 from retention_core.codecs.base import Row
 from tests.tiny import tiny_model, tiny_recipe, write_rows
 from training.fit import save_run
@@ -26,7 +26,7 @@ def test_gold_ranks_count_better_documents_and_break_ties_by_index() -> None:
             [0.5, 0.2, 0.5],  # gold 0 ties document 2, comes first → 1
         ]
     )
-    assert retrieval.gold_ranks(scores, np.array([0, 1, 2, 0])).tolist() == [1, 3, 2, 1]
+    assert retrieval_parts.gold_ranks(scores, np.array([0, 1, 2, 0])).tolist() == [1, 3, 2, 1]
 
 
 def test_ranking_metrics_of_known_ranks() -> None:
@@ -40,7 +40,7 @@ def test_ranking_metrics_of_known_ranks() -> None:
 
 def test_paired_difference_is_the_mean_per_query_gap_with_its_standard_error() -> None:
     first, second = np.array([1, 1, 2, 20]), np.array([2, 1, 2, 1])
-    gaps = retrieval.query_ndcg(first) - retrieval.query_ndcg(second)  # (4,)
+    gaps = retrieval_parts.query_ndcg(first) - retrieval_parts.query_ndcg(second)  # (4,)
     paired = retrieval.paired_difference(first, second)
     assert paired["difference"] == pytest.approx(gaps.mean(), abs=0.01)
     assert paired["se"] == pytest.approx(gaps.std(ddof=1) / 2.0, abs=0.01)
@@ -65,9 +65,9 @@ def test_cosine_distribution_reports_the_spread() -> None:
 
 def test_truncation_keeps_the_head_and_sep_at_the_asked_work() -> None:
     row = Row(tuple(range(100, 110)))  # [CLS]=100 … [SEP]=109
-    assert retrieval.truncated_to_work(row, 0.5).input_ids == (100, 101, 102, 103, 109)
-    assert retrieval.truncated_to_work(row, 0.01).input_ids == (100, 109)
-    assert retrieval.truncated_to_work(row, 1.0).input_ids == row.input_ids
+    assert retrieval_parts.truncated_to_work(row, 0.5).input_ids == (100, 101, 102, 103, 109)
+    assert retrieval_parts.truncated_to_work(row, 0.01).input_ids == (100, 109)
+    assert retrieval_parts.truncated_to_work(row, 1.0).input_ids == row.input_ids
 
 
 def test_targets_are_met_or_missed_as_the_numbers_say() -> None:

@@ -1,4 +1,4 @@
-"""benchmarks.retrofit_comparison: the retrofit paired with the user's dense model on the same examples,
+"""experiments.retrofit_comparison: the retrofit paired with the user's dense model on the same examples,
 the joint model read from its committed evaluation."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.report import build_report
-from benchmarks.retrofit_comparison import main as comparison_main
-from benchmarks.retrofit_comparison import unpaired_error
+from experiments.retrofit_comparison import main as comparison_main
+from experiments.retrofit_comparison import unpaired_error
 from tests.tiny import tiny_model, tiny_recipe, write_rows
 from training.fit import save_run
 

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.served_models``: every embedding model of a directory answers by its name and
+"""``python -m experiments.served_models``: every embedding model of a directory answers by its name and
 its source model's names with the same vectors, and /metrics gives each model's memory."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.served_models import RHOS, main
+from experiments.served_models import RHOS, main
 from tests.tiny import TINY_HIDDEN, build_tiny_model_dir
 
 

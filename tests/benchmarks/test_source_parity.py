@@ -1,4 +1,4 @@
-"""``python -m benchmarks.source_parity --quick``: ρ = 1 of our model (torch and the exported graph) is
+"""``python -m experiments.source_parity --quick``: ρ = 1 of our model (torch and the exported graph) is
 sentence-transformers' encoding of the same tiny random checkpoint, for each supported family's
 shape (BERT; MPNet with its relative-position bias)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.source_parity import PARITY_FLOOR, main
+from experiments.source_parity import PARITY_FLOOR, main
 
 
 @pytest.mark.parametrize("family", ["bert", "mpnet"])

@@ -1,5 +1,6 @@
 """The request path's cheap steps stay on the event loop: under overload every hand-off to the thread pool
-and back cost the loop more than the step itself (profiled; docs/service.md "How rho=auto behaves")."""
+and back cost the loop more than the step itself (profiled:
+docs/experiments/2026-11-25-rho-auto-overload.md)."""
 
 from __future__ import annotations
 

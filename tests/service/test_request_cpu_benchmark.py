@@ -1,4 +1,4 @@
-"""benchmarks/request_cpu.py over the tiny models: a real ``python -m service`` process, per-thread CPU
+"""experiments/request_cpu.py over the tiny models: a real ``python -m service`` process, per-thread CPU
 read from /proc while a sequential client sends served and invalid requests. A smoke run of the
 benchmark's machinery; it asserts no CPU target. (Its early-refusal kind needs a model slow enough to
 stay busy through the window: the tiny ones are not; early refusal itself: test_storm.py.)"""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks import request_cpu
+from experiments import request_cpu
 
 
 def test_request_cpu_counts_each_kind_over_both_connection_modes(models_root: Path, tmp_path: Path) -> None:
@@ -27,7 +27,7 @@ def test_request_cpu_counts_each_kind_over_both_connection_modes(models_root: Pa
         ]
     )
     saved = json.loads(out.read_text())
-    assert saved["command"].startswith("python -m benchmarks.request_cpu ")
+    assert saved["command"].startswith("python -m experiments.request_cpu ")
     cells = {(cell["kind"], cell["connection"]): cell for cell in saved["results"]}
     assert set(cells) == {(k, c) for k in ("served", "invalid") for c in request_cpu.CONNECTIONS}
     for connection in request_cpu.CONNECTIONS:

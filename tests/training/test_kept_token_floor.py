@@ -121,7 +121,6 @@ def test_the_floor_override_changes_the_schedule_not_the_weights() -> None:
     assert with_min_kept_tokens(model, recipe, None) is recipe  # no option: the run's own floor
 
 
-
 def test_schedule_overrides_reach_the_counts_and_the_recipe_and_refuse_weights() -> None:
     """``with_schedule`` (retrieval's --schedule-power / --leading-share, export's options): a setting
     lands in the model's config (so the keep counts change) and in the recipe the manifest records."""
@@ -136,6 +135,7 @@ def test_schedule_overrides_reach_the_counts_and_the_recipe_and_refuse_weights()
     assert front_loaded.sum() < geometric.sum()  # power < 1 prunes earlier: less token-work
     with pytest.raises(ValueError, match="not schedule settings"):
         with_schedule(model, recipe, scorer_size=8)
+
 
 def test_truncation_keeps_the_floor_in_all() -> None:
     row = Row(tuple(range(10)))  # [CLS] + 8 content + [SEP]

@@ -1,7 +1,7 @@
 """Time to first answer: a fresh clone, ``make serve``, until the first ``POST /embed`` answers (issue 20).
 
-    python -m benchmarks.first_answer --dest /tmp/ttfa --out results/bench/first_answer.json
-    python -m benchmarks.first_answer --overlay Makefile scripts/serve.sh ...   # + uncommitted files
+    python -m experiments.first_answer --dest /tmp/ttfa --out results/bench/first_answer.json
+    python -m experiments.first_answer --overlay Makefile scripts/serve.sh ...   # + uncommitted files
 
 Clones ``--source`` (default: this checkout) into ``--dest`` (removed first; ``../shared/data`` must
 exist beside it for the data), starts ``make serve`` there in its own process group and times each
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.machine import describe, write_result
+from benchmarks.harness import describe, write_result
 
 TARGET_S = 300.0  # issue 20: an answer from a fresh clone in ≤ 5 minutes on 2 cores
 EMBED_MODEL = "minilm-embed"
@@ -205,7 +205,7 @@ def markdown(payload: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.first_answer", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m experiments.first_answer", description=__doc__)
     parser.add_argument("--source", type=Path, default=Path.cwd(), help="the repository to clone")
     parser.add_argument("--dest", type=Path, default=Path("/tmp/ttfa"), help="../shared/data beside it")
     parser.add_argument("--overlay", nargs="*", default=[], help="files copied over the clone (uncommitted)")
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         ).stdout.splitlines(),
         "machine": describe(),
         "note": args.note,
-        "command": "python -m benchmarks.first_answer " + shlex.join(argv),
+        "command": "python -m experiments.first_answer " + shlex.join(argv),
     }
     table = markdown(payload)
     write_result(args.out, payload, table)

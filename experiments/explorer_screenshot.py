@@ -1,6 +1,6 @@
 """The explorer page's screenshot for the docs, from a real model directory.
 
-``python -m benchmarks.explorer_screenshot --models-dir /tmp/explorer-models --model imdb-minilm
+``python -m experiments.explorer_screenshot --models-dir /tmp/explorer-models --model imdb-minilm
 --rho 0.3 --out docs/plots/explorer.png``
 
 Serves ``--models-dir`` with the real service (uvicorn, in this process, on a free loopback port),
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._http import free_port, wait_ready
-from benchmarks.machine import describe, write_result
+from benchmarks.harness import describe, write_result
 
 DEFAULT_TEXT = (
     "I went in expecting another tired sequel and came out grinning. The plot is thin and the first "
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         numbers = page_numbers(driver)
     usage = numbers["response"]["usage"]
     payload = {
-        "command": "benchmarks.explorer_screenshot",
+        "command": "experiments.explorer_screenshot",
         "model": args.model,
         "models_dir": str(args.models_dir),
         "text": args.text,

@@ -1,6 +1,6 @@
 """CPU seconds one request costs the server, per thread: the event loop against the inference thread.
 
-    python -m benchmarks.request_cpu --models-dir <dir with minilm-embed> --server-cpus 0 --client-cpus 1 \
+    python -m experiments.request_cpu --models-dir <dir with minilm-embed> --server-cpus 0 --client-cpus 1 \
         --out results/bench/request-cpu.json
 
 A real ``python -m service`` (pinned, one intra-op thread) and a sequential client, so nothing queues
@@ -24,7 +24,6 @@ import functools
 import http.client
 import json
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,10 +35,9 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 
+from benchmarks.harness import publish
 from benchmarks.load import make_texts
-from benchmarks.machine import write_result
 from benchmarks.overload import Policy, cpu_env, server
-from retention_core.machine import describe
 
 KINDS = ("served", "invalid", "early_refusal")
 CONNECTIONS = ("keep_alive", "new_connection")
@@ -195,7 +193,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.request_cpu", description=__doc__.splitlines()[0]
+        prog="python -m experiments.request_cpu", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--models-dir", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
@@ -218,11 +216,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.client_cpus:
         os.sched_setaffinity(0, args.client_cpus)
     report = run(args)
-    report["machine"] = describe()
-    report["command"] = "python -m benchmarks.request_cpu " + " ".join(
-        argv if argv is not None else sys.argv[1:]
-    )
-    write_result(args.out, report, markdown(report))
+    publish(report, markdown, args.out, "experiments.request_cpu", argv, machine=True, show=False)
     print(f"wrote {args.out}, {args.out.with_suffix('.md')}")
     return report
 

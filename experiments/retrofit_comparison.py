@@ -1,7 +1,7 @@
 """Retrofit vs joint training (issue 20): a plain dense classifier (the user's model), retention
 retrofitted onto it label-free, and the jointly trained retention model, on the same examples.
 
-``python -m benchmarks.retrofit_comparison <dense run> <retrofit run> --joint results/imdb-minilm-full
+``python -m experiments.retrofit_comparison <dense run> <retrofit run> --joint results/imdb-minilm-full
 --split test --limit 5000 --rhos 1.0 0.5 0.3 --out results/imdb-minilm-retrofit/comparison.json``
 
 Dense and retrofit are evaluated here, example by example (learned retention; the dense run at ρ = 1),
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.cli import publish
-from benchmarks.paired import outcomes, paired
+from benchmarks.harness import publish
+from experiments.paired import outcomes, paired
 
 LEARNED = "learned"
 Payload = dict[str, Any]
@@ -152,7 +152,7 @@ def markdown(payload: Payload) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.retrofit_comparison", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m experiments.retrofit_comparison", description=__doc__)
     parser.add_argument("dense_run", type=Path, help="the plain dense classifier's run (the user's model)")
     parser.add_argument("retrofit_run", type=Path, help="the retrofit of that model")
     parser.add_argument("--joint", type=Path, required=True, help="the joint run's committed evaluation dir")
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     payload = measure(args.dense_run, args.retrofit_run, args.joint, args.split, args.limit, args.rhos)
-    publish(payload, markdown, args.out, "benchmarks.retrofit_comparison", argv)
+    publish(payload, markdown, args.out, "experiments.retrofit_comparison", argv)
 
 
 if __name__ == "__main__":

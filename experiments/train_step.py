@@ -1,6 +1,6 @@
 """Seconds per training step, fp32 against bf16 autocast (``fit --precision``), on a real recipe.
 
-``python -m benchmarks.train_step models/recipes/squad.yaml --profile quick-dense --steps 4 --rounds 3
+``python -m experiments.train_step models/recipes/squad.yaml --profile quick-dense --steps 4 --rounds 3
 --out results/bench/train-step-precision.json``
 
 The recipe's model, objective and batch size, a real batch from its training data, ``training.fit``'s
@@ -20,8 +20,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.cli import publish
-from benchmarks.machine import describe
+from benchmarks.harness import describe, publish
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -87,7 +86,7 @@ def markdown(payload: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.train_step", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m experiments.train_step", description=__doc__)
     parser.add_argument("recipe", type=Path)
     parser.add_argument("--profile", default="full")
     parser.add_argument("--steps", type=int, default=4)
@@ -95,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     payload = step_seconds(args.recipe, args.profile, args.steps, args.rounds)
-    publish(payload, markdown, args.out, "benchmarks.train_step", argv)
+    publish(payload, markdown, args.out, "experiments.train_step", argv)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Several embedding models in one server: each answers `/v1/embeddings` by its served name and by its
 source model's names, and `/metrics` says what holding each one costs (``retention_model_memory_bytes``).
 
-    python -m benchmarks.served_models --models-dir /path/to/models --out results/bench/served_models.json
+    python -m experiments.served_models --models-dir /path/to/models --out results/bench/served_models.json
 
 The app runs in this process over ASGI (``service.inprocess``: the public HTTP behaviour, no socket).
 Each model embeds the same text at ρ = 1 and 0.3, by name and by every alias, and the vectors by alias
@@ -72,7 +72,7 @@ async def probe(models_dir: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.served_models", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m experiments.served_models", description=__doc__)
     parser.add_argument("--models-dir", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)

@@ -1,9 +1,9 @@
 """ρ = 1 is the user's model: our embedding model (torch, and the exported graph in onnxruntime) against
 ``SentenceTransformer.encode`` of the checkpoint it wraps, cosine per text.
 
-    python -m benchmarks.source_parity --backbone all-mpnet-base-v2 --texts 300 \
+    python -m experiments.source_parity --backbone all-mpnet-base-v2 --texts 300 \
         --out results/bench/source-parity-mpnet.json
-    python -m benchmarks.source_parity --quick --family mpnet --out /tmp/parity.json   # tiny random, seconds
+    python -m experiments.source_parity --quick --family mpnet --out /tmp/parity.json   # tiny random, seconds
 
 Texts: the distinct SQuAD dev paragraphs (``../shared/data``), or random words with ``--quick``. The
 scorers are fresh (ρ = 1 never runs them), so no training run is needed.
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.embed_speed import tiny_checkpoint
-from benchmarks.retrieval import DATASETS, read_retrieval_set
+from benchmarks.retrieval_parts import DATASETS, read_retrieval_set
 from retention_core.machine import describe
 from training.tiny import TINY_MAX_LENGTH
 
@@ -124,7 +124,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.source_parity", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m experiments.source_parity", description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--backbone", default="all-mpnet-base-v2", help="an alias, fetched name or local dir")
     parser.add_argument("--texts", type=int, default=300)

@@ -1,8 +1,8 @@
 """Mixed-shape soak: RSS of one ``python -m service`` process under every mix of shapes it may see.
 
-    python -m benchmarks.soak --models-dir <dir with an embedding model> --seconds 600 \
+    python -m experiments.soak --models-dir <dir with an embedding model> --seconds 600 \
         --server-cpus 0 --client-cpus 1 --out results/bench/soak-mixed.json --plot docs/plots/soak-mixed.png
-    python -m benchmarks.soak --models-dir <tiny models> --seconds 5 --interval 1 --out /tmp/soak.json
+    python -m experiments.soak --models-dir <tiny models> --seconds 5 --interval 1 --out /tmp/soak.json
 
 Closed-loop clients (``--concurrency``, in this process, pinned to ``--client-cpus``) send ``/embed``
 requests of 1 to ``--max-inputs`` texts, each from one word to ``--max-words`` words (past the model's
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
 import threading
 import time
 from pathlib import Path
@@ -25,9 +24,9 @@ from typing import Any
 
 import httpx
 
+from benchmarks.harness import fmt, publish
 from benchmarks.load import make_texts
-from benchmarks.machine import describe, write_result
-from benchmarks.overload import Policy, RssSampler, fmt, idle_latency_ms, server
+from benchmarks.overload import Policy, RssSampler, idle_latency_ms, server
 
 RHOS = ("0.1", "0.2", "0.3", "0.5", "0.7", "1", "auto")
 IDLE_BODY = {"texts": ["hello"]}
@@ -158,7 +157,7 @@ def plot(report: dict[str, Any], out: Path) -> Path | None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m experiments.soak", description=__doc__.splitlines()[0])
     parser.add_argument("--models-dir", type=Path, required=True, help="holding the embedding model")
     parser.add_argument("--out", type=Path, required=True, help="JSON (+ .md beside it)")
     parser.add_argument("--plot", type=Path, help="the plot's path (default: --out with .png)")
@@ -179,9 +178,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     report = run(args)
-    report["machine"] = describe()
-    report["command"] = "python -m benchmarks.soak " + " ".join(argv if argv is not None else sys.argv[1:])
-    write_result(args.out, report, markdown(report))
+    publish(report, markdown, args.out, "experiments.soak", argv, machine=True, show=False)
     image = plot(report, args.plot or args.out.with_suffix(".png"))
     print(markdown(report) + f"wrote {args.out}" + (f", {image}" if image else ""))
     return report

@@ -1,10 +1,6 @@
-"""``python -m benchmarks {speed,memory,report,all}`` — ``make bench`` runs ``all``.
-
-``all`` reproduces the encoder speed grid and peak memory into ``results/bench/`` and regenerates
-``docs/benchmarks.md`` with plots, including the committed quality results (``results/*/eval.json``,
-written by ``python -m training evaluate``) and the service load results (``scripts/load_benchmark.sh``,
-which needs the default model built). Measured on the 2-core reference machine: speed grid 360 s,
-memory 47 s, report seconds. ``--quick`` uses a tiny model and takes seconds.
+"""``python -m benchmarks {speed,memory,report,all}`` — ``make bench`` runs ``all``: the encoder speed
+grid and peak memory into ``results/bench/``, then ``docs/benchmarks.md`` with plots from every committed
+result. ``--quick`` uses a tiny model and takes seconds.
 """
 
 from __future__ import annotations

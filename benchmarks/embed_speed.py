@@ -1,28 +1,12 @@
-"""Document-embedding throughput: our pruned embedding graph at several ρ vs the dense peer a user
-would really run — the same model exported as optimum does and fused by onnxruntime's transformer
-optimizer (``training.optimize``: one Attention operator per layer, checked) — and vs
-sentence-transformers in PyTorch.
+"""Document-embedding throughput: our pruned embedding graph at several ρ (``ours-onnx@ρ``) vs the dense
+peer a user would run (``peer-fused``: exported as optimum does, fused by onnxruntime's transformer
+optimizer; the reference of every paired speed-up; ``peer-onnx`` before the optimizer) and vs
+sentence-transformers in PyTorch (its timing includes its own tokenization). ``--int8`` adds dynamic
+int8 forms, also timed against ``peer-fused-int8``. Timings depend on shapes and the schedule, not
+weights: fresh scorers with the embedding recipe's schedule unless ``--run-dir``.
 
     python -m benchmarks.embed_speed --out results/bench/embed_speed.json                  # full
     python -m benchmarks.embed_speed --quick --out /tmp/embed_speed.json                   # smoke test
-
-Variants, every one fed the same token ids (the texts below, tokenized to exactly ``seq_len`` tokens):
-
-- ``peer-fused`` — the reference: every speed-up is the median, over repeat rounds, of (its time / the
-  variant's time) within the same round (``benchmarks.harness.timed_rounds``);
-- ``peer-onnx`` — the same export before the optimizer;
-- ``ours-onnx@ρ`` — our exported embedding graph (``training.export``: onnxruntime's fused
-  ``Attention`` and ``SkipLayerNormalization`` in every layer); ρ = 1 is our dense ONNX;
-- ``sentence-transformers`` — ``SentenceTransformer.encode(texts, batch_size=B)`` on CPU: its timing
-  includes its own tokenization of the texts, which the ONNX variants are given already done;
-- with ``--int8``: ``peer-fused-int8`` and ``ours-onnx-int8@ρ``, dynamic int8 weights
-  (``training.export.quantize_int8``), timed against the fp32 fused peer and against ``peer-fused-int8``
-  (``speedup_vs_same_precision_peer``); the targets compare fp32 with fp32 only.
-
-Timings do not depend on trained weights (only on shapes and the schedule), so by default the graphs
-come from the pretrained backbone with freshly initialised scorers and the schedule of the embedding
-recipe; ``--run-dir`` uses a trained run (its recipe's schedule). ``--quick`` builds everything from a
-tiny random checkpoint (the real MiniLM vocabulary) and takes seconds.
 """
 
 from __future__ import annotations
@@ -34,15 +18,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.flops import EncoderShape, flop_ratio
-from benchmarks.harness import ort_session, paired_ratios, publish, timed_rounds
+from benchmarks.flops import model_flop_ratio
+from benchmarks.harness import ort_session, paired_ratios, publish, speedups, timed_rounds
 
 MODULE = "benchmarks.embed_speed"
 DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "models" / "recipes" / "minilm-embed.yaml"
@@ -52,23 +36,6 @@ INT8_REFERENCE = "peer-fused-int8"
 TARGET_SEQ_LEN = 256  # the speed targets (TARGETS) hold at 256 tokens: docs/benchmarks.md's target table
 TARGETS = {0.5: 1.8, 0.3: 2.5}  # ρ → speed-up over the fused dense peer
 MIN_WORD_LENGTH = 3
-
-
-@dataclass
-class Measurement:
-    variant: str
-    precision: str  # fp32 | int8
-    rho: float | None
-    seq_len: int
-    batch: int
-    seconds_per_batch: float  # median over repeat rounds
-    sequences_per_second: float
-    speedup_vs_fused_peer: float  # median of paired ratios (same round)
-    speedup_min: float
-    speedup_max: float
-    # against the fused peer of the same precision (int8 variants: its int8 form), paired the same way
-    speedup_vs_same_precision_peer: float
-    theoretical_flop_ratio: float | None  # dense MACs / pruned MACs of the schedule (no runtime effects)
 
 
 @dataclass(frozen=True)
@@ -100,20 +67,26 @@ def tiny_checkpoint(directory: Path, seed: int = 0, family: str = "bert") -> Pat
     return directory
 
 
-def our_model(run_dir: Path | None, recipe: Path, checkpoint: Path) -> Any:
+def our_model(
+    run_dir: Path | None, recipe: Path, checkpoint: Path, schedule: dict[str, Any] | None = None
+) -> Any:
     """Our embedding model: a trained run, or the checkpoint with fresh scorers and the schedule of
-    ``recipe`` (a recipe file)."""
+    ``recipe`` (a recipe file); ``schedule``: settings that replace its own (``training.fit.with_schedule``;
+    None values keep its own)."""
+    import torch
+
     from training.encoders import load_backbone
-    from training.fit import build_model, load_run
+    from training.fit import build_model, load_run, with_schedule
     from training.recipes import load_recipe
 
     if run_dir is not None:
-        model, _, _ = load_run(run_dir)
-        return model.eval()
-    import torch
-
-    torch.manual_seed(0)
-    return build_model(load_recipe(recipe), load_backbone(str(checkpoint))).eval()
+        model, loaded, _ = load_run(run_dir)
+    else:
+        torch.manual_seed(0)
+        loaded = load_recipe(recipe)
+        model = build_model(loaded, load_backbone(str(checkpoint)))
+    with_schedule(model, loaded, **(schedule or {}))
+    return model.eval()
 
 
 def peer_checkpoint(quick: bool, run_dir: Path | None, backbone: str, workdir: Path) -> Path:
@@ -131,7 +104,9 @@ def peer_checkpoint(quick: bool, run_dir: Path | None, backbone: str, workdir: P
     return Path(resolve_backbone_path(backbone))
 
 
-def build_graphs(args: argparse.Namespace, workdir: Path) -> Graphs:
+def build_graphs(args: argparse.Namespace, workdir: Path, schedule: dict[str, Any] | None = None) -> Graphs:
+    """The peer (fused and not), our graph (with ``schedule``, see ``our_model``) and, with ``--int8``,
+    their int8 forms; the fusion counts of both."""
     import onnx
 
     from training.export import all_nodes, export_onnx
@@ -139,7 +114,7 @@ def build_graphs(args: argparse.Namespace, workdir: Path) -> Graphs:
 
     checkpoint = peer_checkpoint(args.quick, args.run_dir, args.backbone, workdir)
     peer = build_dense_peer(checkpoint, workdir)  # raises unless attention fused (where ORT can fuse it)
-    model = our_model(args.run_dir, args.recipe, checkpoint)
+    model = our_model(args.run_dir, args.recipe, checkpoint, schedule)
     ours = workdir / "ours.onnx"
     export_onnx(model, ours, model.backbone.info_vocab_size)  # fused at export: Attention, SkipLayerNorm
     files = {"peer-onnx": peer.unfused, "peer-fused": peer.fused, "ours-onnx": ours}
@@ -241,37 +216,25 @@ def sentence_transformers_variant(encoder: Any, texts: list[str], seq_len: int) 
 
 # ---------------------------------------------------------------------- measuring
 def measure_cell(
-    variants: dict[str, Variant], seq_len: int, batch: int, args: argparse.Namespace, graphs: Graphs
-) -> list[Measurement]:
+    variants: dict[str, Variant], seq_len: int, batch: int, args: argparse.Namespace, model: Any
+) -> list[dict[str, Any]]:
     runs = {name: run for name, (_, run) in variants.items()}
     rounds = timed_rounds(runs, args.repeats, args.iterations, args.max_seconds_per_cell)
-    info = graphs.model.backbone.info
-    shape = EncoderShape(
-        info.hidden_size, info.intermediate_size, info.num_layers, graphs.model.config.scorer_size
-    )
-    power = graphs.model.config.schedule_power
     out = []
     for name, (rho, _) in variants.items():
-        paired = paired_ratios(rounds[REFERENCE], rounds[name])
         peer = INT8_REFERENCE if "int8" in name and INT8_REFERENCE in rounds else REFERENCE
         same_precision = statistics.median(paired_ratios(rounds[peer], rounds[name]))
-        seconds = statistics.median(rounds[name])
-        theory = flop_ratio(seq_len, rho, shape, power, graphs.model.last_layer_queries) if rho else None
         out.append(
-            Measurement(
-                variant=name,
-                precision="int8" if "int8" in name else "fp32",
-                rho=rho,
-                seq_len=seq_len,
-                batch=batch,
-                seconds_per_batch=seconds,
-                sequences_per_second=batch / seconds,
-                speedup_vs_fused_peer=statistics.median(paired),
-                speedup_min=min(paired),
-                speedup_max=max(paired),
-                speedup_vs_same_precision_peer=same_precision,
-                theoretical_flop_ratio=theory,
-            )
+            {
+                "variant": name,
+                "precision": "int8" if "int8" in name else "fp32",
+                "rho": rho,
+                "seq_len": seq_len,
+                "batch": batch,
+                **speedups(rounds, name, REFERENCE, batch, speedup="speedup_vs_fused_peer"),
+                "speedup_vs_same_precision_peer": same_precision,
+                "theoretical_flop_ratio": model_flop_ratio(model, seq_len, rho),
+            }
         )
     return out
 
@@ -287,42 +250,42 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             sentence_transformers_encoder(graphs.checkpoint, args.threads) if args.torch_baseline else None
         )
         rng = np.random.default_rng(0)
-        results: list[Measurement] = []
+        results: list[dict[str, Any]] = []
         for seq_len in args.seq_lens:
             for batch in args.batches:
                 texts = documents(tokenizer, batch, seq_len, rng)
                 variants = onnx_variants(sessions, token_feeds(tokenizer, texts, seq_len), args.rhos)
                 if encoder is not None:
                     variants["sentence-transformers"] = sentence_transformers_variant(encoder, texts, seq_len)
-                results.extend(measure_cell(variants, seq_len, batch, args, graphs))
+                results.extend(measure_cell(variants, seq_len, batch, args, graphs.model))
                 print(f"done seq_len={seq_len} batch={batch}", flush=True)
         return {
             "fusion": graphs.fusion,
             "threads": args.threads,
-            "results": [asdict(r) for r in results],
+            "results": results,
             "targets": target_checks(results),
         }
 
 
-def target_checks(results: list[Measurement]) -> list[dict[str, Any]]:
+def target_checks(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The speed targets (``TARGETS``; their table in docs/benchmarks.md) at 256 tokens, per batch: the
     faster of our fp32 graphs (plain or fused) at ρ over the fp32 fused peer."""
     checks = []
-    fp32 = [r for r in results if r.precision == "fp32" and r.seq_len == TARGET_SEQ_LEN]
+    fp32 = [r for r in results if r["precision"] == "fp32" and r["seq_len"] == TARGET_SEQ_LEN]
     for rho, target in TARGETS.items():
-        for batch in sorted({r.batch for r in fp32}):
-            ours = [r for r in fp32 if (r.batch, r.rho) == (batch, rho)]
+        for batch in sorted({r["batch"] for r in fp32}):
+            ours = [r for r in fp32 if (r["batch"], r["rho"]) == (batch, rho)]
             if not ours:
                 continue
-            best = max(ours, key=lambda r: r.speedup_vs_fused_peer)
+            best = max(ours, key=lambda r: r["speedup_vs_fused_peer"])
             checks.append(
                 {
                     "rho": rho,
                     "batch": batch,
                     "target": target,
-                    "variant": best.variant,
-                    "speedup_vs_fused_peer": best.speedup_vs_fused_peer,
-                    "met": best.speedup_vs_fused_peer >= target,
+                    "variant": best["variant"],
+                    "speedup_vs_fused_peer": best["speedup_vs_fused_peer"],
+                    "met": best["speedup_vs_fused_peer"] >= target,
                 }
             )
     return checks

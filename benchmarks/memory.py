@@ -1,10 +1,6 @@
-"""Peak memory of one inference at batch 32 × 512, dense ONNX vs pruned ONNX at several ρ.
-
-Each variant runs in its own process (a fresh onnxruntime arena). After one warm-up run we reset the
-kernel's peak-RSS counter (``/proc/self/clear_refs``), run once more and read ``VmHWM``. With the CPU
-arena on (the default), the arena keeps the warm-up's buffers, so ``peak`` is the resident set a
-serving process needs for this shape; ``--no-arena`` frees activations between runs, so
-``peak - before`` is the activation memory of one request.
+"""Peak memory of one inference (batch 32 × 512), dense ONNX vs pruned ONNX at several ρ, each variant
+in its own process: after a warm-up, the kernel's peak RSS is reset and read after one more run.
+``--no-arena`` frees activations between runs, so ``peak - before`` is one request's activations.
 
     python -m benchmarks.memory --out results/bench/memory.json
 """

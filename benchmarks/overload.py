@@ -1,28 +1,13 @@
-"""Overload benchmark: open-loop arrivals (locust) at multiples of the capacity of fixed rho=1, for four
-policies side by side, each against its own ``python -m service`` process on loopback.
+"""Overload benchmark: open-loop arrivals (locust) at multiples of fixed rho=1's capacity for four
+policies (``auto``, ``rho1``, ``rho_min``, ``tei_cap``: rho=1 with a TEI-style concurrency cap), each
+against its own ``python -m service`` on loopback. Per (policy, rate): goodput, p50/p99 of the accepted,
+shed ratio, errors, mean rho, RSS, idle latency after. ``--clients`` sets what clients do with a 429
+(``none``, ``polite``: wait Retry-After, ``impolite``: retry after ``--retry-delay``); ``--soak-seconds``
+adds a long run per policy reporting RSS growth.
 
     python -m benchmarks.overload --models-dir models --model <classification model> \
         --out results/bench/overload.json --plot docs/plots/overload.png    # + overload.md
     python -m benchmarks.overload --models-dir <tiny models> --out /tmp/overload.json --quick   # seconds
-
-Policies (``policies``): ``auto`` (rho=auto, admission by predicted time in system), ``rho1`` (fixed
-rho=1), ``rho_min`` (fixed rho=auto_min_rho), ``tei_cap`` (fixed rho=1, no admission control, a
-TEI-style ``max_concurrent_requests`` cap that answers 429 beyond it). Capacity = 200s/s of a closed-loop
-probe at rho=1 (``--probe-concurrency`` clients). Then, per policy, one server: each rate multiple
-(ascending) for ``--seconds`` of arrivals, its answers awaited, idle latency measured after it (does
-the server recover?), the server's RSS sampled throughout. Per (policy, rate): goodput (200s/s), p50/p99
-of the accepted, shed ratio (429s), 5xx and connection errors, mean served rho, RSS. ``--soak-seconds``
-adds one long run per policy at ``--soak-multiple`` x capacity reporting RSS growth.
-
-``--clients`` picks what the clients do with a 429, one cell each: ``none`` (give up: pure open loop),
-``polite`` (wait the ``Retry-After``, send again) and ``impolite`` (send again ``--retry-delay`` s later,
-ignoring ``Retry-After``: the retry storm of hand-written loops, some SDK defaults, proxies). A
-retrying client gives up ``--give-up-s`` after its arrival. With retries, ``sent`` counts attempts and
-``attempts_rps`` is what the server had to answer per second.
-
-    python -m benchmarks.overload --models-dir models --task embedding --multiples 2 10 \
-        --clients polite impolite --client-cpus 1 --server-cpus 0 \
-        --out results/bench/overload-impolite/embedding.json
 """
 
 from __future__ import annotations
@@ -46,7 +31,7 @@ from typing import Any
 import httpx
 import psutil
 
-from benchmarks._http import free_port, wait_ready
+from benchmarks._http import serving
 from benchmarks.harness import fmt, percentile, publish
 from benchmarks.load import make_texts
 from service.settings import Settings
@@ -172,28 +157,14 @@ def cpu_env(cpus: list[int] | None) -> dict[str, str]:
 
 @contextmanager
 def server(
-    models_dir: Path, policy: Policy, extra_env: dict[str, str], log: Path, cpus: list[int] | None = None
+    models_dir: Path, policy: Policy, extra_env: dict[str, str], logs: Path, cpus: list[int] | None = None
 ) -> Iterator[tuple[str, int]]:
-    """``python -m service`` for one policy on a free loopback port (on ``cpus`` when given); yields
-    (base URL, pid)."""
-    port = free_port()
-    env = {**os.environ, **cpu_env(cpus), **extra_env, **policy.env, "RETENTION_LOG_LEVEL": "warning"}
-    command = [sys.executable, "-m", "service", "--models-dir", str(models_dir), "--port", str(port)]
-    command = pinned(command, cpus)
-    with log.open("w") as sink:
-        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        name = f"the {policy.name} server"
-        wait_ready(url, READY_TIMEOUT_S, process=process, name=name, details=lambda: f"see {log}")
+    """``python -m service`` for one policy on a free loopback port (on ``cpus`` when given), its log
+    under ``logs``; yields (base URL, pid)."""
+    env = {**cpu_env(cpus), **extra_env, **policy.env, "RETENTION_LOG_LEVEL": "warning"}
+    command = pinned([sys.executable, "-m", "service", "--models-dir", str(models_dir)], cpus)
+    with serving(command, READY_TIMEOUT_S, name=policy.name, log_dir=logs, env=env) as (url, process):
         yield url, process.pid
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 class RssSampler:
@@ -353,8 +324,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"capacity of fixed rho=1: {capacity:.1f} requests/s", flush=True)
         for round_index, policy in itertools.product(range(args.rounds), chosen):
             path = f"{endpoint}?rho={policy.rho}"
-            log = workdir / f"{policy.name}.log"
-            with server(args.models_dir, policy, extra, log, args.server_cpus) as (url, pid):
+            with server(args.models_dir, policy, extra, workdir, args.server_cpus) as (url, pid):
                 for multiple, clients in itertools.product(args.multiples, args.clients):
                     cell = Cell(
                         policy.name, multiple, multiple * capacity, args.seconds, round_index, clients
@@ -406,7 +376,7 @@ def measure_capacity(
     args: argparse.Namespace, rho1: Policy, extra: dict[str, str], endpoint: str, bodies: Path, workdir: Path
 ) -> float:
     """200s/s of fixed rho=1 under a closed loop of ``probe_concurrency`` clients."""
-    with server(args.models_dir, rho1, extra, workdir / "probe.log", args.server_cpus) as (url, _pid):
+    with server(args.models_dir, rho1, extra, workdir, args.server_cpus) as (url, _pid):
         load = Load("closed", args.probe_seconds, concurrency=args.probe_concurrency)
         records = drive(url, f"{endpoint}?rho=1", load, bodies, args.grace, workdir, args.client_cpus)
     ok = sum(r["status"] == 200 for r in records)

@@ -1,10 +1,6 @@
-"""The QA model `make serve` serves, tried as a new user would: over HTTP, through the real service.
-
-- The README's own `/qa` example (read from README.md, not copied here) at every ρ: the answer each ρ
-  gives, and whether it is the expected one.
-- SQuAD v1.1 dev F1 / exact match over HTTP on the first ``--questions`` of the same seeded shuffle
-  ``training evaluate`` scores (the official dev set is never trained on), at each ρ, beside the
-  quality the model's manifest states (its validation curve, measured at export).
+"""The QA model `make serve` serves, over HTTP through the real service: the README's `/qa` example at
+every ρ, and SQuAD v1.1 dev F1 / exact match on the first ``--questions`` of ``training evaluate``'s
+seeded shuffle, beside the quality its manifest states.
 
     python -m benchmarks.qa_default --models-dir models --out results/bench/qa_default.json
 """
@@ -79,7 +75,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     env = {"RETENTION_DEFAULT_MODELS": json.dumps({"qa": args.model})}
     with (
         tempfile.TemporaryDirectory(prefix="qa-default-") as tmp,
-        server(args.models_dir, Policy("qa", "1", env), {}, Path(tmp) / "server.log") as (url, _pid),
+        server(args.models_dir, Policy("qa", "1", env), {}, Path(tmp)) as (url, _pid),
         httpx.Client(base_url=url, timeout=60) as client,
     ):
         answers = example_answers(client, example)

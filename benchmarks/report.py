@@ -1,9 +1,6 @@
-"""Turn the committed raw JSON under ``results/`` into ``docs/benchmarks.md`` and PNG plots.
-
-Only numbers found in those files appear in the report; each table names the JSON it came from. The page
-shows the reference run of each task first, then every other run a committed recipe reproduces
-(ablations, pilots, earlier training stages). Runs that none does (superseded recipes, abandoned stages)
-live under ``results/experiments/`` and are written up in ``docs/experiments/``, not here.
+"""Turn the committed raw JSON under ``results/`` into ``docs/benchmarks.md`` and PNG plots: only numbers
+from those files, each table naming its JSON; the reference run of each task first, then every other run
+a committed recipe reproduces (``results/experiments/`` is written up in ``docs/experiments/`` instead).
 """
 
 from __future__ import annotations
@@ -18,6 +15,15 @@ RESULTS = Path("results")
 DOCS = Path("docs")
 PLOTS = DOCS / "plots"
 PLOT_DPI = 120
+# Studies that moved from benchmarks/ to experiments/ after their committed results recorded a command.
+MOVED = {f"benchmarks.{name}": f"experiments.{name}" for name in ("op_profile", "retrofit_comparison")}
+
+
+def _moved(text: str) -> str:
+    """``text`` with the commands of moved studies naming the module as it is now."""
+    for old, new in MOVED.items():
+        text = text.replace(old, new)
+    return text
 
 
 def _load(path: Path) -> dict[str, Any] | None:
@@ -353,7 +359,7 @@ MARKDOWN_BENCHMARKS = (
 
 def markdown_section(md_path: Path, title: str, plot: str | None, plots: Path) -> list[str]:
     """A benchmark's own markdown table (its title line dropped) with its source, machine and plot."""
-    body = md_path.read_text(encoding="utf-8").split("\n", 1)[1]
+    body = _moved(md_path.read_text(encoding="utf-8").split("\n", 1)[1])
     payload = _load(md_path.with_suffix(".json")) or {}
     source = f"Source: `{md_path.with_suffix('.json')}`"
     if payload.get("machine"):
@@ -407,7 +413,8 @@ def ablation_sections(results_dir: Path, plots: Path) -> list[str]:
 
 def retrieval_sections(results_dir: Path) -> list[str]:
     """Every ``results/*/retrieval.json`` (``python -m benchmarks.retrieval``): its table and targets."""
-    from benchmarks import retrieval, retrieval_long
+    from benchmarks import retrieval
+    from experiments import retrieval_long
 
     body: list[str] = []
     paths = sorted(results_dir.glob("*/retrieval.json")) + sorted(results_dir.glob("*/long_context.json"))
@@ -540,10 +547,7 @@ def retrofit_sections(results_dir: Path) -> list[str]:
         payload = _load(path)
         if payload is None:
             continue
-        # the study moved from benchmarks/ to experiments/ after these runs recorded their command
-        command = payload.get("command", "").replace(
-            "benchmarks.retrofit_comparison", "experiments.retrofit_comparison"
-        )
+        command = _moved(payload.get("command", ""))
         body += [
             f"Source: `{path}` — {_machine_line(payload)}; `{command}`.",
             "",

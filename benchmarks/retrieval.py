@@ -1,40 +1,13 @@
-"""Retrieval quality of learned retention on text the scorers never trained on.
+"""Retrieval quality of learned retention on text the scorers never trained on: every query of
+``--dataset`` (squad: SQuAD dev question → paragraph; scitldr: SciTLDR-A test TLDR → abstract; bbc: BBC
+News headline → article, run it with ``--max-length 512``) searches all its documents by exact cosine.
+Documents are encoded at each ρ by each method, queries dense (learned also with pruned queries):
+``learned``, ``random`` (seeded), ``attention``, ``leading`` keep the same counts per layer;
+``truncation`` is the dense model on each document's first tokens at the same encoder token-work; ρ = 1
+is measured once, as ``dense``. ``--cache-dir`` keeps each embedding matrix under a fingerprint of the
+weights, texts and settings. ``--long-context`` runs the study ``experiments.retrieval_long`` instead.
 
-``python -m benchmarks.retrieval <run_dir> --out results/<run>-retrieval/ [--dataset squad|scitldr]
-[--limit-queries N] [--long-context]``
-
-Datasets (``--dataset``), each query with one relevant document:
-
-- ``squad`` (default), SQuAD v1.1 dev, question → paragraph: every question (10,570) searches the 2,067
-  distinct dev paragraphs (the embedding recipes train on the train-subset paragraphs, other articles);
-  its relevant paragraph is its own row's context.
-- ``scitldr``, SciTLDR-A test, TLDR → abstract (a second domain: scientific writing): each of a paper's
-  reference TLDRs (``all_summaries``, 2–4 per paper, 1,967 in all) searches the 618 abstracts (the
-  ``document`` sentences joined with spaces); its relevant document is its own paper's abstract.
-- ``bbc``, BBC News Summary, headline → article (long documents, ~400 words: run it with
-  ``--max-length 512``): every headline searches the distinct articles; its relevant document is its
-  own article.
-
-``--long-context`` runs ``benchmarks.retrieval_long`` instead of the grid below: on documents longer
-than the model's configured max length, dense truncation against learned retention over more tokens
-at equal token-work.
-
-Documents are encoded at each ρ by each method, queries dense (ρ = 1); the learned
-method is also measured with the queries pruned at the same ρ. Scores: cosine on L2-normalised vectors,
-exact search (one matrix product); ties go to the lower paragraph index, so a ranking is deterministic.
-
-Methods (all through torch ``forward_pruned``, ``training.evaluation.predict_rows``, so they share one
-code path): ``learned`` (the run's scorers), ``random`` (random-k, seeded with ``EVAL_SEED`` per pass),
-``attention`` (attention-received top-k) — these three keep the same number of tokens per layer — and
-``truncation``: the dense model on the first tokens of each paragraph, as many as give the *same
-encoder token-work* as the pruned methods' schedule at that ρ (pruning keeps more tokens in early layers
-than at the last one, so cutting to ρ · n would do less work than the pruned pass). At ρ = 1 every
-method is the dense model (all tokens kept), so ρ = 1 is measured once, as ``dense``.
-
-``--cache-dir`` keeps every (method, ρ, side) embedding matrix under a fingerprint of the weights that
-made it (the backbone's for the baselines, the whole model's for learned), the texts and the settings:
-a retrofit freezes the backbone, so the baselines of two runs of one backbone are the same matrices.
-Each dataset keeps its own subdirectory of the cache (``<cache-dir>/<dataset>/``).
+    python -m benchmarks.retrieval <run_dir> --out results/<run>-retrieval/ [--dataset squad|scitldr|bbc]
 """
 
 from __future__ import annotations
@@ -297,23 +270,13 @@ def paired_with_run(
 
 
 def retrieval_benchmark(
-    run_dir: Path,
-    data_path: Path,
-    limit_queries: int | None,
-    methods: Sequence[str],
-    rhos: Sequence[float],
-    cache_dir: Path | None,
-    query_rhos: Sequence[float] | None = None,
-    dataset: Dataset = DATASETS[DEFAULT_DATASET],
-    paired_run: Path | None = None,
-    schedule: dict[str, Any] | None = None,
-    layer_exits: Sequence[int] = (),
-    baselines_from: Path | None = None,
-    graph: str = "torch",
-    workdir: Path | None = None,
-    max_length: int | None = None,
-    limit_documents: int | None = None,
+    args: argparse.Namespace, dataset: Dataset, data_path: Path, workdir: Path | None = None
 ) -> dict[str, Any]:
+    """The ρ grid of ``main``'s options (``args``) on ``dataset``'s file at ``data_path``."""
+    run_dir, limit_queries, methods, rhos = args.run_dir, args.limit_queries, args.methods, args.rhos
+    cache_dir, paired_run, layer_exits, graph = args.cache_dir, args.paired_with, args.layer_exits, args.graph
+    baselines_from, max_length, limit_documents = args.baselines_from, args.max_length, args.limit_documents
+    schedule = schedule_overrides(args)
     import torch
 
     from training.data import EVAL_SEED
@@ -330,7 +293,7 @@ def retrieval_benchmark(
             raise ValueError(f"--graph {graph}: one run, no --baselines-from / --paired-with / --layer-exits")
         encoder = onnx_encoder(model, tokenizer, recipe.max_length, graph, workdir)
     store = EmbeddingStore(encoder, dataset_cache(cache_dir, dataset))
-    query_rhos = list(rhos) if query_rhos is None else list(query_rhos)
+    query_rhos = list(rhos) if args.query_rhos is None else list(args.query_rhos)
     baseline_store = None
     own_methods: tuple[str, ...] = (LEARNED,)
     if graph == "onnx-int8":  # every int8 cell (queries int8 too) is paired with the fp32 model's search
@@ -477,82 +440,40 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--out", type=Path, required=True, help="directory for retrieval.json / .md")
     parser.add_argument("--dataset", choices=sorted(DATASETS), default=DEFAULT_DATASET)
-    parser.add_argument(
-        "--data",
-        type=Path,
-        default=None,
-        help="default: the dataset's file under the data root "
-        + ", ".join(f"({name}: {spec.file})" for name, spec in DATASETS.items()),
-    )
+    files = ", ".join(f"({name}: {spec.file})" for name, spec in DATASETS.items())
+    parser.add_argument("--data", type=Path, default=None, help=f"default: under the data root {files}")
     parser.add_argument("--limit-queries", type=int, default=None)
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--rhos", type=float, nargs="+", default=list(RHOS))
-    parser.add_argument(
-        "--query-rhos", type=float, nargs="*", default=None, help="ρ for learned+queries (default: --rhos)"
-    )
+    parser.add_argument("--query-rhos", type=float, nargs="*", help="ρ for learned+queries (default: --rhos)")
     parser.add_argument("--cache-dir", type=Path, default=None, help="reuse embeddings across invocations")
+    # Schedule settings to evaluate with instead of the run's own (None: the run's)
+    parser.add_argument("--min-kept-tokens", type=int, help="the kept-token floor (default: the run's)")
     parser.add_argument(
-        "--min-kept-tokens",
-        type=int,
-        default=None,
-        help="evaluate with this kept-token floor (default: the run's)",
+        "--schedule-power", type=float, help="keep fraction rho^((p/P)^power) (default: run's)"
     )
+    parser.add_argument("--leading-share", type=float, help="share of each kept count on the first tokens")
+    parser.add_argument("--paired-with", type=Path, help="another embedding run: learned minus its learned")
     parser.add_argument(
-        "--schedule-power",
-        type=float,
-        default=None,
-        help="evaluate with this schedule power (keep fraction rho^((p/P)^power); default: the run's)",
+        "--baselines-from", type=Path, help="run the baselines and dense reference on this run's model"
     )
+    parser.add_argument("--layer-exits", type=int, nargs="*", default=[], help="stop after k layers")
     parser.add_argument(
-        "--leading-share",
-        type=float,
-        default=None,
-        help="evaluate with this share of each point's kept count on the first tokens (default: the run's)",
+        "--merge", action=argparse.BooleanOptionalAction, help="merge dropped tokens (default: as trained)"
     )
-    parser.add_argument(
-        "--paired-with",
-        type=Path,
-        default=None,
-        help="another embedding run: learned minus its learned, paired",
-    )
-    parser.add_argument(
-        "--baselines-from",
-        type=Path,
-        default=None,
-        help="run the baselines (and dense reference) on this run's model: the user's original, when "
-        "run_dir tuned its backbone",
-    )
-    parser.add_argument(
-        "--layer-exits", type=int, nargs="*", default=[], help="layer-exit baselines: stop after k layers"
-    )
-    parser.add_argument(
-        "--merge",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="merge dropped tokens into kept ones (default: as the run was trained)",
-    )
-    parser.add_argument(
-        "--max-length", type=int, default=None, help="tokens per text (default: the run's max_length)"
-    )
-    parser.add_argument(
-        "--limit-documents", type=int, default=None, help="the first N distinct documents and their queries"
-    )
+    parser.add_argument("--max-length", type=int, help="tokens per text (default: the run's max_length)")
+    parser.add_argument("--limit-documents", type=int, help="the first N distinct documents, their queries")
     parser.add_argument(
         "--graph",
         choices=GRAPHS,
         default="torch",
-        help="what encodes: torch forward_pruned (every method), or the exported graph in onnxruntime, "
-        f"fp32 or int8 ({', '.join(ONNX_METHODS)} only)",
+        help=f"torch forward_pruned (every method), or the exported graph ({', '.join(ONNX_METHODS)} only)",
     )
     long_context = parser.add_argument_group(
-        "long context",
-        "--long-context: benchmarks.retrieval_long instead of the ρ grid (--methods, "
-        "--rhos and --query-rhos do not apply); writes long_context.json / .md",
+        "long context", "--long-context: experiments.retrieval_long instead of the ρ grid"
     )
     long_context.add_argument("--long-context", action="store_true")
-    long_context.add_argument(
-        "--short-length", type=int, default=None, help="default: the recipe's max_length"
-    )
+    long_context.add_argument("--short-length", type=int, help="default: the recipe's max_length")
     long_context.add_argument("--long-length", type=int, default=512)
     args = parser.parse_args(argv)
     dataset = DATASETS[args.dataset]
@@ -563,31 +484,14 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit("no data root (../shared/data); pass --data")
         data_path = root / dataset.file
     if args.long_context:
-        from benchmarks import retrieval_long
+        from experiments import retrieval_long
 
         retrieval_long.run(args, dataset, data_path, f"python -m {MODULE} " + " ".join(argv))
         return
     if args.graph != "torch" and set(args.methods) - set(ONNX_METHODS):
         parser.error(f"--graph {args.graph} runs --methods {' '.join(ONNX_METHODS[1:])} only")
     with tempfile.TemporaryDirectory(prefix="retrieval-graph-") as workdir:
-        payload = retrieval_benchmark(
-            args.run_dir,
-            data_path,
-            args.limit_queries,
-            args.methods,
-            args.rhos,
-            args.cache_dir,
-            args.query_rhos,
-            dataset,
-            args.paired_with,
-            schedule_overrides(args),
-            args.layer_exits,
-            args.baselines_from,
-            args.graph,
-            Path(workdir),
-            args.max_length,
-            args.limit_documents,
-        )
+        payload = retrieval_benchmark(args, dataset, data_path, Path(workdir))
     publish(payload, markdown, args.out / "retrieval.json", MODULE, argv)
 
 

@@ -1,8 +1,6 @@
-"""What the retrieval benchmark's ρ grid (``benchmarks.retrieval``) and its long-document mode
-(``benchmarks.retrieval_long``) share: the datasets, ranking metrics and exact search, the encoders
-(torch ``forward_pruned`` and the exported graph), the embedding cache and the run's fields. Neither
-of the two is imported here.
-"""
+"""What the retrieval grid (``benchmarks.retrieval``) and its long-document study
+(``experiments.retrieval_long``) share: datasets, ranking metrics, exact search, the encoders (torch
+``forward_pruned`` and the exported graph), the embedding cache and the run's fields."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 export HF_HUB_OFFLINE=1
 
 MAX_LENGTH=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['max_length'])" "$MODELS_DIR/$MODEL/manifest.json")
-$PY -m benchmarks.hf_checkpoint "$RUN_DIR" --out "$WORK/hf"
+$PY -m training to-hf "$RUN_DIR" --out "$WORK/hf"
 $PY -m service --models-dir "$MODELS_DIR" --port "$PORT" > "$WORK/service.log" 2>&1 &
 $PY -m benchmarks.baseline_server --model "$WORK/hf" --max-length "$MAX_LENGTH" --port "$BASELINE_PORT" \
     > "$WORK/baseline.log" 2>&1 &

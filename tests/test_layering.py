@@ -184,7 +184,7 @@ def package_graph(root: Path, package: str) -> dict[str, set[str]]:
 def test_no_package_has_an_import_cycle() -> None:
     """In every package, lazy imports included: what two modules both need lives in a third that imports
     neither (``clients.records`` under the HTTP and the Ray batch engines, ``benchmarks.retrieval_parts``
-    under the retrieval grid and its long-document mode)."""
+    under the retrieval grid and the long-document study)."""
     cycles: dict[str, list[str]] = {}
     for package in PACKAGES:
         graph = package_graph(REPO / package, package)

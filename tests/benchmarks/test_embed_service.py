@@ -76,7 +76,7 @@ def test_a_server_that_dies_at_start_is_reported_with_its_log(tmp_path: Path) ->
     spec = embed_service.ServerSpec("service", [sys.executable, "-c", code], None, ("1",))
     with (
         pytest.raises(RuntimeError, match=r"exited \(3\)[\s\S]*no model here"),
-        embed_service.started(spec, tmp_path, ready_timeout_s=30),
+        embed_service.started(spec, tmp_path, timeout_s=30),
     ):
         pass
 

@@ -82,11 +82,10 @@ def test_documents_tokenize_to_exactly_the_asked_length(seq_len: int) -> None:
 
 
 def test_target_checks_compare_fp32_with_fp32_at_256_tokens() -> None:
-    def row(variant: str, rho: float | None, speedup: float) -> embed_speed.Measurement:
+    def row(variant: str, rho: float | None, speedup: float) -> dict[str, Any]:
         precision = "int8" if "int8" in variant else "fp32"
-        return embed_speed.Measurement(
-            variant, precision, rho, 256, 8, 1.0, 8.0, speedup, speedup, speedup, speedup, None
-        )
+        fields = ("variant", "precision", "rho", "seq_len", "batch", "speedup_vs_fused_peer")
+        return dict(zip(fields, (variant, precision, rho, 256, 8, speedup), strict=True))
 
     results = [
         row("peer-fused", None, 1.0),

@@ -170,17 +170,49 @@ def test_real_documents_are_timed_at_their_own_lengths(tmp_path: Path) -> None:
     out = tmp_path / "frontier.json"
     retrieval_file = write(tmp_path / "retrieval.json", synthetic_retrieval())
     arguments = ["--quick", "--retrieval", str(retrieval_file), "--out", str(out)]
+    schedule = ["--leading-share", "0.5", "--min-kept-tokens", str(KEPT_TOKEN_FLOOR + 1)]
     frontier.main(
-        [*arguments, "--documents", "squad", "--document-count", "3", "--data", str(squad_file(tmp_path))]
+        [
+            *arguments,
+            *schedule,
+            "--documents",
+            "squad",
+            "--document-count",
+            "3",
+            "--data",
+            str(squad_file(tmp_path)),
+        ]
     )
     payload = json.loads(out.read_text())
     settings = payload["settings"]
+    # the schedule options reach the graph exported (its model's config) and are recorded as given
+    assert settings["leading_share"] == payload["our_schedule"]["leading_share"] == 0.5
+    assert settings["min_kept_tokens"] == payload["our_schedule"]["min_kept_tokens"] == KEPT_TOKEN_FLOOR + 1
     assert (
         settings["documents_per_call"] == 3
         and "squad documents at their own lengths" in settings["documents"]
     )
     assert 5 < settings["mean_document_tokens"] <= frontier.QUICK_SEQ_LEN
     assert all(row["documents_per_second"] > 0 for row in payload["results"])
+
+
+def test_schedule_options_change_the_kept_counts_of_our_model(tmp_path: Path) -> None:
+    """--leading-share / --min-kept-tokens go through training.fit.with_schedule into the model whose
+    graph the frontier exports: its keep counts change (here the floor), the run's own without them."""
+    import torch
+
+    from benchmarks.embed_speed import DEFAULT_RECIPE, our_model, tiny_checkpoint
+
+    checkpoint = tiny_checkpoint(tmp_path / "tiny")
+    own = our_model(None, DEFAULT_RECIPE, checkpoint)
+    chosen = our_model(None, DEFAULT_RECIPE, checkpoint, {"leading_share": 0.5, "min_kept_tokens": 12})
+    assert (chosen.config.leading_share, chosen.config.min_kept_tokens) == (0.5, 12)
+    lengths = torch.tensor([32])
+
+    def counts(model: Any) -> list[int]:
+        return model.keep_counts(torch.tensor([0.1]), lengths, torch.ones_like(lengths))[0].tolist()
+
+    assert min(counts(chosen)) >= 12 > min(counts(own))
 
 
 def test_interpolated_speed_is_linear_between_the_bracketing_points_and_none_outside() -> None:

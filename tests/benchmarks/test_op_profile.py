@@ -1,4 +1,4 @@
-"""benchmarks.op_profile in quick mode: onnxruntime's own profiler over the dense peer and our graph
+"""experiments.op_profile in quick mode: onnxruntime's own profiler over the dense peer and our graph
 (tiny model, real sessions), kernel time by operator type."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import op_profile
+from experiments import op_profile
 from training.tiny import TINY_LAYERS
 
 

@@ -397,7 +397,7 @@ def test_one_rho_per_text_matches_one_call_per_rho() -> None:
 
 
 def test_equal_work_rho_is_the_largest_that_fits() -> None:
-    from benchmarks import retrieval_long
+    from experiments import retrieval_long
 
     model, tokenizer = tiny_model("embedding")
     encoder = retrieval.Encoder(model, tokenizer, 512)
@@ -413,7 +413,7 @@ def test_equal_work_rho_is_the_largest_that_fits() -> None:
 
 
 def test_long_context_mode_on_a_tiny_model(tmp_path: Path) -> None:
-    from benchmarks import retrieval_long
+    from experiments import retrieval_long
 
     model, tokenizer = tiny_model("embedding")
     run_dir = tmp_path / "run"

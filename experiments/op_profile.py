@@ -1,8 +1,8 @@
 """Where an ONNX graph's time goes: onnxruntime's own profiler, kernel time summed by operator type,
 for the dense peer a user would serve and for our graph at several ρ, on the same documents.
 
-    python -m benchmarks.op_profile --out results/bench/op_profile.json            # MiniLM, 8 × 256
-    python -m benchmarks.op_profile --quick --out /tmp/op_profile.json              # tiny model, seconds
+    python -m experiments.op_profile --out results/bench/op_profile.json            # MiniLM, 8 × 256
+    python -m experiments.op_profile --quick --out /tmp/op_profile.json              # tiny model, seconds
 
 Variants: ``peer-fused`` (``training.optimize.build_dense_peer``: the model as optimum exports it,
 fused by onnxruntime's transformer optimizer) and ``ours@ρ`` (our exported graph, ``training.export``,
@@ -33,7 +33,7 @@ import numpy as np
 from benchmarks.embed_speed import DEFAULT_RECIPE, documents, our_model, peer_checkpoint, token_feeds
 from benchmarks.harness import ort_session, publish
 
-MODULE = "benchmarks.op_profile"
+MODULE = "experiments.op_profile"
 SEQ_LEN, BATCH, ITERATIONS = 256, 8, 10
 QUICK_SEQ_LEN, QUICK_BATCH, QUICK_ITERATIONS = 32, 2, 2
 DEFAULT_RHOS = (1.0, 0.5, 0.3)

@@ -1,6 +1,6 @@
 """Ray Serve against plain uvicorn, and Ray Data against the single-process batch client, on this machine.
 
-    python -m benchmarks.ray_serve --out results/bench/ray/ray_serve.json \
+    python -m experiments.ray_serve --out results/bench/ray/ray_serve.json \
         [--model-dir /root/models-out/minilm-embed] [--quick]
 
 Online (``POST /embed``, short texts): requests/s and p50/p99 at 8 and 32 clients for
@@ -181,7 +181,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         "# Ray Serve vs plain uvicorn, Ray Data vs the batch client",
         "",
-        f"`python -m benchmarks.ray_serve` on {meta['cpu']} ({meta['cores']} cores, shared: load "
+        f"`python -m experiments.ray_serve` on {meta['cpu']} ({meta['cores']} cores, shared: load "
         f"averages per cell in the JSON), model `{report['model']}`, POST /embed, "
         f"{report['cell_seconds']:.0f} s cells, {report['rounds']} interleaved rounds.",
         "",
@@ -268,7 +268,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.ray_serve", description=__doc__.splitlines()[0]
+        prog="python -m experiments.ray_serve", description=__doc__.splitlines()[0]
     )
     parser.add_argument(
         "--out", type=Path, required=True, help="JSON output (a .md table is written next to it)"

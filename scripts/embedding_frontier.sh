@@ -26,6 +26,8 @@ RHOS=${RHOS:-"1 0.9 0.8 0.7 0.6 0.5 0.4 0.3 0.2"}  # truncation needs ≥ 6 leng
 # set → (extra retrieval arguments, results directory suffix, frontier token length)
 # BBC: the first 600 articles (≈ 400 words each, at 512 tokens: a full search of 2,225 takes ~1 h here)
 LIMIT=${LIMIT_DOCUMENTS:+--limit-documents $LIMIT_DOCUMENTS}  # SQuAD and SciTLDR: the first N documents
+# selection settings instead of the run's (retrieval and frontier), e.g. "--leading-share 0.25 --min-kept-tokens 32"
+SCHEDULE=${SCHEDULE:-}
 declare -A EXTRA=([squad]="$LIMIT" [scitldr]="--dataset scitldr $LIMIT" [bbc]="--dataset bbc --max-length $LONG --limit-documents 600")
 declare -A SUFFIX=([squad]="" [scitldr]="-scitldr" [bbc]="-bbc$LONG")
 declare -A LENGTH=([squad]=256 [scitldr]=256 [bbc]=$LONG)
@@ -36,11 +38,11 @@ quality() {
     # shellcheck disable=SC2086
     $PY -m benchmarks.retrieval "$RUN" --out "results/$NAME-retrieval${SUFFIX[$set]}" \
       ${EXTRA[$set]} --cache-dir "$CACHE" --query-rhos --methods ${METHODS:-learned truncation} \
-      --rhos $RHOS $( [ "$set" = bbc ] || echo --layer-exits ${LAYER_EXITS:-3 4 5} )
+      --rhos $RHOS $SCHEDULE $( [ "$set" = bbc ] || echo --layer-exits ${LAYER_EXITS:-3 4 5} )
     # shellcheck disable=SC2086
     $PY -m benchmarks.retrieval "$RUN" --out "results/$NAME-retrieval${SUFFIX[$set]}-int8" \
       ${EXTRA[$set]} --cache-dir "$CACHE" --query-rhos --methods learned truncation --rhos $RHOS \
-      --graph onnx-int8
+      --graph onnx-int8 $SCHEDULE
   done
 }
 
@@ -50,14 +52,14 @@ speed() {
     for len in ${SEQ_LENS:-256}; do
       local at=""; [ "$len" = 256 ] || at="-$len"
       $PY -m benchmarks.frontier --run-dir "$RUN" --retrieval results/$NAME-retrieval/retrieval.json \
-        --retrieval-int8 results/$NAME-retrieval-int8/retrieval.json --seq-len "$len" \
+        --retrieval-int8 results/$NAME-retrieval-int8/retrieval.json --seq-len "$len" $SCHEDULE \
         --out "results/bench/frontier$TAG$at.json" --plot "docs/plots/frontier$TAG$at.png"
     done
   fi
   for set in ${SETS:-squad scitldr bbc}; do
     local quality="results/$NAME-retrieval${SUFFIX[$set]}"
     $PY -m benchmarks.frontier --run-dir "$RUN" --retrieval "$quality/retrieval.json" \
-      --retrieval-int8 "$quality-int8/retrieval.json" --documents "$set" --seq-len "${LENGTH[$set]}" \
+      --retrieval-int8 "$quality-int8/retrieval.json" --documents "$set" --seq-len "${LENGTH[$set]}" $SCHEDULE \
       --document-count "${TIMED[$set]}" --repeats 5 --iterations 1 \
       --out "results/bench/frontier$TAG-$set.json" --plot "docs/plots/frontier$TAG-$set.png"
   done

@@ -84,7 +84,12 @@ CLASSIFICATION_PROFILES: dict[str, dict[str, Any]] = {
 }
 CLASSIFICATION_SCHEDULE_POWER = 0.5  # as the classification recipes (imdb.yaml, sst2.yaml): front-loaded
 VALIDATION_SIZE = 200
-EMBEDDING_LEADING_SHARE = 0.5  # of each point's kept count, to the earliest tokens (minilm-embed.yaml)
+# Selection settings of an embedding retrofit, chosen on MiniLM's frontier (minilm-embed.yaml;
+# docs/experiments/2026-11-27-schedule-and-floor.md; `export --leading-share / --min-kept-tokens` set
+# them per model): a quarter of each point's kept count to the earliest tokens, and inputs of at most 32
+# tokens run dense at any rho.
+EMBEDDING_LEADING_SHARE = 0.25
+EMBEDDING_MIN_KEPT_TOKENS = 32
 
 
 def _read_json(path: Path) -> Any:
@@ -190,7 +195,11 @@ def embedding_recipe(model: str, profile: str) -> Recipe:
         retrofit=sentence_transformers_pooling(model_dir),
         # Dropped tokens merged into kept ones (docs/experiments/2026-11-26-embedding-merge.md): as
         # models/recipes/minilm-embed.yaml
-        retention=RetentionSpec(merge_dropped=True, leading_share=EMBEDDING_LEADING_SHARE),
+        retention=RetentionSpec(
+            merge_dropped=True,
+            leading_share=EMBEDDING_LEADING_SHARE,
+            min_kept_tokens=EMBEDDING_MIN_KEPT_TOKENS,
+        ),
         evaluation=EvalSpec(validation_size=VALIDATION_SIZE, rhos=sizes["rhos"]),
         profile=profile,
     )

@@ -24,6 +24,7 @@ import functools
 import http.client
 import json
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -147,14 +148,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     texts = make_texts(64, args.min_words, args.max_words, seed=args.seed)
     results: list[dict[str, Any]] = []
     policy = Policy("request-cpu", str(args.rho), SERVER_ENV)
-    log = args.out.with_suffix(".server.log")
+    log = args.out.with_suffix(".server-logs")  # the server's log, kept only when it failed
+    log.mkdir(parents=True, exist_ok=True)
     with server(args.models_dir, policy, {}, log, args.server_cpus) as (url, pid):
         host, port = urlsplit(url).hostname or "127.0.0.1", urlsplit(url).port or 80
         for connection in CONNECTIONS:
             results.extend(
                 cells(url, pid, sender(host, port, connection == "keep_alive"), texts, args, connection)
             )
-    log.unlink(missing_ok=True)  # kept only when the server failed
+    shutil.rmtree(log)
     return {
         "benchmark": "request_cpu",
         "rho": args.rho,

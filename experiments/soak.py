@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -66,7 +67,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     texts = make_texts(args.texts, 1, args.max_words, args.seed)
     policy = Policy("soak", "mixed")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    log = args.out.with_suffix(".server.log")
+    log = args.out.with_suffix(".server-logs")  # the server's log, kept only when it failed
+    log.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
     with server(args.models_dir, policy, {}, log, args.server_cpus) as (url, pid):
         idle_before = idle_latency_ms(url, "/embed", IDLE_BODY)
@@ -77,7 +79,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(args.settle)
         idle_after = idle_latency_ms(url, "/embed", IDLE_BODY)
         rss_idle_after = rss.mib()
-    log.unlink(missing_ok=True)
+    shutil.rmtree(log)
     samples = rss.samples
     warm = min(len(samples) - 1, int(args.warm_seconds / args.interval))
     base = samples[warm]

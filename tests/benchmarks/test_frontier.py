@@ -205,14 +205,15 @@ def test_schedule_options_change_the_kept_counts_of_our_model(tmp_path: Path) ->
 
     checkpoint = tiny_checkpoint(tmp_path / "tiny")
     own = our_model(None, DEFAULT_RECIPE, checkpoint)
-    chosen = our_model(None, DEFAULT_RECIPE, checkpoint, {"leading_share": 0.5, "min_kept_tokens": 12})
-    assert (chosen.config.leading_share, chosen.config.min_kept_tokens) == (0.5, 12)
-    lengths = torch.tensor([32])
+    chosen = our_model(None, DEFAULT_RECIPE, checkpoint, {"leading_share": 0.5, "min_kept_tokens": 64})
+    assert (chosen.config.leading_share, chosen.config.min_kept_tokens) == (0.5, 64)
+    assert own.config.min_kept_tokens < 64  # the recipe's own floor
+    lengths = torch.tensor([96])
 
     def counts(model: Any) -> list[int]:
         return model.keep_counts(torch.tensor([0.1]), lengths, torch.ones_like(lengths))[0].tolist()
 
-    assert min(counts(chosen)) >= 12 > min(counts(own))
+    assert min(counts(chosen)) >= 64 > min(counts(own))
 
 
 def test_interpolated_speed_is_linear_between_the_bracketing_points_and_none_outside() -> None:

@@ -37,4 +37,4 @@ def test_request_cpu_counts_each_kind_over_both_connection_modes(models_root: Pa
         assert served["cpu_ms_per_request"]["other_threads"] > 0  # the inference thread ran the model
         assert invalid["cpu_ms_per_request"]["other_threads"] < served["cpu_ms_per_request"]["other_threads"]
     assert "| invalid | new_connection |" in out.with_suffix(".md").read_text()
-    assert not out.with_suffix(".server.log").exists()
+    assert not out.with_suffix(".server-logs").exists()

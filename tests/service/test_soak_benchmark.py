@@ -20,4 +20,4 @@ def test_quick_mixed_shape_soak(models_root: Path, tmp_path: Path) -> None:
     assert saved["idle_before_p50_ms"] > 0 and saved["idle_after_p50_ms"] > 0
     assert "growth after warm-up" in out.with_suffix(".md").read_text()
     assert out.with_suffix(".png").stat().st_size > 0
-    assert not out.with_suffix(".server.log").exists()  # the server's log is removed after a clean run
+    assert not out.with_suffix(".server-logs").exists()  # the server's log is removed after a clean run

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from benchmarks import encoder_speed, memory, report
 
-BENCH_DIR = Path("results") / "bench"
+FULL_GRID = ["--seq-lens", "128", "512", "--batches", "1", "8", "32"]  # the speed grid of ``make bench``
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,20 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     quick = ["--quick"] if args.quick else []
     if args.command in ("speed", "all"):
         encoder_speed.main(
-            [
-                *quick,
-                "--out",
-                str(bench_dir / "encoder_speed.json"),
-                "--seq-lens",
-                "128",
-                "512",
-                "--batches",
-                "1",
-                "8",
-                "32",
-            ]
-            if not args.quick
-            else [*quick, "--out", str(bench_dir / "encoder_speed.json")]
+            [*quick, "--out", str(bench_dir / "encoder_speed.json"), *([] if args.quick else FULL_GRID)]
         )
     if args.command in ("memory", "all"):
         memory.main([*quick, "--out", str(bench_dir / "memory.json"), "--no-arena"])

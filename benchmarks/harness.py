@@ -1,35 +1,31 @@
 """The one harness every benchmark (and every study script under ``experiments/``) measures and records
-with: onnxruntime CPU sessions, interleaved repeat rounds and their paired ratios, percentiles, and the
-end of a command line (the machine, the command, the JSON and its markdown table beside it).
+with: onnxruntime CPU sessions, interleaved repeat rounds and their paired ratios, percentiles, the
+command line's common parts, markdown tables and plots, and the end of a command line (the machine,
+the command, the JSON and its markdown table beside it).
 
 ``describe`` (the machine) lives in ``retention_core.machine`` so training results record it too.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from retention_core.machine import describe
+import numpy as np
 
-__all__ = [
-    "describe",
-    "fmt",
-    "ort_session",
-    "paired_ratios",
-    "percentile",
-    "publish",
-    "speedups",
-    "timed_rounds",
-    "write_result",
-]
+from retention_core.machine import describe as describe  # re-exported: the machine every result records
 
 Payload = dict[str, Any]
+PLOT_DPI = 120
+VOCAB_LOW, VOCAB_HIGH = 1000, 29000  # ordinary word-piece ids, away from special tokens
 
 
 def ort_session(
@@ -47,6 +43,11 @@ def ort_session(
         options.enable_profiling = True
         options.profile_file_prefix = str(profile)
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def random_tokens(batch: int, seq_len: int, vocab_size: int, rng: np.random.Generator) -> np.ndarray:
+    """(B, T) ordinary word-piece ids of a vocabulary of ``vocab_size``; every token real (mask of ones)."""
+    return rng.integers(VOCAB_LOW, min(VOCAB_HIGH, vocab_size), (batch, seq_len)).astype(np.int64)
 
 
 def timed_rounds(
@@ -84,9 +85,11 @@ def speedups(
     count: int,
     rate: str = "sequences_per_second",
     speedup: str = "speedup_vs_dense",
+    **also: str,
 ) -> dict[str, float]:
     """One run's row of ``timed_rounds``: median seconds per call, ``count`` / that as ``rate``, and the
-    median of its paired speed-ups over ``reference`` as ``speedup``, with their min and max."""
+    median of its paired speed-ups over ``reference`` as ``speedup``, with their min and max; then the
+    median paired speed-up over each other reference of ``also`` (key → run)."""
     paired = paired_ratios(rounds[reference], rounds[name])
     seconds = statistics.median(rounds[name])
     return {
@@ -95,6 +98,7 @@ def speedups(
         speedup: statistics.median(paired),
         "speedup_min": min(paired),
         "speedup_max": max(paired),
+        **{key: statistics.median(paired_ratios(rounds[run], rounds[name])) for key, run in also.items()},
     }
 
 
@@ -110,11 +114,67 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[object]], align: str = "") -> list[str]:
+    """A markdown table's lines: ``headers``, the separator (``align``: a letter per column, ``r`` for a
+    right-aligned one, any other or none left) and one line per row of cells (``str`` of each)."""
+    separator = "".join("---:|" if side == "r" else "---|" for side in align.ljust(len(headers)))
+    rows_text = ("| " + " | ".join(map(str, row)) + " |" for row in rows)
+    return ["| " + " | ".join(headers) + " |", "|" + separator, *rows_text]
+
+
 def write_result(out: Path, payload: Payload, table: str) -> None:
     """Raw JSON at ``out`` and its markdown table beside it (``out`` with ``.md``)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     out.with_suffix(".md").write_text(table, encoding="utf-8")
+
+
+def cli(module: str, doc: str | None) -> argparse.ArgumentParser:
+    """The parser of ``python -m <module>``, its docstring (as written) the description."""
+    return argparse.ArgumentParser(
+        prog=f"python -m {module}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
+def timing_args(
+    parser: argparse.ArgumentParser, iterations: int, max_seconds: float, flag: str = "--max-seconds-per-cell"
+) -> None:
+    """The options of ``timed_rounds`` (rounds, calls per round, and ``flag``: the seconds after which no
+    round starts) and the onnxruntime / torch threads (default: one per core)."""
+    parser.add_argument("--repeats", type=int, default=7, help="interleaved paired rounds")
+    parser.add_argument("--iterations", type=int, default=iterations, help="calls per variant per round")
+    parser.add_argument(flag, type=float, default=max_seconds, help="no new round after this")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ORT and torch threads")
+
+
+@contextmanager
+def figure(path: Path, rows: int = 1, columns: int = 1, **options: Any) -> Iterator[Any]:
+    """The axes of a new matplotlib figure (``plt.subplots``, the file-only backend: no display on CI or
+    servers); on leaving, the figure is laid out, written to ``path`` (its folder made) and closed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(rows, columns, **options)
+    try:
+        yield axes
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=PLOT_DPI)
+    finally:
+        plt.close(fig)
+
+
+def label_axes(ax: Any, xlabel: str | None, ylabel: str | None, legend_size: int | None) -> None:
+    """Axis labels, the light grid of every line plot here and, unless ``legend_size`` is None, a legend."""
+    if xlabel is not None:
+        ax.set_xlabel(xlabel)
+    if ylabel is not None:
+        ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if legend_size is not None:
+        ax.legend(fontsize=legend_size)
 
 
 def publish(

@@ -19,7 +19,8 @@ from typing import Any
 
 import httpx
 
-from benchmarks.harness import fmt, percentile, publish
+from benchmarks.harness import cli, fmt, percentile, publish
+from service.api.faces import FACES
 
 RHOS = ("1", "0.5", "0.3", "auto")
 WORD_TEXT = (  # make_texts draws its words from these
@@ -64,7 +65,8 @@ def payload(task: str, text: str) -> dict[str, Any]:
     return {"text": text}
 
 
-ENDPOINTS = {"classification": "/classify", "qa": "/qa", "summarization": "/summarize"}
+# task → its route, from the service's face registry: a task added there is benchmarked with no edit here
+ENDPOINTS = {task: face.path for task, face in FACES.items()}
 
 
 async def run_cell(
@@ -128,23 +130,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     bodies = [payload(args.task, text) for text in texts]
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     endpoint = ENDPOINTS[args.task]
+    # (target, rho, url, headers) of every cell at one concurrency: the service at each ρ, then the baseline
+    targets = [("service", rho, f"{args.url.rstrip('/')}{endpoint}?rho={rho}", headers) for rho in args.rhos]
+    if args.baseline_url:
+        targets.append(("baseline", "-", f"{args.baseline_url.rstrip('/')}{endpoint}", {}))
     cells: list[Cell] = []
     limits = httpx.Limits(max_connections=max(args.concurrency) + 4)
     async with httpx.AsyncClient(timeout=args.timeout, limits=limits) as client:
         for concurrency in args.concurrency:
-            for rho in args.rhos:
-                url = f"{args.url.rstrip('/')}{endpoint}?rho={rho}"
-                await client.post(url, json=bodies[0], headers=headers)  # warm the connection
-                cell = Cell("service", rho, concurrency)
+            for target, rho, url, sent_headers in targets:
+                await client.post(url, json=bodies[0], headers=sent_headers)  # warm the connection
+                cell = Cell(target, rho, concurrency)
                 cells.append(
-                    await run_cell(client, url, cell, bodies, args.requests, args.max_seconds, headers)
+                    await run_cell(client, url, cell, bodies, args.requests, args.max_seconds, sent_headers)
                 )
-                print(summary_line(cell), flush=True)
-            if args.baseline_url:
-                url = f"{args.baseline_url.rstrip('/')}{endpoint}"
-                await client.post(url, json=bodies[0])
-                cell = Cell("baseline", "-", concurrency)
-                cells.append(await run_cell(client, url, cell, bodies, args.requests, args.max_seconds, {}))
                 print(summary_line(cell), flush=True)
     return {
         "url": args.url,
@@ -159,11 +158,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def summary_line(cell: Cell) -> str:
-    p50 = f"{cell.p50_ms:.1f}" if cell.p50_ms is not None else "-"
-    p99 = f"{cell.p99_ms:.1f}" if cell.p99_ms is not None else "-"
     return (
         f"{cell.target:8s} rho={cell.rho:4s} c={cell.concurrency:3d} ok={cell.ok:5d} err={cell.errors:4d} "
-        f"{cell.throughput_rps:8.1f} req/s p50={p50} ms p99={p99} ms"
+        f"{cell.throughput_rps:8.1f} req/s p50={fmt(cell.p50_ms)} ms p99={fmt(cell.p99_ms)} ms"
     )
 
 
@@ -177,7 +174,6 @@ def markdown(report: dict[str, Any]) -> str:
         "| target | rho | concurrency | ok | errors | req/s | p50 ms | p99 ms | work fraction | rho eff. |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-
     for cell in report["results"]:
         lines.append(
             f"| {cell['target']} | {cell['rho']} | {cell['concurrency']} | {cell['ok']} | {cell['errors']} | "
@@ -188,11 +184,9 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.load", description=__doc__.splitlines()[0])
+    parser = cli("benchmarks.load", __doc__)
     parser.add_argument("url", help="base URL of the running service, e.g. http://127.0.0.1:8000")
-    parser.add_argument(
-        "--out", type=Path, required=True, help="JSON output (a .md table is written next to it)"
-    )
+    parser.add_argument("--out", type=Path, required=True, help="JSON output (its .md table beside it)")
     parser.add_argument("--baseline-url", help="base URL of benchmarks/baseline_server.py (optional)")
     parser.add_argument("--task", choices=sorted(ENDPOINTS), default="classification")
     parser.add_argument("--rhos", nargs="+", default=list(RHOS))

@@ -2,7 +2,7 @@
 in its own process: after a warm-up, the kernel's peak RSS is reset and read after one more run.
 ``--no-arena`` frees activations between runs, so ``peak - before`` is one request's activations.
 
-    python -m benchmarks.memory --out results/bench/memory.json
+    python -m benchmarks.memory --out results/bench/memory.json     # + memory.md, its table
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import describe, ort_session
+from benchmarks.harness import VOCAB_HIGH, cli, ort_session, publish, random_tokens
 
+MODULE = "benchmarks.memory"
 DEFAULT_RHOS = (1.0, 0.7, 0.5, 0.3, 0.2)
-KIB = 1024
+KIB, MIB = 1024, 2**20
 
 
 def reset_peak_rss() -> None:
@@ -45,7 +46,7 @@ def child(graph: str, batch: int, seq_len: int, rho: float | None, arena: bool) 
     session = ort_session(graph, arena=arena)
     rng = np.random.default_rng(0)
     feeds: dict[str, np.ndarray] = {
-        "input_ids": rng.integers(1000, 29000, (batch, seq_len)).astype(np.int64),
+        "input_ids": random_tokens(batch, seq_len, VOCAB_HIGH, rng),
         "attention_mask": np.ones((batch, seq_len), dtype=np.int64),
     }
     if rho is not None:
@@ -59,57 +60,51 @@ def child(graph: str, batch: int, seq_len: int, rho: float | None, arena: bool) 
 
 
 def run_variant(graph: Path, batch: int, seq_len: int, rho: float | None, arena: bool) -> dict[str, Any]:
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.memory",
-        "--child",
-        str(graph),
-        "--batch",
-        str(batch),
-        "--seq-len",
-        str(seq_len),
-        "--arena" if arena else "--no-arena",
-    ]
+    command = [sys.executable, "-m", MODULE, "--child", str(graph), "--batch", str(batch)]
+    command += ["--seq-len", str(seq_len), "--arena" if arena else "--no-arena"]
     if rho is not None:
         command += ["--rho", str(rho)]
-    output = (
-        subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-    )
-    return json.loads(output)
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
 
 
-def build(args: argparse.Namespace, workdir: Path) -> tuple[Path, Path]:
-    import torch
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Dense, then pruned at every ρ, each in its own process; activations and ratios to dense."""
+    from benchmarks.encoder_speed import classifier, export_graphs  # torch: in this process only
 
-    from training.dense_graph import export_dense_onnx
-    from training.encoders import load_backbone
-    from training.export import export_onnx
-    from training.model import RetentionConfig, RetentionModel
+    with tempfile.TemporaryDirectory(prefix="membench-") as tmp:
+        pruned, dense = export_graphs(classifier(args.quick, args.backbone, args.schedule_power), Path(tmp))
+        dense_result = run_variant(dense, args.batch, args.seq_len, None, args.arena)
+        results = [{"variant": "dense-onnx-fp32", "rho": None, **dense_result}]
+        for rho in args.rhos:
+            measured = run_variant(pruned, args.batch, args.seq_len, rho, args.arena)
+            results.append({"variant": "pruned-onnx-fp32", "rho": rho, **measured})
+    dense_activation = dense_result["peak_bytes"] - dense_result["before_bytes"]
+    for result in results:
+        activation = result["peak_bytes"] - result["before_bytes"]
+        result["activation_bytes"] = activation
+        result["activation_vs_dense"] = activation / dense_activation if dense_activation > 0 else None
+        result["peak_vs_dense"] = result["peak_bytes"] / dense_result["peak_bytes"]
+    return {"batch": args.batch, "seq_len": args.seq_len, "arena": args.arena, "results": results}
 
-    torch.manual_seed(0)
-    if args.quick:
-        from training.tiny import tiny_model
 
-        model, _ = tiny_model()
-    else:
-        model = RetentionModel(
-            load_backbone(args.backbone),
-            "classification",
-            2,
-            RetentionConfig(schedule_power=args.schedule_power),
+def markdown(payload: dict[str, Any]) -> str:
+    """The peak-memory table (docs/benchmarks.md, "Peak memory")."""
+    lines = [
+        "| variant | ρ | peak RSS (MiB) | vs dense | activation (MiB) | vs dense |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in payload["results"]:
+        activation = "—" if r["activation_vs_dense"] is None else f"{r['activation_vs_dense']:.2f}×"
+        lines.append(
+            f"| {r['variant']} | {'—' if r['rho'] is None else r['rho']} | {r['peak_bytes'] / MIB:.0f} | "
+            f"{r['peak_vs_dense']:.2f}× | {r['activation_bytes'] / MIB:.0f} | {activation} |"
         )
-    model.eval()
-    pruned, dense = workdir / "pruned.onnx", workdir / "dense.onnx"
-    export_onnx(model, pruned, model.backbone.info_vocab_size)
-    export_dense_onnx(model, dense)
-    return pruned, dense
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = cli(MODULE, __doc__)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--rho", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None)
@@ -129,42 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.batch, args.seq_len = 2, 32
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="membench-") as tmp:
-        pruned, dense = build(args, Path(tmp))
-        dense_result = run_variant(dense, args.batch, args.seq_len, None, args.arena)
-        results = [{"variant": "dense-onnx-fp32", "rho": None, **dense_result}]
-        for rho in args.rhos:
-            results.append(
-                {
-                    "variant": "pruned-onnx-fp32",
-                    "rho": rho,
-                    **run_variant(pruned, args.batch, args.seq_len, rho, args.arena),
-                }
-            )
-    dense_activation = dense_result["peak_bytes"] - dense_result["before_bytes"]
-    for result in results:
-        activation = result["peak_bytes"] - result["before_bytes"]
-        result["activation_bytes"] = activation
-        result["activation_vs_dense"] = activation / dense_activation if dense_activation > 0 else None
-        result["peak_vs_dense"] = result["peak_bytes"] / dense_result["peak_bytes"]
-
-    payload = {
-        "batch": args.batch,
-        "seq_len": args.seq_len,
-        "arena": args.arena,
-        "results": results,
-        "machine": describe(),
-        "command": "python -m benchmarks.memory " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "wall_seconds": round(time.perf_counter() - started, 1),
-        "pid": os.getpid(),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    for r in results:
-        print(
-            f"{r['variant']:18s} rho={r['rho']!s:5s} peak={r['peak_bytes'] / 2**20:8.1f} MiB "
-            f"activation={r['activation_bytes'] / 2**20:8.1f} MiB ({r['activation_vs_dense'] or 0:.2f}×)"
-        )
+    payload = {**measure(args), "pid": os.getpid()}
+    publish(payload, markdown, args.out, MODULE, argv, machine=True, started=started)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ adds a long run per policy reporting RSS growth.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import os
@@ -32,8 +33,9 @@ import httpx
 import psutil
 
 from benchmarks._http import serving
-from benchmarks.harness import fmt, percentile, publish
+from benchmarks.harness import cli, figure, fmt, label_axes, percentile, publish
 from benchmarks.load import make_texts
+from service.api.faces import FACES
 from service.settings import Settings
 
 LOCUSTFILE = Path(__file__).with_name("overload_locust.py")
@@ -41,6 +43,12 @@ MULTIPLES = (0.5, 1.0, 2.0, 5.0, 10.0)
 # --clients: what a client does with a 429 (benchmarks/overload_locust.py's OVERLOAD_RETRY)
 CLIENTS = ("none", "polite", "impolite")
 READY_TIMEOUT_S = 300.0  # a server loading its model on shared cores
+
+
+def text_tasks() -> list[str]:
+    """The tasks whose route takes one ``text`` per input (the service's face registry): the bodies this
+    benchmark sends."""
+    return [task for task, face in FACES.items() if face.fields == ("text",)]
 
 
 @dataclass(frozen=True)
@@ -51,18 +59,15 @@ class Policy:
 
 
 def policies(min_rho: float, tei_max_concurrent: int) -> list[Policy]:
+    cap = {
+        "RETENTION_ADMISSION_CONTROL": "false",
+        "RETENTION_MAX_CONCURRENT_REQUESTS": str(tei_max_concurrent),
+    }
     return [
         Policy("auto", "auto"),
         Policy("rho1", "1"),
         Policy("rho_min", f"{min_rho:g}"),
-        Policy(
-            "tei_cap",
-            "1",
-            {
-                "RETENTION_ADMISSION_CONTROL": "false",
-                "RETENTION_MAX_CONCURRENT_REQUESTS": str(tei_max_concurrent),
-            },
-        ),
+        Policy("tei_cap", "1", cap),  # rho=1 behind a TEI-style concurrency cap, admission control off
     ]
 
 
@@ -306,8 +311,7 @@ def idle_latency_ms(url: str, path: str, body: dict[str, Any], count: int = 5) -
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     texts = make_texts(args.texts, args.min_words, args.max_words, args.seed)
-    path_of = {"classification": "/classify", "embedding": "/embed"}
-    endpoint = path_of[args.task]
+    endpoint = FACES[args.task].path
     extra = {"RETENTION_DEFAULT_MODELS": json.dumps({args.task: args.model})} if args.model else {}
     extra.update(dict(item.split("=", 1) for item in args.server_env))
     if not args.arena:
@@ -342,13 +346,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         lag_before, loop_lag_buckets(url)
                     )
                     cell.loadavg_1m = os.getloadavg()[0]
-                    cell.rss_peak_mib = max(rss.samples)
-                    cell.rss_end_mib = rss.samples[-1]
+                    cell.rss_peak_mib, cell.rss_end_mib = max(rss.samples), rss.samples[-1]
                     cell.idle_after_p50_ms = idle_latency_ms(url, path, {"text": texts[0]})
                     cells.append(cell)
                     print(summary_line(cell), flush=True)
                 if args.soak_seconds and round_index == 0:
-                    soaks.append(soak(args, Target(policy, url, pid, path), bodies, capacity, workdir))
+                    soaks.append(soak(args, policy, (url, pid, path), bodies, capacity, workdir))
     return {
         "task": args.task,
         "model": args.model,
@@ -383,21 +386,17 @@ def measure_capacity(
     return max(ok / args.probe_seconds, 0.5)
 
 
-@dataclass(frozen=True)
-class Target:
-    """A running server of one policy: where to send, and the process to watch."""
-
-    policy: Policy
-    url: str
-    pid: int
-    path: str  # endpoint and query
-
-
 def soak(
-    args: argparse.Namespace, target: Target, bodies: Path, capacity: float, workdir: Path
+    args: argparse.Namespace,
+    policy: Policy,
+    target: tuple[str, int, str],
+    bodies: Path,
+    capacity: float,
+    workdir: Path,
 ) -> dict[str, Any]:
-    """One long open-loop run: RSS at its start, peak and end (growth in %)."""
-    policy, url, pid, path = target.policy, target.url, target.pid, target.path
+    """One long open-loop run against ``policy``'s running server (``target``: its URL, its process to
+    watch, the endpoint and query to send to): RSS at its start, peak and end (growth in %)."""
+    url, pid, path = target
     cell = Cell(policy.name, args.soak_multiple, args.soak_multiple * capacity, args.soak_seconds)
     with RssSampler(pid, interval=1.0) as rss:
         cell.rss_start_mib = rss.mib()
@@ -450,25 +449,13 @@ def markdown(report: dict[str, Any]) -> str:
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in report["results"]:
-        cells = [
-            c["policy"],
-            f"{c['multiple']:g}",
-            c.get("clients", "none"),
-            f"{c['offered_rps']:.1f}",
-            fmt(c.get("attempts_rps")),
-            f"{c['goodput_rps']:.1f}",
-            fmt(c.get("answered_rps")),
-            fmt(c["p50_ms"]),
-            fmt(c["p99_ms"]),
-            f"{c['shed_ratio']:.2f}",
-            str(c["server_errors"]),
-            str(c["other"]),
-            fmt(c["mean_rho"], 2),
-            f"{c['rss_peak_mib']:.0f}",
-            fmt(c["idle_after_p50_ms"]),
-            fmt(c["send_lag_p99_ms"]),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {c['policy']} | {c['multiple']:g} | {c.get('clients', 'none')} | {c['offered_rps']:.1f} | "
+            f"{fmt(c.get('attempts_rps'))} | {c['goodput_rps']:.1f} | {fmt(c.get('answered_rps'))} | "
+            f"{fmt(c['p50_ms'])} | {fmt(c['p99_ms'])} | {c['shed_ratio']:.2f} | {c['server_errors']} | "
+            f"{c['other']} | {fmt(c['mean_rho'], 2)} | {c['rss_peak_mib']:.0f} | "
+            f"{fmt(c['idle_after_p50_ms'])} | {fmt(c['send_lag_p99_ms'])} |"
+        )
     if report.get("rounds", 1) > 1:
         lines += ["", *rounds_table(report["results"])]
     if {"polite", "impolite"} <= set(report.get("clients", [])):
@@ -571,45 +558,32 @@ def rounds_table(results: list[dict[str, Any]]) -> list[str]:
 def plot(report: dict[str, Any], out: Path) -> Path | None:
     """p99 of the accepted and goodput vs offered load, one line per policy, saved at ``out`` (None without
     matplotlib)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    if importlib.util.find_spec("matplotlib") is None:
         return None
-    figure, (latency, goodput) = plt.subplots(1, 2, figsize=(11, 4))
     rows = across_rounds(report["results"])  # the mean over rounds (one round: the cell itself)
-    for name in dict.fromkeys(row["policy"] for row in rows):
-        mine = sorted((row for row in rows if row["policy"] == name), key=lambda row: row["multiple"])
-        xs = [row["multiple"] for row in mine]
-        latency.plot(xs, [row["p99_mean_ms"] or float("nan") for row in mine], marker="o", label=name)
-        goodput.plot(xs, [row["goodput_mean"] for row in mine], marker="o", label=name)
     multiples = sorted({c["multiple"] for c in report["results"]})
-    for axis, title in ((latency, "p99 of accepted (ms)"), (goodput, "goodput (200s / s)")):
-        axis.set_xscale("log")
-        axis.set_xticks(multiples, [f"{m:g}x" for m in multiples])
-        axis.minorticks_off()
-        axis.set_xlabel("offered load (x capacity of rho=1)")
-        axis.set_title(title)
-        axis.grid(True, alpha=0.3)
-    latency.set_yscale("log")
-    goodput.legend()
-    figure.tight_layout()
-    target = out
-    target.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(target, dpi=120)
-    plt.close(figure)
-    return target
+    with figure(out, 1, 2, figsize=(11, 4)) as (latency, goodput):
+        for name in dict.fromkeys(row["policy"] for row in rows):
+            mine = sorted((row for row in rows if row["policy"] == name), key=lambda row: row["multiple"])
+            xs = [row["multiple"] for row in mine]
+            latency.plot(xs, [row["p99_mean_ms"] or float("nan") for row in mine], marker="o", label=name)
+            goodput.plot(xs, [row["goodput_mean"] for row in mine], marker="o", label=name)
+        for axis, title in ((latency, "p99 of accepted (ms)"), (goodput, "goodput (200s / s)")):
+            axis.set_xscale("log")
+            axis.set_xticks(multiples, [f"{m:g}x" for m in multiples])
+            axis.minorticks_off()
+            axis.set_title(title)
+            label_axes(axis, "offered load (x capacity of rho=1)", None, legend_size=None)
+        latency.set_yscale("log")
+        goodput.legend()
+    return out
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.overload", description=__doc__.splitlines()[0]
-    )
+    parser = cli("benchmarks.overload", __doc__)
     parser.add_argument("--models-dir", type=Path, required=True)
     parser.add_argument("--model", help="model to drive (default: the task's default model)")
-    parser.add_argument("--task", choices=["classification", "embedding"], default="classification")
+    parser.add_argument("--task", choices=text_tasks(), default="classification")
     parser.add_argument("--out", type=Path, required=True, help="JSON (+ .md table and .png plot beside it)")
     parser.add_argument("--plot", type=Path, help="the plot's path (default: --out with .png)")
     parser.add_argument("--policies", nargs="+", default=["auto", "rho1", "rho_min", "tei_cap"])
@@ -623,9 +597,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--server-env", nargs="*", default=[], metavar="KEY=VALUE", help="extra server settings (RETENTION_*)"
     )
     parser.add_argument("--seconds", type=float, default=20.0, help="arrivals per cell")
-    parser.add_argument(
-        "--rounds", type=int, default=1, help="run every policy this many times, interleaved (noise)"
-    )
+    parser.add_argument("--rounds", type=int, default=1, help="every policy this many times, interleaved")
     parser.add_argument("--grace", type=float, default=35.0, help="wait this long for the last answers")
     parser.add_argument("--probe-seconds", type=float, default=15.0)
     parser.add_argument("--probe-concurrency", type=int, default=32)
@@ -636,9 +608,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-arena", dest="arena", action="store_false", help="RETENTION_CPU_MEM_ARENA=false"
     )
-    parser.add_argument(
-        "--server-cpus", type=int, nargs="+", help="pin the server to these CPUs (ORT: one thread each)"
-    )
+    parser.add_argument("--server-cpus", type=int, nargs="+", help="pin the server here (ORT: a thread each)")
     parser.add_argument("--client-cpus", type=int, nargs="+", help="pin the load generator to these CPUs")
     parser.add_argument("--texts", type=int, default=64)
     parser.add_argument("--min-words", type=int, default=20)

@@ -113,8 +113,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"SQuAD dev: the first {dev['questions']} questions after a seeded shuffle (seed {dev['seed']}), "
         "the same order `training evaluate` uses.",
         f"The manifest's own curve ({quality.get('metric', '?')} × 100, {quality.get('split', '?')}, "
-        f"{quality.get('num_examples', '?')} questions): "
-        f"{points or 'none'}.",
+        f"{quality.get('num_examples', '?')} questions): {points or 'none'}.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -6,22 +6,26 @@ a committed recipe reproduces (``results/experiments/`` is written up in ``docs/
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from benchmarks.harness import figure, label_axes, markdown_table
+
+if TYPE_CHECKING:
+    from training.evaluation import TaskEvaluation
 
 RESULTS = Path("results")
 DOCS = Path("docs")
-PLOTS = DOCS / "plots"
-PLOT_DPI = 120
 # Studies that moved from benchmarks/ to experiments/ after their committed results recorded a command.
-MOVED = {f"benchmarks.{name}": f"experiments.{name}" for name in ("op_profile", "retrofit_comparison")}
+MOVED_STUDIES = ("op_profile", "retrofit_comparison", "embed_service", "embed_speed")
+MOVED = {f"benchmarks.{name}": f"experiments.{name}" for name in MOVED_STUDIES}
+# The long-document study's command was ``benchmarks.retrieval … --long-context`` before it had its own.
+LONG_CONTEXT_MOVED = {"benchmarks.retrieval ": "experiments.retrieval_long ", " --long-context": ""}
 
 
-def _moved(text: str) -> str:
-    """``text`` with the commands of moved studies naming the module as it is now."""
-    for old, new in MOVED.items():
+def _moved(text: str, moved: dict[str, str] = MOVED) -> str:
+    """``text`` with the commands of moved studies naming the module (and options) as they are now."""
+    for old, new in moved.items():
         text = text.replace(old, new)
     return text
 
@@ -39,7 +43,7 @@ def _machine_line(payload: dict[str, Any]) -> str:
 def speed_section(payload: dict[str, Any], source: Path) -> list[str]:
     from benchmarks.encoder_speed import markdown
 
-    lines = [
+    return [
         "## Encoder speed (ONNX Runtime, CPU)",
         "",
         f"Source: `{source}` — {_machine_line(payload)}.",
@@ -50,35 +54,21 @@ def speed_section(payload: dict[str, Any], source: Path) -> list[str]:
         "",
         markdown(payload),
     ]
-    return lines
 
 
 def memory_section(payload: dict[str, Any], source: Path) -> list[str]:
-    lines = [
+    from benchmarks.memory import markdown
+
+    return [
         "## Peak memory",
         "",
         f"Source: `{source}` — {_machine_line(payload)}; batch {payload['batch']} × "
         f"{payload['seq_len']} tokens, CPU arena {'on' if payload['arena'] else 'off'}.",
         "",
-        "| variant | ρ | peak RSS (MiB) | vs dense | activation (MiB) | vs dense |",
-        "|---|---|---|---|---|---|",
+        markdown(payload),
     ]
-    for r in payload["results"]:
-        activation_ratio = f"{r['activation_vs_dense']:.2f}×" if r["activation_vs_dense"] is not None else "—"
-        rho = r["rho"] if r["rho"] is not None else "—"
-        lines.append(
-            f"| {r['variant']} | {rho} | {r['peak_bytes'] / 2**20:.0f} | "
-            f"{r['peak_vs_dense']:.2f}× | {r['activation_bytes'] / 2**20:.0f} | {activation_ratio} |"
-        )
-    return [*lines, ""]
 
 
-TASK_METRICS = {
-    "qa": ("exact_match", "f1"),
-    "summarization": ("rouge1", "rouge2", "rougeL"),
-    "embedding": ("cosine_to_dense",),
-}
-HEADLINE_METRIC = {"qa": "f1", "summarization": "rougeL", "embedding": "cosine_to_dense"}
 # The run each task's reported numbers come from (README, docs/tasks.md), in page order.
 REFERENCE_RUNS = {
     "IMDb": "imdb-minilm-full",
@@ -94,51 +84,20 @@ ABLATION_VARIANTS = {
 }
 
 
-def _pyplot() -> Any:
-    """matplotlib's pyplot on the file-only backend (no display on CI or servers)."""
-    import matplotlib
+def task_evaluation(payload: dict[str, Any]) -> TaskEvaluation:
+    """How the task of an eval.json is evaluated (its table, metrics, headline), from the training
+    registry: a task registered anywhere, a test included, gets its section with no table here. An
+    eval.json written before reports named their task is classification's."""
+    from training.tasks import training_task
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-@contextmanager
-def _figure(path: Path, rows: int = 1, columns: int = 1, **options: Any) -> Iterator[Any]:
-    """The axes of a new figure (``plt.subplots``); on leaving, the figure is laid out, written to
-    ``path`` and closed."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(rows, columns, **options)
-    try:
-        yield axes
-        fig.tight_layout()
-        fig.savefig(path, dpi=PLOT_DPI)
-    finally:
-        plt.close(fig)
-
-
-def _label(ax: Any, xlabel: str | None, ylabel: str, legend_size: int | None) -> None:
-    """Axis labels, the light grid of every line plot here and, unless ``legend_size`` is None, a legend."""
-    if xlabel is not None:
-        ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    if legend_size is not None:
-        ax.legend(fontsize=legend_size)
+    return training_task(payload.get("task", "classification")).evaluation
 
 
 def quality_section(payload: dict[str, Any], source: Path, title: str = "Quality vs ρ") -> list[str]:
-    from training.classification import MethodResult, markdown_table
-    from training.evaluation import markdown_table as token_task_table
     from training.evaluation import paired_table
 
     meta = payload["meta"]
-    task = payload.get("task", "classification")
-    if task in TASK_METRICS:
-        table = token_task_table(payload, TASK_METRICS[task]) + paired_table(payload)
-    else:
-        table = markdown_table([MethodResult(**r) for r in payload["results"]])
+    table = task_evaluation(payload).table(payload) + paired_table(payload)
     return [
         # The directory names the result: a run made under an earlier recipe keeps its own name.
         f"### {title} — {source.parent.name} ({meta['model']}, {meta['profile']} recipe), {meta['split']}",
@@ -151,17 +110,18 @@ def quality_section(payload: dict[str, Any], source: Path, title: str = "Quality
 
 
 def quality_points(payload: dict[str, Any]) -> dict[str, list[tuple[float, float]]]:
-    """method → sorted (ρ, headline metric in %) for any task's eval.json."""
-    task = payload.get("task", "classification")
-    if task in HEADLINE_METRIC:
-        metric = HEADLINE_METRIC[task]
+    """method → sorted (ρ, headline metric in %) for any task's eval.json (the headline: its task's,
+    from the registry)."""
+    metric = task_evaluation(payload).headline
+    results = payload["results"]
+    if isinstance(results, dict):  # the codec loop's {method: {ρ: cell}}, metrics in percent
         return {
             method: sorted((float(rho), values[metric]) for rho, values in by_rho.items())
-            for method, by_rho in payload["results"].items()
+            for method, by_rho in results.items()
         }
     curves: dict[str, list[tuple[float, float]]] = {}
-    for r in payload["results"]:
-        curves.setdefault(r["method"], []).append((r["rho"], 100 * r["accuracy"]))
+    for r in results:  # classification's list of cells, metrics in 0-1
+        curves.setdefault(r["method"], []).append((r["rho"], 100 * r[metric]))
     return {method: sorted(points) for method, points in curves.items()}
 
 
@@ -183,44 +143,36 @@ def ablation_section(results_dir: Path) -> list[str]:
     if len(rows) < 2:
         return []
     rhos = sorted({rho for _, cells in rows for rho in cells})
-    lines = [
+    table = [
+        (name, *(f"{100 * cells[r][0]:.2f} ({cells[r][1]:.2f})" if r in cells else "—" for r in rhos))
+        for name, cells in rows
+    ]
+    return [
         "### SST-2 ablations (validation, 600 training steps each)",
         "",
         "Sources: `results/sst2-minilm*-quick/eval.json`. Cells: accuracy % (fraction of dense token-work).",
         "",
-        "| variant | " + " | ".join(f"ρ={rho:g}" for rho in rhos) + " |",
-        "|" + "---|" * (len(rhos) + 1),
+        *markdown_table(("variant", *(f"ρ={rho:g}" for rho in rhos)), table),
+        "",
     ]
-    for name, cells in rows:
-        lines.append(
-            f"| {name} | "
-            + " | ".join(f"{100 * cells[r][0]:.2f} ({cells[r][1]:.2f})" if r in cells else "—" for r in rhos)
-            + " |"
-        )
-    return [*lines, ""]
 
 
 def plot_quality(payload: dict[str, Any], path: Path) -> None:
-    with _figure(path, figsize=(6, 4)) as ax:
+    with figure(path, figsize=(6, 4)) as ax:
         for method, points in quality_points(payload).items():
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
         ax.set_title(f"{payload['meta']['model']} — {payload['meta']['split']}")
-        metric = HEADLINE_METRIC.get(payload.get("task", ""), "accuracy")
-        _label(ax, "ρ (fraction of real tokens kept at the last layer)", f"{metric} (%)", legend_size=8)
+        metric = task_evaluation(payload).headline
+        label_axes(ax, "ρ (fraction of real tokens kept at the last layer)", f"{metric} (%)", legend_size=8)
 
 
 def plot_speed(payload: dict[str, Any], path: Path) -> None:
     results = payload["results"]
     cells = sorted({(r["seq_len"], r["batch"]) for r in results})
     longest = cells[-1][0]
-    theory = sorted(
-        {
-            (r["rho"], r["theoretical_flop_ratio"])
-            for r in results
-            if r["rho"] and r["seq_len"] == longest and r["precision"] == "fp32"
-        }
-    )
-    with _figure(path, figsize=(6, 4)) as ax:
+    fp32_longest = [r for r in results if r["rho"] and r["seq_len"] == longest and r["precision"] == "fp32"]
+    theory = sorted({(r["rho"], r["theoretical_flop_ratio"]) for r in fp32_longest})
+    with figure(path, figsize=(6, 4)) as ax:
         for seq_len, batch in cells:
             rows = [r for r in results if (r["seq_len"], r["batch"]) == (seq_len, batch) and r["rho"]]
             for precision in ("fp32", "int8"):
@@ -228,26 +180,18 @@ def plot_speed(payload: dict[str, Any], path: Path) -> None:
                     (r["rho"], r["speedup_vs_dense"]) for r in rows if r["precision"] == precision
                 )
                 if chosen:
-                    ax.plot(
-                        [c[0] for c in chosen],
-                        [c[1] for c in chosen],
-                        marker="o",
-                        label=f"measured {precision}, {seq_len} tok, batch {batch}",
-                    )
-        ax.plot(
-            [t[0] for t in theory],
-            [t[1] for t in theory],
-            "k--",
-            label=f"theoretical FLOP ratio ({longest} tok)",
-        )
+                    name = f"measured {precision}, {seq_len} tok, batch {batch}"
+                    ax.plot([c[0] for c in chosen], [c[1] for c in chosen], marker="o", label=name)
+        name = f"theoretical FLOP ratio ({longest} tok)"
+        ax.plot([t[0] for t in theory], [t[1] for t in theory], "k--", label=name)
         ax.axhline(1.0, color="grey", lw=0.8)
-        _label(ax, "ρ", "speed-up over dense ONNX fp32", legend_size=7)
+        label_axes(ax, "ρ", "speed-up over dense ONNX fp32", legend_size=7)
 
 
 def plot_memory(payload: dict[str, Any], path: Path) -> None:
     results = payload["results"]
     names = [r["variant"] if r["rho"] is None else f"ρ={r['rho']:g}" for r in results]
-    with _figure(path, figsize=(6, 4)) as ax:
+    with figure(path, figsize=(6, 4)) as ax:
         ax.bar(names, [r["peak_bytes"] / 2**20 for r in results], label="peak RSS")
         ax.bar(names, [r["activation_bytes"] / 2**20 for r in results], label="activation (peak − before)")
         ax.set_ylabel("MiB")
@@ -261,14 +205,14 @@ def plot_load(payload: dict[str, Any], path: Path) -> None:
     for r in payload["results"]:
         name = "FastAPI + transformers" if r["target"] == "baseline" else f"service ρ={r['rho']}"
         series.setdefault(name, []).append((r["concurrency"], r["throughput_rps"], r["p99_ms"]))
-    with _figure(path, 1, 2, figsize=(10, 4)) as (left, right):
+    with figure(path, 1, 2, figsize=(10, 4)) as (left, right):
         for name, points in series.items():
             points.sort()
             left.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
             right.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=name)
         for ax, label in ((left, "throughput (req/s)"), (right, "p99 latency (ms)")):
             ax.set_xscale("log", base=2)
-            _label(ax, "concurrent clients", label, legend_size=7 if ax is left else None)
+            label_axes(ax, "concurrent clients", label, legend_size=7 if ax is left else None)
 
 
 def plot_budget(log_path: Path, path: Path) -> None:
@@ -276,31 +220,26 @@ def plot_budget(log_path: Path, path: Path) -> None:
     (two-sided budgets take negative λ, so the largest one alone would hide them)."""
     entries = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line]
     steps = [e["step"] for e in entries]
-    with _figure(path, 2, 1, figsize=(6, 5), sharex=True) as (top, bottom):
+    with figure(path, 2, 1, figsize=(6, 5), sharex=True) as (top, bottom):
         top.plot(steps, [e["target_fraction"] for e in entries], label="target ρ (batch mean)")
         top.plot(steps, [e["kept_fraction"] for e in entries], label="expected kept fraction")
-        _label(top, None, "fraction of real tokens", legend_size=8)
+        label_axes(top, None, "fraction of real tokens", legend_size=8)
         for point in range(len(entries[0]["lam"])):
             bottom.plot(steps, [e["lam"][point] for e in entries], label=f"λ point {point}")
         bottom.axhline(0.0, color="black", linewidth=0.5)
         bottom.legend(fontsize=7, ncol=3)
-        _label(bottom, "step", "λ per pruning point", legend_size=None)
+        label_axes(bottom, "step", "λ per pruning point", legend_size=None)
 
 
 def load_section(load_md: Path, plots: Path) -> list[str]:
     """One load run (``scripts/load_benchmark.sh``): its markdown table, model, command and plot."""
-    body = load_md.read_text(encoding="utf-8").split("\n", 1)[1]  # drop its own title
-    payload = _load(load_md.with_suffix(".json")) or {}
-    lines = [f"## Service under load ({load_md.stem})", "", f"Source: `{load_md.with_suffix('.json')}`"]
-    if payload.get("machine"):
-        lines[-1] += f" — {_machine_line(payload)}"
-    lines[-1] += f". Command: `{payload.get('command', 'scripts/load_benchmark.sh')}`."
-    lines += [body, ""]
+    payload, plot = _load(load_md.with_suffix(".json")) or {}, None
     if payload.get("results"):
-        plot_name = f"latency_vs_{load_md.stem}.png"
-        plot_load(payload, plots / plot_name)
-        lines += [f"![throughput and p99 vs load](plots/{plot_name})", ""]
-    return lines
+        plot = f"latency_vs_{load_md.stem}.png"
+        plot_load(payload, plots / plot)
+    command = payload.get("command", "scripts/load_benchmark.sh")
+    title = f"Service under load ({load_md.stem})"
+    return markdown_section(load_md, title, plot, plots, command, "throughput and p99 vs load")
 
 
 def run_section(eval_path: Path, plots: Path, title: str = "Quality vs ρ") -> list[str]:
@@ -316,12 +255,8 @@ def run_section(eval_path: Path, plots: Path, title: str = "Quality vs ρ") -> l
     if train_log.is_file():
         budget_name = f"budget_{eval_path.parent.name}.png"
         plot_budget(train_log, plots / budget_name)
-        lines += [
-            f"Budget tracking during training (`{train_log}`):",
-            "",
-            f"![budget](plots/{budget_name})",
-            "",
-        ]
+        image = f"![budget](plots/{budget_name})"
+        lines += [f"Budget tracking during training (`{train_log}`):", "", image, ""]
     return lines
 
 
@@ -357,16 +292,20 @@ MARKDOWN_BENCHMARKS = (
 )
 
 
-def markdown_section(md_path: Path, title: str, plot: str | None, plots: Path) -> list[str]:
-    """A benchmark's own markdown table (its title line dropped) with its source, machine and plot."""
+def markdown_section(
+    md_path: Path, title: str, plot: str | None, plots: Path, command: str | None = None, alt: str = ""
+) -> list[str]:
+    """A benchmark's own markdown table (its title line dropped) with its source, machine, ``command``
+    when given, and plot (``alt``: its text, default the title)."""
     body = _moved(md_path.read_text(encoding="utf-8").split("\n", 1)[1])
     payload = _load(md_path.with_suffix(".json")) or {}
     source = f"Source: `{md_path.with_suffix('.json')}`"
     if payload.get("machine"):
         source += f" — {_machine_line(payload)}"
-    lines = [f"## {title}", "", source + ".", body, ""]
+    source += "." if command is None else f". Command: `{command}`."
+    lines = [f"## {title}", "", source, body, ""]
     if plot is not None and (plots / plot).is_file():
-        lines += [f"![{title}](plots/{plot})", ""]
+        lines += [f"![{alt or title}](plots/{plot})", ""]
     return lines
 
 
@@ -412,9 +351,9 @@ def ablation_sections(results_dir: Path, plots: Path) -> list[str]:
 
 
 def retrieval_sections(results_dir: Path) -> list[str]:
-    """Every ``results/*/retrieval.json`` (``python -m benchmarks.retrieval``): its table and targets."""
+    """Every ``results/*/retrieval.json`` (``python -m benchmarks.retrieval``): its table and targets; then
+    every ``long_context.json`` (the study ``experiments.retrieval_long``) with the table it wrote beside."""
     from benchmarks import retrieval
-    from experiments import retrieval_long
 
     body: list[str] = []
     paths = sorted(results_dir.glob("*/retrieval.json")) + sorted(results_dir.glob("*/long_context.json"))
@@ -422,8 +361,11 @@ def retrieval_sections(results_dir: Path) -> list[str]:
         payload = _load(path)
         if payload is None:
             continue
-        render = retrieval_long.markdown if path.name == "long_context.json" else retrieval.markdown
-        title, rest = render(payload).split("\n", 1)
+        if path.name == "long_context.json":
+            table = _moved(path.with_suffix(".md").read_text(encoding="utf-8"), LONG_CONTEXT_MOVED)
+        else:
+            table = retrieval.markdown(payload)
+        title, rest = table.split("\n", 1)
         body += [f"##{title} ({path.parent.name})", "", f"Source: `{path}` — {_machine_line(payload)}.", rest]
     if not body:
         return []
@@ -539,20 +481,16 @@ def gpu_section(results_dir: Path, plots: Path) -> list[str]:
 
 
 def retrofit_sections(results_dir: Path) -> list[str]:
-    """Every ``results/*/comparison.json`` (the study ``python -m experiments.retrofit_comparison``)."""
-    from experiments import retrofit_comparison
-
+    """Every ``results/*/comparison.json`` (the study ``python -m experiments.retrofit_comparison``) with
+    the table it wrote beside."""
     body: list[str] = []
     for path in sorted(results_dir.glob("*/comparison.json")):
         payload = _load(path)
         if payload is None:
             continue
         command = _moved(payload.get("command", ""))
-        body += [
-            f"Source: `{path}` — {_machine_line(payload)}; `{command}`.",
-            "",
-            retrofit_comparison.markdown(payload),
-        ]
+        table = path.with_suffix(".md").read_text(encoding="utf-8")
+        body += [f"Source: `{path}` — {_machine_line(payload)}; `{command}`.", "", table]
     if not body:
         return []
     return [

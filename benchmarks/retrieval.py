@@ -5,7 +5,7 @@ Documents are encoded at each ρ by each method, queries dense (learned also wit
 ``learned``, ``random`` (seeded), ``attention``, ``leading`` keep the same counts per layer;
 ``truncation`` is the dense model on each document's first tokens at the same encoder token-work; ρ = 1
 is measured once, as ``dense``. ``--cache-dir`` keeps each embedding matrix under a fingerprint of the
-weights, texts and settings. ``--long-context`` runs the study ``experiments.retrieval_long`` instead.
+weights, texts and settings. Long documents against truncation: the study ``experiments.retrieval_long``.
 
     python -m benchmarks.retrieval <run_dir> --out results/<run>-retrieval/ [--dataset squad|scitldr|bbc]
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import describe, publish
+from benchmarks.harness import cli, describe, publish
 from benchmarks.retrieval_parts import (
     CUTOFF,
     DATASETS,
@@ -43,6 +43,7 @@ from benchmarks.retrieval_parts import (
     Pass,
     RetrievalSet,
     cosine_distribution,
+    data_file,
     dataset_cache,
     encoder_description,
     load_embedding_run,
@@ -286,37 +287,33 @@ def retrieval_benchmark(
     if max_length is not None:  # longer documents than the run was trained on (positions permitting)
         recipe = recipe.model_copy(update={"max_length": min(max_length, model.backbone.info.max_positions)})
     data = read_retrieval_set(data_path, limit_queries, dataset, limit_documents)
+
+    def store_of(encoder: Encoder) -> EmbeddingStore:
+        return EmbeddingStore(encoder, dataset_cache(cache_dir, dataset))
+
+    def run_store(other_run: Path) -> EmbeddingStore:  # another run's torch encoder, same schedule
+        other_model, other_recipe, other_tokenizer = load_embedding_run(other_run, schedule)
+        return store_of(Encoder(other_model, other_tokenizer, other_recipe.max_length))
+
     if graph == "torch":
         encoder = Encoder(model, tokenizer, recipe.max_length)
     else:
         if workdir is None or baselines_from is not None or paired_run is not None or layer_exits:
             raise ValueError(f"--graph {graph}: one run, no --baselines-from / --paired-with / --layer-exits")
         encoder = onnx_encoder(model, tokenizer, recipe.max_length, graph, workdir)
-    store = EmbeddingStore(encoder, dataset_cache(cache_dir, dataset))
+    store = store_of(encoder)
     query_rhos = list(rhos) if args.query_rhos is None else list(args.query_rhos)
     baseline_store = None
     own_methods: tuple[str, ...] = (LEARNED,)
     if graph == "onnx-int8":  # every int8 cell (queries int8 too) is paired with the fp32 model's search
-        fp32 = Encoder(model, tokenizer, recipe.max_length)
-        baseline_store, own_methods = EmbeddingStore(fp32, dataset_cache(cache_dir, dataset)), ONNX_METHODS
+        baseline_store, own_methods = store_of(Encoder(model, tokenizer, recipe.max_length)), ONNX_METHODS
     if baselines_from is not None:
-        base_model, base_recipe, base_tokenizer = load_embedding_run(baselines_from, schedule)
-        baseline_store = EmbeddingStore(
-            Encoder(base_model, base_tokenizer, base_recipe.max_length), dataset_cache(cache_dir, dataset)
-        )
+        baseline_store = run_store(baselines_from)
     results = retrieval_grid(store, data, methods, rhos, query_rhos, layer_exits, baseline_store, own_methods)
     paired: dict[str, Any] = {}
     if paired_run is not None:
-        other_model, other_recipe, other_tokenizer = load_embedding_run(paired_run, schedule)
-        other = EmbeddingStore(
-            Encoder(other_model, other_tokenizer, other_recipe.max_length), dataset_cache(cache_dir, dataset)
-        )
-        paired = {
-            "paired_with": {
-                "run": str(paired_run),
-                "learned_minus_other": paired_with_run(store, other, data, rhos),
-            }
-        }
+        learned_minus_other = paired_with_run(store, run_store(paired_run), data, rhos)
+        paired = {"paired_with": {"run": str(paired_run), "learned_minus_other": learned_minus_other}}
     return {
         **run_fields(run_dir, recipe, dataset, data_path),
         **query_fields(data, limit_queries),
@@ -433,10 +430,8 @@ def markdown(payload: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from training.data import default_data_root
-
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
+    parser = cli(MODULE, __doc__)
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--out", type=Path, required=True, help="directory for retrieval.json / .md")
     parser.add_argument("--dataset", choices=sorted(DATASETS), default=DEFAULT_DATASET)
@@ -454,9 +449,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--leading-share", type=float, help="share of each kept count on the first tokens")
     parser.add_argument("--paired-with", type=Path, help="another embedding run: learned minus its learned")
-    parser.add_argument(
-        "--baselines-from", type=Path, help="run the baselines and dense reference on this run's model"
-    )
+    parser.add_argument("--baselines-from", type=Path, help="the baselines and dense reference on this run")
     parser.add_argument("--layer-exits", type=int, nargs="*", default=[], help="stop after k layers")
     parser.add_argument(
         "--merge", action=argparse.BooleanOptionalAction, help="merge dropped tokens (default: as trained)"
@@ -469,25 +462,9 @@ def main(argv: list[str] | None = None) -> None:
         default="torch",
         help=f"torch forward_pruned (every method), or the exported graph ({', '.join(ONNX_METHODS)} only)",
     )
-    long_context = parser.add_argument_group(
-        "long context", "--long-context: experiments.retrieval_long instead of the ρ grid"
-    )
-    long_context.add_argument("--long-context", action="store_true")
-    long_context.add_argument("--short-length", type=int, help="default: the recipe's max_length")
-    long_context.add_argument("--long-length", type=int, default=512)
     args = parser.parse_args(argv)
     dataset = DATASETS[args.dataset]
-    data_path = args.data
-    if data_path is None:
-        root = default_data_root()
-        if root is None:
-            raise SystemExit("no data root (../shared/data); pass --data")
-        data_path = root / dataset.file
-    if args.long_context:
-        from experiments import retrieval_long
-
-        retrieval_long.run(args, dataset, data_path, f"python -m {MODULE} " + " ".join(argv))
-        return
+    data_path = data_file(dataset, args.data)
     if args.graph != "torch" and set(args.methods) - set(ONNX_METHODS):
         parser.error(f"--graph {args.graph} runs --methods {' '.join(ONNX_METHODS[1:])} only")
     with tempfile.TemporaryDirectory(prefix="retrieval-graph-") as workdir:

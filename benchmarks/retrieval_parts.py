@@ -15,12 +15,15 @@ from typing import Any, cast
 
 import numpy as np
 
+from retention_core.metrics import RANKING_CUTOFF, gold_ranks, query_ndcg
+from retention_core.metrics import ranking_metrics as ranking_metrics  # re-exported for the grid and studies
+
 LAYER_EXIT = "layer-exit"
 ORIGINAL = "original"  # the user's original model's dense search (--baselines-from)
 DENSE = "dense"
 LEARNED = "learned"
 TRUNCATION = "truncation"
-CUTOFF = 10
+CUTOFF = RANKING_CUTOFF
 BATCH_SIZE = 32
 ENCODER = "torch forward_pruned (training.evaluation.predict_rows), fp32, CPU"
 METRICS = (f"ndcg@{CUTOFF}", f"mrr@{CUTOFF}", "recall@1", f"recall@{CUTOFF}")
@@ -31,22 +34,8 @@ Budget = float | tuple[float, ...]  # one ρ for every text, or one per text
 
 
 # ---------------------------------------------------------------------- metrics
-def gold_ranks(scores: np.ndarray, gold: np.ndarray) -> np.ndarray:
-    """1-based rank of each query's gold document. scores (Q, D), gold (Q,) → (Q,) int.
-
-    Ties are broken by document index (lower first), as a stable descending sort would."""
-    gold_scores = scores[np.arange(len(gold)), gold][:, None]  # (Q, 1)
-    above = (scores > gold_scores).sum(1)  # (Q,)
-    before = np.arange(scores.shape[1])[None, :] < gold[:, None]  # (Q, D)
-    tied_before = ((scores == gold_scores) & before).sum(1)  # (Q,)
-    return (above + tied_before + 1).astype(np.int64)
-
-
-def query_ndcg(ranks: np.ndarray, cutoff: int = CUTOFF) -> np.ndarray:
-    """Per-query nDCG@k (percent) of one-relevant-document queries: the ideal DCG is 1, so it is
-    1 / log2(rank + 1) inside the cut-off, else 0. (Q,) ranks → (Q,) float64."""
-    ranks = np.asarray(ranks, dtype=np.float64)
-    return 100.0 * np.where(ranks <= cutoff, 1.0 / np.log2(ranks + 1.0), 0.0)
+# gold_ranks, query_ndcg, ranking_metrics: retention_core.metrics (training's evaluation scores rankings
+# with them too); CUTOFF is its RANKING_CUTOFF.
 
 
 def paired_difference(first: np.ndarray, second: np.ndarray) -> dict[str, float]:
@@ -54,19 +43,6 @@ def paired_difference(first: np.ndarray, second: np.ndarray) -> dict[str, float]
     difference = query_ndcg(first) - query_ndcg(second)  # (Q,)
     se = float(difference.std(ddof=1) / np.sqrt(len(difference))) if len(difference) > 1 else 0.0
     return {"difference": round(float(difference.mean()), 2), "se": round(se, 2)}
-
-
-def ranking_metrics(ranks: np.ndarray, cutoff: int = CUTOFF) -> dict[str, float]:
-    """nDCG@k, MRR@k, recall@1 and recall@k (percent) from the gold ranks of one-relevant-document
-    queries (nDCG as in ``query_ndcg``)."""
-    ranks = np.asarray(ranks, dtype=np.float64)
-    inside = ranks <= cutoff
-    return {
-        f"ndcg@{cutoff}": float(np.mean(query_ndcg(ranks, cutoff))),
-        f"mrr@{cutoff}": 100.0 * float(np.mean(np.where(inside, 1.0 / ranks, 0.0))),
-        "recall@1": 100.0 * float(np.mean(ranks <= 1)),
-        f"recall@{cutoff}": 100.0 * float(np.mean(inside)),
-    }
 
 
 def l2_rows(matrix: np.ndarray) -> np.ndarray:
@@ -202,17 +178,20 @@ class Encoder:
     max_length: int
     batch_size: int = BATCH_SIZE
 
-    def rows(self, texts: Sequence[str]) -> list[Any]:
+    def codec(self) -> Any:
+        """The embedding codec at ``max_length`` (``training.evaluation.evaluation_codec``)."""
         from training.evaluation import evaluation_codec
 
-        codec = evaluation_codec("embedding", self.tokenizer, self.max_length)
+        return evaluation_codec("embedding", self.tokenizer, self.max_length)
+
+    def rows(self, texts: Sequence[str]) -> list[Any]:
+        codec = self.codec()
         return [codec.encode(text).rows[0] for text in texts]
 
     def pad_id(self) -> int:
         from retention_core.text import pad_token_id
-        from training.evaluation import evaluation_codec
 
-        return pad_token_id(evaluation_codec("embedding", self.tokenizer, self.max_length).tokenizer)
+        return pad_token_id(self.codec().tokenizer)
 
     def schedule_work(self, lengths: Sequence[int], rho: float) -> np.ndarray:
         """Encoder token-work fraction of the pruned pass at ρ for rows of these lengths (N,): the keep
@@ -232,13 +211,6 @@ class Encoder:
         work = self.schedule_work([len(row) for row in rows], rho)
         cut = [truncated_to_work(row, fraction) for row, fraction in zip(rows, work, strict=True)]
         return cut, float(np.mean([len(short) / len(row) for short, row in zip(cut, rows, strict=True)]))
-
-    def input_tokens(self, texts: Sequence[str]) -> list[int]:
-        """Each text's token count with [CLS] and [SEP], before any cut to ``max_length``."""
-        from training.evaluation import evaluation_codec
-
-        codec = evaluation_codec("embedding", self.tokenizer, self.max_length)
-        return [codec.encode(text).input_tokens for text in texts]
 
     def encode(self, texts: Sequence[str], method: str, rho: Budget) -> tuple[np.ndarray, float]:
         """Vectors (N, d) and the mean encoder token-work fraction of the pass."""
@@ -459,6 +431,16 @@ def load_embedding_run(run_dir: Path, schedule: dict[str, Any] | None = None) ->
 def dataset_cache(cache_dir: Path | None, dataset: Dataset) -> Path | None:
     """Each dataset's encodings in their own subdirectory of ``--cache-dir``."""
     return None if cache_dir is None else cache_dir / dataset.name
+
+
+def data_file(dataset: Dataset, path: Path | None = None) -> Path:
+    """``path`` (``--data``), else the set's file under the data root; exit without either."""
+    from training.data import default_data_root
+
+    root = default_data_root() if path is None else None
+    if path is None and root is None:
+        raise SystemExit("no data root (../shared/data); pass --data")
+    return path if path is not None else root / dataset.file  # type: ignore[operator]
 
 
 def run_fields(run_dir: Path, recipe: Any, dataset: Dataset, data_path: Path) -> dict[str, Any]:

@@ -1,8 +1,11 @@
-"""Batch client: send every row of a JSONL, CSV or Parquet file to /classify, /qa, /summarize or /embed.
+"""Batch client: send every row of a JSONL, CSV or Parquet file to one of the service's task routes.
 
     retention-batch reviews.csv predictions.jsonl --url http://localhost:8000 \\
         --endpoint classify --rho 0.3 --concurrency 8 --field text=review --id-field id
 
+* ``--endpoint`` names any route the server serves (/classify, /qa, /summarize, /embed, a task added
+  later): the client asks ``GET /models`` for the routes served and each one's input fields, and reads
+  each field from the input column of its name unless ``--field KEY=COLUMN`` says otherwise.
 * Bounded concurrency (``--concurrency`` requests in flight, httpx async, one connection pool).
 * 429/502/503/504 and connection errors are retried; a ``Retry-After`` header is honoured.
 * Output is JSON Lines in input order, one record per input row::
@@ -39,7 +42,6 @@ import httpx
 from tqdm import tqdm
 
 from clients.records import (
-    ENDPOINTS,
     ERROR_BODY_CHARS,
     RETRY_STATUSES,
     BatchConfig,
@@ -51,8 +53,10 @@ from clients.records import (
     prepare_output,
     query_params,
     read_rows,
+    served_routes,
     start_record,
     tally,
+    with_served_fields,
 )
 from clients.records import (
     load_resume_state as load_resume_state,  # re-exported: resume state is read through this module too
@@ -83,7 +87,7 @@ class Sender:
         self.cfg = cfg
         self.client = client
         self.summary = summary
-        self.path = "/" + cfg.endpoint.strip("/")
+        self.path = cfg.route
         self.params = query_params(cfg)
         headers: dict[str, str] = {}
         if cfg.api_key:
@@ -98,6 +102,29 @@ class Sender:
             return min(retry_after, self.cfg.max_retry_wait)
         backoff = min(self.cfg.max_retry_wait, 0.25 * 2**attempt)
         return backoff * (0.5 + random.random() / 2)
+
+    async def models(self) -> dict[str, Any]:
+        """The server's ``GET /models`` answer, retried as a row is (429/5xx, connection errors: the
+        server may still be starting); a ValueError when it never answers 200."""
+        attempt = 0
+        while True:
+            attempt += 1
+            retry_after: float | None = None
+            try:
+                response = await self.client.get("/models", headers=self.headers)
+            except httpx.TransportError as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code == 200:
+                    listing: dict[str, Any] = response.json()
+                    return listing
+                failure = f"{response.status_code} {response.text[:ERROR_BODY_CHARS]}"
+                if response.status_code not in RETRY_STATUSES:
+                    raise ValueError(f"GET {self.cfg.url}/models answered {failure}")
+                retry_after = retry_after_seconds(response.headers.get("retry-after"))
+            if attempt > self.cfg.max_retries:
+                raise ValueError(f"GET {self.cfg.url}/models failed: {failure}")
+            await asyncio.sleep(self._wait(attempt, retry_after))
 
     async def send(self, index: int, row: dict[str, Any]) -> dict[str, Any]:
         record, body = start_record(self.cfg, index, row)
@@ -135,8 +162,18 @@ class Sender:
             await asyncio.sleep(self._wait(attempt, retry_after))
 
 
+async def served_fields(cfg: BatchConfig) -> BatchConfig:
+    """``cfg`` with its route's input fields, from the server's ``GET /models`` (``with_served_fields``):
+    the client keeps no table of routes, so it sends rows to a task added after it was written."""
+    async with httpx.AsyncClient(base_url=cfg.url, timeout=cfg.timeout) as client:
+        listing = await Sender(cfg, client, Summary()).models()
+    return with_served_fields(cfg, served_routes(listing))
+
+
 async def run_batch(cfg: BatchConfig) -> Summary:
-    """Process ``cfg.input_path`` into ``cfg.output_path``; resumes from what is already there."""
+    """Process ``cfg.input_path`` into ``cfg.output_path``; resumes from what is already there. The
+    route is checked and its fields learnt before any output is touched."""
+    cfg = await served_fields(cfg)
     summary, done, recovered = prepare_output(cfg)
     usage = _UsageTotals()
     window = max(4 * cfg.concurrency, 64)  # bounds the reorder buffer behind a slow row
@@ -246,7 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input", type=Path, help="input file (.jsonl, .csv, .tsv or .parquet)")
     p.add_argument("output", type=Path, help="output JSONL, one record per input row, in input order")
     p.add_argument("--url", default=os.environ.get("RETENTION_URL", "http://127.0.0.1:8000"))
-    p.add_argument("--endpoint", choices=ENDPOINTS, default="classify")
+    p.add_argument(
+        "--endpoint",
+        default="classify",
+        help="the route rows are posted to (classify, qa, summarize, embed, or any other the server's "
+        "GET /models lists)",
+    )
     p.add_argument(
         "--rho", type=_rho, default=None, help="retention budget in (0, 1] or 'auto'; default: the model's"
     )
@@ -266,8 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=_key_value,
         default=[],
         metavar="KEY=COLUMN",
-        help="request body KEY read from input COLUMN (defaults: classify/summarize text=text,"
-        " qa question=question context=context); repeatable",
+        help="request body KEY read from input COLUMN (default: each input field the server lists for "
+        "the route in GET /models, read from the column of its name: text=text; qa question=question "
+        "context=context); repeatable",
     )
     p.add_argument(
         "--const",

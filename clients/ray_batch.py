@@ -4,7 +4,8 @@ No server: each actor builds ``create_app(settings)`` once (one set of ONNX Runt
 batcher), runs its lifespan, and sends every row of a ``map_batches`` call to it in-process, all at once,
 so the app's batcher packs them by tokens as it packs concurrent HTTP requests. The records (schema,
 ``response`` bodies, ``usage``) are the HTTP client's; the output is written in input order and a rerun
-skips the rows already written, as the HTTP client's resume does.
+skips the rows already written, as the HTTP client's resume does. The route's input fields come from the
+app's face registry (``service.api.faces``, what the app's GET /models lists), read in the driver.
 
 The driver reads the input file (JSONL/CSV/Parquet) and hands rows to Ray as JSON strings (no Arrow
 schema guessing over heterogeneous rows); the inference, the expensive part, runs on the actors.
@@ -36,7 +37,9 @@ from clients.records import (
     read_rows,
     start_record,
     tally,
+    with_served_fields,
 )
+from service.api.faces import FACES
 
 READY_WAIT_S = 300.0  # an actor's first model load (and warm-up) may take this long
 # In-process requests: no admission refusal and no deadline shorter than a whole Ray batch's work (a
@@ -55,7 +58,7 @@ class AppActor:
         from service.settings import Settings
 
         self.cfg = cfg
-        self.path = "/" + cfg.endpoint.strip("/")
+        self.path = cfg.route
         self.params = query_params(cfg)
         settings = with_actor_threads(
             Settings(
@@ -99,8 +102,15 @@ class AppActor:
             self.loop.call_soon_threadsafe(self.loop.stop)
 
 
+def face_routes() -> dict[str, tuple[str, ...]]:
+    """Every task route the app serves and the body fields of one input at each: the face registry the
+    app's GET /models reads, in-process (there is no server to ask)."""
+    return {face.path: face.fields for face in FACES.values()}
+
+
 def run_ray_batch(cfg: BatchConfig) -> Summary:
     """Process ``cfg.input_path`` into ``cfg.output_path`` on Ray; resumes from what is already there."""
+    cfg = with_served_fields(cfg, face_routes())  # before any output is touched: an unknown route stops here
     # The HTTP engine's journal (rows it finished out of order) counts as written too.
     summary, done, recovered = prepare_output(cfg)
     items = [

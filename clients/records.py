@@ -7,19 +7,15 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
-ENDPOINTS = ("classify", "qa", "summarize", "embed")
-# request body key -> input column, per endpoint; ``--field KEY=COLUMN`` overrides one entry.
-DEFAULT_FIELDS: dict[str, dict[str, str]] = {
-    "classify": {"text": "text"},
-    "qa": {"question": "question", "context": "context"},
-    "summarize": {"text": "text"},
-    "embed": {"text": "text"},
-}
+# route ("/classify") -> the request body fields of one input (("question", "context")). Neither engine
+# keeps a table of its own: the HTTP engine reads it from the server's GET /models (``served_routes``),
+# the Ray engine from the app's face registry, which /models lists.
+Routes = Mapping[str, tuple[str, ...]]
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 ERROR_BODY_CHARS = 500
 
@@ -29,12 +25,14 @@ class BatchConfig:
     input_path: Path
     output_path: Path
     url: str = "http://127.0.0.1:8000"
-    endpoint: str = "classify"
+    endpoint: str = "classify"  # any route the server serves: "classify" or "/classify"
     rho: float | str | None = None  # a float in (0, 1] or 'auto'
     model: str | None = None
     concurrency: int = 8
     api_key: str | None = None
     api_key_header: str = "Authorization"
+    # request body key -> input column: ``--field KEY=COLUMN`` entries, then (``with_served_fields``)
+    # the route's own input fields, each read from the column of its name
     fields: dict[str, str] = field(default_factory=dict)
     constants: dict[str, Any] = field(default_factory=dict)
     params: dict[str, str] = field(default_factory=dict)
@@ -56,8 +54,30 @@ class BatchConfig:
     def journal_path(self) -> Path:
         return self.output_path.with_name(self.output_path.name + ".pending.jsonl")
 
+    @property
+    def route(self) -> str:
+        """The path every row is posted to: "classify" and "/classify" both name "/classify"."""
+        return "/" + self.endpoint.strip("/")
+
     def body_fields(self) -> dict[str, str]:
-        return {**DEFAULT_FIELDS[self.endpoint], **self.fields}
+        return dict(self.fields)
+
+
+def served_routes(listing: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """The routes a server's ``GET /models`` answer lists (one per loaded model's task) and the body
+    fields of one input at each."""
+    models = listing.get("models") or []
+    return {str(m["route"]): tuple(m.get("fields") or ()) for m in models if m.get("route")}
+
+
+def with_served_fields(cfg: BatchConfig, routes: Routes) -> BatchConfig:
+    """``cfg`` with the body fields of its route: each of the route's input fields read from the column
+    of its name, unless ``--field`` maps it. A ValueError, before any row is sent, when nothing is
+    served at the route: every row would fail the same way."""
+    if cfg.route not in routes:
+        served = ", ".join(sorted(routes)) or "none"
+        raise ValueError(f"nothing is served at {cfg.route} (the routes served: {served})")
+    return replace(cfg, fields={**{name: name for name in routes[cfg.route]}, **cfg.fields})
 
 
 @dataclass

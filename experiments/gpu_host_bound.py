@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import gpu
+from benchmarks.encoder_speed import NUM_LABELS
 from benchmarks.harness import describe, publish
 
 MODULE = "experiments.gpu_host_bound"
@@ -63,7 +64,7 @@ def build(shape: dict[str, Any], plan: gpu.Plan) -> tuple[Any, Any]:
         torch.manual_seed(0)
         backbone = backbone_from_config(BertConfig(**shape))
         config = RetentionConfig(schedule_power=gpu.SCHEDULE_POWER)
-        model = RetentionModel(backbone, "classification", gpu.NUM_LABELS, config)
+        model = RetentionModel(backbone, "classification", NUM_LABELS, config)
     model = model.to(plan.device).eval()
     dense = AutoModel.from_config(model.backbone.config, attn_implementation="sdpa").to(plan.device).eval()
     return model, dense

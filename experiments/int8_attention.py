@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 import onnx
-from benchmarks.machine import describe
 
+from retention_core.machine import describe
 from retention_core.onnx import open_session
 from training import export as E
 from training.fit import load_run

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.embed_speed import DEFAULT_RECIPE, documents, our_model, peer_checkpoint, token_feeds
+from benchmarks.embedding_graphs import DEFAULT_RECIPE, documents, our_model, peer_checkpoint, token_feeds
 from benchmarks.harness import ort_session, publish
 
 MODULE = "experiments.op_profile"

@@ -1,8 +1,9 @@
 """Long documents: dense truncation at the configured max length against learned retention over more
 tokens at equal encoder token-work (a question worth measuring; it has no target).
 
-``python -m benchmarks.retrieval <run_dir> --out <dir> --dataset scitldr --long-context [--long-length 512]
-[--short-length N] [--cache-dir DIR]`` → ``<dir>/long_context.json`` and ``.md``.
+``python -m experiments.retrieval_long <run_dir> --out <dir> --dataset scitldr [--long-length 512]
+[--short-length N] [--cache-dir DIR]`` → ``<dir>/long_context.json`` and ``.md`` (the retrieval sets and
+encoders of ``benchmarks.retrieval``).
 
 The documents longer than ``short`` tokens ([CLS] and [SEP] counted; ``short`` is the recipe's
 max_length, 256 for MiniLM) are encoded five ways:
@@ -27,7 +28,7 @@ more attention work — and the scorers' own cost.
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +36,11 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import describe, write_result
+from benchmarks.harness import cli, describe, publish
 from benchmarks.retrieval_parts import (
+    DATASETS,
     DECIMALS,
+    DEFAULT_DATASET,
     DENSE,
     ENCODER,
     LEARNED,
@@ -47,6 +50,7 @@ from benchmarks.retrieval_parts import (
     Encoder,
     RetrievalSet,
     cosine_distribution,
+    data_file,
     dataset_cache,
     load_embedding_run,
     payload_dataset,
@@ -58,6 +62,7 @@ from benchmarks.retrieval_parts import (
     search_description,
 )
 
+MODULE = "experiments.retrieval_long"
 RHO_STEP = 0.005
 FIXED_RHO = 0.5
 ATTENTION = "attention"
@@ -75,8 +80,14 @@ class LongDocuments:
     query_mask: np.ndarray  # (Q,) bool: the query's relevant document is long
 
 
+def input_tokens(encoder: Encoder, texts: list[str]) -> list[int]:
+    """Each text's token count with [CLS] and [SEP], before any cut to the encoder's ``max_length``."""
+    codec = encoder.codec()
+    return [codec.encode(text).input_tokens for text in texts]
+
+
 def long_documents(short: Encoder, long: Encoder, data: RetrievalSet) -> LongDocuments:
-    tokens = np.array(long.input_tokens(data.paragraphs))  # (D,) before any cut
+    tokens = np.array(input_tokens(long, data.paragraphs))  # (D,) before any cut
     ids = np.flatnonzero(tokens > short.max_length)  # (L,)
     return LongDocuments(
         ids=ids,
@@ -294,18 +305,30 @@ def markdown(payload: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(args: argparse.Namespace, dataset: Dataset, data_path: Path, command: str) -> None:
-    """``python -m benchmarks.retrieval … --long-context``."""
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = cli(MODULE, __doc__)
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--out", type=Path, required=True, help=f"directory for {RESULT_FILE} / .md")
+    parser.add_argument("--dataset", choices=sorted(DATASETS), default=DEFAULT_DATASET)
+    parser.add_argument("--data", type=Path, default=None, help="default: the set's file under the data root")
+    parser.add_argument("--limit-queries", type=int, default=None)
+    parser.add_argument("--cache-dir", type=Path, default=None, help="reuse embeddings across invocations")
+    parser.add_argument("--short-length", type=int, help="default: the recipe's max_length")
+    parser.add_argument("--long-length", type=int, default=512)
+    args = parser.parse_args(argv)
+    dataset = DATASETS[args.dataset]
     payload = long_context_benchmark(
         args.run_dir,
         dataset,
-        data_path,
+        data_file(dataset, args.data),
         args.limit_queries,
         args.cache_dir,
         args.long_length,
         args.short_length,
     )
-    payload["command"] = command
-    table = markdown(payload)
-    write_result(args.out / RESULT_FILE, payload, table)
-    print(table)
+    publish(payload, markdown, args.out / RESULT_FILE, MODULE, argv)
+
+
+if __name__ == "__main__":
+    main()

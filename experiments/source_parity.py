@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.embed_speed import tiny_checkpoint
+from benchmarks.embedding_graphs import tiny_checkpoint
 from benchmarks.retrieval_parts import DATASETS, read_retrieval_set
 from retention_core.machine import describe
 from training.tiny import TINY_MAX_LENGTH
@@ -77,7 +77,7 @@ def encode_ours(
 def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from sentence_transformers import SentenceTransformer
 
-    from benchmarks.embed_speed import our_model
+    from benchmarks.embedding_graphs import our_model
     from retention_core.onnx import open_session
     from training.encoders import load_tokenizer, resolve_backbone_path
     from training.export import export_onnx

@@ -22,7 +22,7 @@ from retention_core.codecs.base import SPECIAL_SEGMENT, Encoded
 
 @dataclass(frozen=True)
 class TokenDepth:
-    segment: str  # which input text the offsets index: "text", "question", "context" or "document"
+    segment: str  # which input text the offsets index, as its codec names it (codecs.base.TokenSpan)
     start: int  # character offsets [start, end) into that text
     end: int
     depth: int  # layers the token entered: 0 (dropped before layer 1) … num_layers (never dropped)

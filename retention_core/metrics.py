@@ -9,6 +9,9 @@
   maximum over references (``aggregate="max"``, the SciTLDR convention) or their mean (``"mean"``).
   ``rougeLsum`` is the summary-level LCS: pass multi-sentence texts with one sentence per line (the
   other variants ignore line breaks).
+- Ranking of one relevant document among many (retrieval, reranking): its 1-based rank, nDCG@k,
+  MRR@k and recall@k, in percent. Pure numpy, so evaluation in ``training/``, the retrieval benchmarks
+  and a reranking task's evaluation all score a ranking the same way.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Literal
 
+import numpy as np
+
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+RANKING_CUTOFF = 10  # the k of nDCG@k, MRR@k and recall@k unless a caller names another
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = frozenset(string.punctuation)
 
@@ -86,3 +92,35 @@ def rouge_scores(
         values = [score[kind].fmeasure for score in per_reference]
         result[kind] = max(values) if aggregate == "max" else sum(values) / len(values)
     return result
+
+
+# ---------------------------------------------------------------------- ranking
+def gold_ranks(scores: np.ndarray, gold: np.ndarray) -> np.ndarray:
+    """1-based rank of each query's gold document. scores (Q, D), gold (Q,) → (Q,) int.
+
+    Ties are broken by document index (lower first), as a stable descending sort would."""
+    gold_scores = scores[np.arange(len(gold)), gold][:, None]  # (Q, 1)
+    above = (scores > gold_scores).sum(1)  # (Q,)
+    before = np.arange(scores.shape[1])[None, :] < gold[:, None]  # (Q, D)
+    tied_before = ((scores == gold_scores) & before).sum(1)  # (Q,)
+    return (above + tied_before + 1).astype(np.int64)
+
+
+def query_ndcg(ranks: np.ndarray, cutoff: int = RANKING_CUTOFF) -> np.ndarray:
+    """Per-query nDCG@k (percent) of one-relevant-document queries: the ideal DCG is 1, so it is
+    1 / log2(rank + 1) inside the cut-off, else 0. (Q,) ranks → (Q,) float64."""
+    ranks = np.asarray(ranks, dtype=np.float64)
+    return 100.0 * np.where(ranks <= cutoff, 1.0 / np.log2(ranks + 1.0), 0.0)
+
+
+def ranking_metrics(ranks: np.ndarray, cutoff: int = RANKING_CUTOFF) -> dict[str, float]:
+    """nDCG@k, MRR@k, recall@1 and recall@k (percent) from the gold ranks of one-relevant-document
+    queries (nDCG as in ``query_ndcg``)."""
+    ranks = np.asarray(ranks, dtype=np.float64)
+    inside = ranks <= cutoff
+    return {
+        f"ndcg@{cutoff}": float(np.mean(query_ndcg(ranks, cutoff))),
+        f"mrr@{cutoff}": 100.0 * float(np.mean(np.where(inside, 1.0 / ranks, 0.0))),
+        "recall@1": 100.0 * float(np.mean(ranks <= 1)),
+        f"recall@{cutoff}": 100.0 * float(np.mean(inside)),
+    }

@@ -15,6 +15,7 @@ from retention_core.contract import MANIFEST_FILE, MODEL_FILE, QualityCurve, Qua
 from retention_core.machine import describe
 from training.data import EVAL_SEED
 from training.recipes import DatasetSpec, Recipe, load_recipe, recipe_chain
+from training.tasks import retrofit_tasks
 
 RUNS_DIR_VARIABLE = "RETENTION_RUNS_DIR"  # keeps long runs' checkpoints outside the work tree
 DEFAULT_MODELS_DIR = Path("models")
@@ -365,7 +366,10 @@ def parser() -> argparse.ArgumentParser:
         "Hugging Face *ForSequenceClassification checkpoint dir (BERT or RoBERTa family)",
     )
     retro_p.add_argument(
-        "--task", default="embedding", choices=["embedding", "classification"], help="default: embedding"
+        "--task",
+        default="embedding",
+        choices=retrofit_tasks(),
+        help="the tasks with a retrofit recipe (training.tasks); default: embedding",
     )
     retro_p.add_argument("--texts", type=Path, required=True, help=".jsonl[.gz] (see --field) or .txt")
     retro_p.add_argument("--field", default="text", help="the JSON field that holds each text")

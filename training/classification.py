@@ -292,4 +292,5 @@ EVALUATION = E.TaskEvaluation(
     metrics=(QUALITY_METRIC,),
     quality_metric=quality_metric,
     quality_curve=onnx_accuracy_curve,
+    headline=QUALITY_METRIC,
 )

@@ -89,6 +89,12 @@ class TaskEvaluation:
     quality_metric: Callable[[str], str]  # dataset name → metric of the manifest curve
     # (onnx path, tokenizer, examples, recipe) → the exported graph's quality at recipe.evaluation.rhos
     quality_curve: Callable[[Path, Any, list[Example], Recipe], Curve]
+    # The one of ``metrics`` a results page plots against ρ (benchmarks.report), whatever the dataset.
+    headline: str
+
+    def __post_init__(self) -> None:
+        if self.headline not in self.metrics:
+            raise ValueError(f"headline {self.headline!r} is not one of the metrics {list(self.metrics)}")
 
     def check_methods(self, methods: Sequence[str]) -> None:
         """A misspelt method must not run as another one and be recorded under the typo."""
@@ -102,8 +108,10 @@ def codec_task_evaluation(
     metrics: tuple[str, ...],
     quality_metric: Callable[[str], str],
     quality_curve: Callable[[Path, Any, list[Example], Recipe], Curve],
+    headline: str | None = None,
 ) -> TaskEvaluation:
-    """The evaluation of a task measured by the codec loop below: its methods, merging and table."""
+    """The evaluation of a task measured by the codec loop below: its methods, merging and table;
+    ``headline`` (default: the first of ``metrics``) is what a results page plots."""
     return TaskEvaluation(
         methods=CODEC_METHODS + CODEC_EXTRA_METHODS,
         default_methods=CODEC_METHODS,
@@ -113,6 +121,7 @@ def codec_task_evaluation(
         metrics=metrics,
         quality_metric=quality_metric,
         quality_curve=quality_curve,
+        headline=metrics[0] if headline is None else headline,
     )
 
 

@@ -315,11 +315,13 @@ def quantize_int8(source: Path, target: Path) -> None:
 
 def quantized(model: Any) -> Any:
     """``model`` with int8 weights (``quantize_int8``'s choices), as a new ModelProto."""
-    return int8_weights(split_biased_attention(model), INT8_OPERATORS)
+    split = split_biased_attention(model)
+    return int8_weights(split, INT8_OPERATORS, keep_fp32=outlying_matmuls(split))
 
 
-def int8_weights(model: Any, operators: list[str]) -> Any:
-    """Dynamic per-channel int8 weights of ``operators`` (the scorers excepted), as a new ModelProto."""
+def int8_weights(model: Any, operators: list[str], keep_fp32: Sequence[str] = ()) -> Any:
+    """Dynamic per-channel int8 weights of ``operators`` (the scorers and the nodes named in ``keep_fp32``
+    excepted), as a new ModelProto."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with tempfile.TemporaryDirectory(prefix="quantize-") as tmp:
@@ -332,11 +334,92 @@ def int8_weights(model: Any, operators: list[str]) -> Any:
             per_channel=True,
             op_types_to_quantize=operators,
             nodes_to_exclude=[
-                node.name for node in model.graph.node if node.name.startswith(FP32_NODE_SCOPES)
+                *(node.name for node in model.graph.node if node.name.startswith(FP32_NODE_SCOPES)),
+                *keep_fp32,
             ],
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
         return onnx.load(str(out))
+
+
+# A weight MatMul whose input has values this many times its 99.9th percentile stays fp32: int8 activations
+# have ONE dynamic scale per tensor, set by the largest value, so such outliers leave the bulk of the values
+# a few of the 256 steps. all-mpnet-base-v2's FFN output projections in layers 7-11 reach 25-48× (int8
+# cosine to fp32 0.89 with them, 0.99 without); every GEMM of MiniLM stays under 15×
+# (docs/experiments/2026-11-27-mpnet-int8.md).
+OUTLIER_RATIO = 20.0
+OUTLIER_PERCENTILE = 99.9
+# Calibration inputs: random token ids. The outlying GEMMs are a property of the weights, not of the text:
+# random ids flag the same ones as real paragraphs (the study above), so export needs no data.
+CALIBRATION_BATCH, CALIBRATION_TOKENS, CALIBRATION_CALLS, CALIBRATION_SEED = 8, 128, 2, 0
+
+
+def outlying_matmuls(model: Any) -> list[str]:
+    """The weight MatMuls of a standalone graph whose input carries outliers (max |x| over its
+    ``OUTLIER_PERCENTILE``th percentile above ``OUTLIER_RATIO``), at ρ = 1 on random token ids."""
+    weights = {init.name for init in model.graph.initializer}
+    taps: dict[str, list[str]] = {}  # input tensor → the weight MatMuls that read it
+    for node in model.graph.node:
+        if (
+            node.op_type == "MatMul"
+            and node.input[1] in weights
+            and not node.name.startswith(FP32_NODE_SCOPES)
+        ):
+            taps.setdefault(node.input[0], []).append(node.name)
+    if not taps:
+        return []
+    tapped = onnx.ModelProto()
+    tapped.CopyFrom(model)
+    tapped.graph.output.extend(
+        onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in taps
+    )
+    with tempfile.TemporaryDirectory(prefix="calibrate-") as tmp:
+        onnx.save(tapped, str(Path(tmp) / "tapped.onnx"))
+        session = open_session(Path(tmp) / "tapped.onnx", intra_op_threads=0)
+        names = [output.name for output in session.get_outputs()]
+        peaks: dict[str, float] = {}
+        bulk: dict[str, list[float]] = {}
+        rng = np.random.default_rng(CALIBRATION_SEED)
+        for _ in range(CALIBRATION_CALLS):
+            outputs = dict(zip(names, session.run(None, calibration_feeds(session, model, rng)), strict=True))
+            for name in taps:
+                values = np.abs(outputs[name])
+                peaks[name] = max(peaks.get(name, 0.0), float(values.max()))
+                bulk.setdefault(name, []).append(float(np.percentile(values, OUTLIER_PERCENTILE)))
+    outlying = [name for name in taps if peaks[name] > OUTLIER_RATIO * float(np.mean(bulk[name]))]
+    return [node for name in outlying for node in taps[name]]
+
+
+def calibration_feeds(session: Any, model: Any, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """One batch of random token ids at ρ = 1 (every row dense) for ``session``'s inputs: ids uniform over
+    the vocabulary (the rows of the word-embedding table ``input_ids`` indexes), every token real."""
+    shape = (CALIBRATION_BATCH, CALIBRATION_TOKENS)
+    feeds: dict[str, np.ndarray] = {}
+    for graph_input in session.get_inputs():
+        if graph_input.name == "input_ids":
+            feeds[graph_input.name] = rng.integers(0, vocabulary_size(model), shape).astype(np.int64)
+        elif graph_input.name == "rho":
+            feeds[graph_input.name] = np.ones(CALIBRATION_BATCH, np.float32)
+        elif graph_input.name == "attention_mask":
+            feeds[graph_input.name] = np.ones(shape, np.int64)
+        else:  # token types, protected masks: all zeros
+            feeds[graph_input.name] = np.zeros(shape, np.int64)
+    return feeds
+
+
+def vocabulary_size(model: Any) -> int:
+    """Rows of the table a Gather or EmbedLayerNormalization reads with ``input_ids`` (the word
+    embeddings), also through the Cast to int32 onnxruntime's optimizer puts before the latter."""
+    tables = {init.name: init.dims[0] for init in model.graph.initializer if len(init.dims) == 2}
+    ids = {"input_ids"}
+    for node in model.graph.node:
+        if node.op_type == "Cast" and node.input[0] in ids:
+            ids.update(node.output)
+        elif node.op_type == "Gather" and node.input[1] in ids and node.input[0] in tables:
+            return int(tables[node.input[0]])
+        elif node.op_type == "EmbedLayerNormalization" and node.input[0] in ids and node.input[2] in tables:
+            return int(tables[node.input[2]])
+    raise ValueError("no word-embedding table is read with input_ids")
 
 
 def unjoined(model: Any) -> tuple[Any, Any] | None:

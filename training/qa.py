@@ -171,4 +171,6 @@ def onnx_quality_curve(onnx_path: Path, tokenizer: Any, rows: list[Example], rec
     return E.codec_quality_curve(onnx_path, loop, rows, QUALITY_METRIC, recipe.evaluation)
 
 
-EVALUATION = E.codec_task_evaluation(evaluate, METRICS, lambda dataset: QUALITY_METRIC, onnx_quality_curve)
+EVALUATION = E.codec_task_evaluation(
+    evaluate, METRICS, lambda dataset: QUALITY_METRIC, onnx_quality_curve, headline=QUALITY_METRIC
+)

@@ -5,7 +5,8 @@ codec); a ``TrainingTask`` adds the torch side: rows → ``Batch``, the loss, th
 divergence, the salient tokens, and how the task is evaluated (``training.evaluation.TaskEvaluation``).
 ``training.fit``, ``training.export`` and ``python -m training`` read only these two registries, so
 adding a task is a ``retention_core.tasks.register`` call, a ``register_training_task`` call, its
-codec and its module here: no switch elsewhere.
+codec and its module here: no switch elsewhere. A task that can retrofit an existing model names its
+recipe builder here too (``retrofit_recipe``): the retrofit command offers exactly those tasks.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from training.batch import Batch, EncoderInputs
 from training.data import Example
 from training.evaluation import TaskEvaluation
 from training.model import RetentionModel
+from training.recipes import Recipe
+from training.retrofit_recipes import classification_recipe, embedding_recipe
 
 __all__ = [
     "TRAINING_TASKS",
@@ -28,6 +31,7 @@ __all__ = [
     "TrainingTask",
     "register_training_task",
     "retrofit_task",
+    "retrofit_tasks",
     "training_task",
 ]
 
@@ -50,6 +54,9 @@ class TrainingTask:
     # A labelled task's label-free variant, what a retrofit trains (classification: unlabeled texts, KL to
     # the original model's logits); None when the task cannot be retrofitted.
     retrofit: TrainingTask | None = None
+    # (model, profile) → the recipe of a retrofit of an existing model of this task (its sizes for the
+    # profile; a ValueError for an unknown one); None: ``python -m training retrofit`` does not offer it.
+    retrofit_recipe: Callable[[str, str], Recipe] | None = None
 
 
 TRAINING_TASKS: dict[str, TrainingTask] = {}
@@ -65,6 +72,12 @@ def training_task(name: str) -> TrainingTask:
     if name not in TRAINING_TASKS:
         raise KeyError(f"task {name!r} has no training entry; known: {sorted(TRAINING_TASKS)}")
     return TRAINING_TASKS[name]
+
+
+def retrofit_tasks() -> tuple[str, ...]:
+    """The tasks ``python -m training retrofit --task`` offers: those naming a retrofit recipe builder,
+    in registry order."""
+    return tuple(name for name, task in TRAINING_TASKS.items() if task.retrofit_recipe is not None)
 
 
 def retrofit_task(name: str) -> TrainingTask:
@@ -92,6 +105,7 @@ register_training_task(
             reference_dataset="imdb",
             teacher=embedding.dense_targets,  # the dense pass (ρ = 1): the original model's logits
         ),
+        retrofit_recipe=classification_recipe,
     ),
 )
 register_training_task(
@@ -123,5 +137,6 @@ register_training_task(
         evaluation=embedding.EVALUATION,
         reference_dataset="squad_contexts",
         teacher=embedding.dense_targets,
+        retrofit_recipe=embedding_recipe,
     ),
 )

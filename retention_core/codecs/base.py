@@ -32,9 +32,11 @@ SPECIAL_SEGMENT = ""  # the segment of a token with no text of its own ([CLS], [
 
 @dataclass(frozen=True)
 class TokenSpan:
-    """Where one row token comes from: the input text it is part of (``segment``: "text", "question",
-    "context", "document"; ``SPECIAL_SEGMENT`` for special tokens) and its character offsets
-    ``[start, end)`` into that text (Python ``str`` indices)."""
+    """Where one row token comes from: the input text it is part of (``segment``, named as the request
+    field the text arrives in: "text", "question", "context", ``name[i]`` for item i of a list field
+    such as a reranker's "passages[2]"; "document" for a summary's joined sentences; ``SPECIAL_SEGMENT``
+    for special tokens) and its character offsets ``[start, end)`` into that text (Python ``str``
+    indices). Each codec names its own segments: nothing else lists them."""
 
     segment: str
     start: int

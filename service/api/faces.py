@@ -4,8 +4,10 @@ how the graph's answers become the response.
 The task registry (``retention_core.tasks``) says what a task is; this registry, beside it and keyed by
 the same name, says how clients reach it. ONE generic handler (``service.api.routers.tasks``) serves
 every face, so a task registered in both (a test may do it) is served over HTTP, counted in the metrics
-under its ``task`` label and listed in the OpenAPI document with no route of its own. The core knows
-nothing of HTTP: the faces live in the service, which alone imports FastAPI.
+under its ``task`` label and listed in the OpenAPI document with no route of its own. ``GET /models``
+lists each model's route and the body fields of one input (``TaskFace.fields``), so clients that talk
+HTTP (the batch client, the explorer page) learn a new task from the server rather than from a table of
+their own. The core knows nothing of HTTP: the faces live in the service, which alone imports FastAPI.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
@@ -40,6 +43,7 @@ from service.api.schemas import (
 )
 from service.errors import InvalidRequest, PayloadTooLarge, UnsupportedValue
 from service.serving import ServedModel
+from service.settings import Settings
 
 Body = TypeVar("Body", bound=ExplainOptions)
 Reply = TypeVar("Reply", bound=BaseModel)
@@ -61,6 +65,20 @@ class Answer(Generic[Body]):
         return {"model": self.served.model.name, "usage": usage, "explanations": self.explanations}
 
 
+def max_items(settings: Settings) -> int:
+    """The inputs one request may carry unless its face says otherwise: ``max_items`` (each input may
+    be many windows)."""
+    return settings.max_items
+
+
+@cache
+def array_properties(request: type[BaseModel]) -> frozenset[str]:
+    """The properties of a request body whose JSON Schema type is an array (a list of texts). The
+    schema, not the annotation, is what clients read, so the two cannot disagree."""
+    properties = request.model_json_schema()["properties"]
+    return frozenset(name for name, schema in properties.items() if schema.get("type") == "array")
+
+
 @dataclass(frozen=True)
 class TaskFace(Generic[Body, Reply]):
     """How clients reach one task of the registry over HTTP (``POST path``)."""
@@ -69,9 +87,20 @@ class TaskFace(Generic[Body, Reply]):
     path: str  # "/classify"
     request: type[Body]
     response: type[Reply]
-    count: Callable[[Body], int]  # the inputs of a body, checked against max_items
+    # The body fields of ONE input, each read from a column of a row by the batch client (identity
+    # mapping by default) and shown as one form input by the explorer: ("text",); ("question", "context").
+    fields: tuple[str, ...]
+    count: Callable[[Body], int]  # the inputs of a body, checked against item_limit
     encode: Callable[[Any, Body], Awaitable[list[Encoded]]]  # (the model's codec, the body) -> rows
     respond: Callable[[Answer[Body]], Reply]
+    item_limit: Callable[[Settings], int] = max_items  # the most inputs (``count``) one body may carry
+
+    @property
+    def list_fields(self) -> tuple[str, ...]:
+        """Those of ``fields`` whose value is a list of texts (a reranker's passages): a form shows one
+        item per line, a batch row holds a JSON list."""
+        arrays = array_properties(self.request)
+        return tuple(name for name in self.fields if name in arrays)
 
     @property
     def description(self) -> str:
@@ -89,11 +118,17 @@ FACES: dict[str, TaskFace[Any, Any]] = {}
 
 def register_face(face: TaskFace[Body, Reply]) -> TaskFace[Body, Reply]:
     """Add (or replace) a task's face. A KeyError for a task the core registry does not know; a
-    ValueError for a path another task's face already serves."""
+    ValueError for a path another task's face already serves, or for declared input fields its request
+    body does not have (clients would build bodies the route refuses)."""
     task_spec(face.task)
     taken = {other.path: other.task for other in FACES.values() if other.task != face.task}
     if face.path in taken:
         raise ValueError(f"{face.path} already serves task {taken[face.path]!r}")
+    unknown = [name for name in face.fields if name not in face.request.model_fields]
+    if not face.fields or unknown:
+        raise ValueError(
+            f"{face.path}: input fields {list(face.fields)} are not fields of {face.request.__name__}"
+        )
     FACES[face.task] = face
     return face
 
@@ -111,15 +146,28 @@ def item_face(
     bodies: tuple[type[Body], type[Reply]],
     items_of: Callable[[Body], list[tuple[str, ...]]],
     respond: Callable[[Answer[Body]], Reply],
+    fields: tuple[str, ...] = ("text",),
+    item_limit: Callable[[Settings], int] = max_items,
 ) -> TaskFace[Body, Reply]:
     """The face of a task whose body lists its inputs: ``items_of(body)`` gives each one's arguments to
-    the codec's ``encode`` (texts), counted against max_items and encoded by ``encode_each``."""
+    the codec's ``encode`` (texts), counted against ``item_limit`` and encoded by ``encode_each``;
+    ``fields``: the body fields of one input (one ``text`` unless told)."""
     request, response = bodies
 
     async def encode(codec: Any, body: Body) -> list[Encoded]:
         return await encode_each(codec, items_of(body))
 
-    return TaskFace(task, path, request, response, lambda body: len(items_of(body)), encode, respond)
+    return TaskFace(
+        task=task,
+        path=path,
+        request=request,
+        response=response,
+        fields=fields,
+        count=lambda body: len(items_of(body)),
+        encode=encode,
+        respond=respond,
+        item_limit=item_limit,
+    )
 
 
 def each_text(body: TextsRequest) -> list[tuple[str, ...]]:
@@ -159,7 +207,7 @@ def qa_reply(answer: Answer[QARequest]) -> QAResponse:
     return QAResponse(**answer.envelope, **at_top(results, answer.body.items is None), results=results)
 
 
-register_face(item_face("qa", "/qa", (QARequest, QAResponse), each_pair, qa_reply))
+register_face(item_face("qa", "/qa", (QARequest, QAResponse), each_pair, qa_reply, ("question", "context")))
 
 
 # ---------------------------------------------------------------------- summarization: POST /summarize
@@ -210,6 +258,7 @@ register_face(
         path="/summarize",
         request=SummarizeRequest,
         response=SummarizeResponse,
+        fields=("text",),  # or the client's own ``sentences``; one of them per document
         count=one_document,
         encode=encode_document,
         respond=summary_reply,
@@ -220,6 +269,11 @@ register_face(
 # ---------------------------------------------------------------------- embedding: POST /embed
 # also served by OpenAI's POST /v1/embeddings and TEI's API (routers/openai_compat.py, tei_compat.py)
 EMBEDDING = "embedding"
+
+
+def max_embedding_inputs(settings: Settings) -> int:
+    """OpenAI's embeddings limit (a large request is served across batches), as /v1/embeddings."""
+    return settings.max_embedding_inputs
 
 
 def vector_size(model: ServedModel) -> int:
@@ -256,4 +310,13 @@ def embed_reply(answer: Answer[EmbedRequest]) -> EmbedResponse:
     )
 
 
-register_face(item_face(EMBEDDING, "/embed", (EmbedRequest, EmbedResponse), each_text, embed_reply))
+register_face(
+    item_face(
+        EMBEDDING,
+        "/embed",
+        (EmbedRequest, EmbedResponse),
+        each_text,
+        embed_reply,
+        item_limit=max_embedding_inputs,
+    )
+)

@@ -85,7 +85,7 @@ class InferenceOptions(BaseModel):
 
 
 class ExplainOptions(InferenceOptions):
-    """Options of the routes that can explain (/classify, /embed, /qa, /summarize; not /v1/embeddings)."""
+    """Options of the routes that can explain: every task route (not /v1/embeddings)."""
 
     explain: bool | None = Field(
         default=None,
@@ -260,9 +260,13 @@ class Usage(BaseModel):
 
 
 class ExplainedToken(BaseModel):
-    segment: Literal["text", "question", "context", "document"] = Field(
-        description="the input text the offsets index: 'text' (/classify, /embed), 'question' or "
-        "'context' (/qa), 'document' (/summarize: the sentences joined by one space, see 'document')"
+    # A str, not a fixed list: each task's codec names the segments of its inputs, so a new task (a
+    # reranker's "query" and "passages[0]", ...) needs no edit here.
+    segment: str = Field(
+        description="the input text the offsets index, named as the request body field it came from: "
+        "'text' (/classify, /embed), 'question' or 'context' (/qa), 'NAME[i]' for item i of a list "
+        "field; except 'document' (/summarize: the sentences joined by one space, see 'document')",
+        examples=["text", "question", "context", "document", "passages[0]"],
     )
     start: int = Field(description="character offset of the token in its segment")
     end: int = Field(description="character offset just past the token")
@@ -376,6 +380,17 @@ class ModelSummary(BaseModel):
     is_default: bool
     explain: bool = Field(
         default=False, description="its graph reports survival depth: explain=true is served"
+    )
+    route: str | None = Field(
+        default=None, description="the POST route of its task ('/classify'); null: no route serves its task"
+    )
+    fields: list[str] = Field(
+        default_factory=list,
+        description="the request body fields of ONE input at that route (/classify: ['text']; /qa: "
+        "['question', 'context']): what a client fills per input, e.g. from a batch row's columns",
+    )
+    list_fields: list[str] = Field(
+        default_factory=list, description="those of 'fields' whose value is a list of texts"
     )
 
 

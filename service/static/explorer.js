@@ -1,10 +1,16 @@
 // Retention explorer: plain browser JavaScript, no libraries and no build step.
-// It talks to the same HTTP API as any client (GET /models, GET /models/{name}, POST /classify | /embed |
-// /qa | /summarize with explain=true) and draws everything itself (inline SVG).
+// It talks to the same HTTP API as any client (GET /models, GET /models/{name}, then POST to the model's
+// route with explain=true) and draws everything itself (inline SVG). Each model's route and input fields
+// come from GET /models, so a task the page has never heard of is listed, sent and shown too: a form of
+// one input per field and its response as a table (the generic view).
 "use strict";
 
-const ENDPOINTS = { classification: "classify", embedding: "embed", qa: "qa", summarization: "summarize" };
+// The tasks with a form and a result view of their own (their result's title); any other task served
+// gets the generic ones.
 const RESULT_TITLES = { classification: "Label", embedding: "Embedding", qa: "Answer", summarization: "Summary" };
+const GENERIC_TITLE = "Result";
+// Response fields every task's answer carries beside its own (the generic view leaves them out).
+const ENVELOPE = ["model", "usage", "explanations"];
 const SAMPLE_TEXT =
   "The film opens slowly, but the second half is a triumph: sharp writing, a score that never " +
   "intrudes, and a lead performance that carries every scene. I left the cinema smiling.";
@@ -87,10 +93,10 @@ async function loadModels() {
     const option = document.createElement("option");
     option.value = model.name;
     option.textContent = `${model.name} (${model.task})${model.explain ? "" : " - exported without survival depth"}`;
-    option.disabled = !model.explain || !(model.task in ENDPOINTS);
+    option.disabled = !model.explain || !model.route;
     select.appendChild(option);
   }
-  const usable = state.models.find((m) => m.explain && m.task in ENDPOINTS);
+  const usable = state.models.find((m) => m.explain && m.route);
   select.disabled = !usable;
   if (!usable) {
     showError("No loaded model can explain: re-export a model to get its survival depth.");
@@ -118,9 +124,12 @@ async function selectModel() {
   state.manifest = detail.manifest;
   const task = state.model.task;
   $("task").textContent = `task: ${task}, ${state.manifest.schedule.num_points} layers, default ρ ${state.model.default_rho}`;
+  const dedicated = task in RESULT_TITLES;
   $("question-row").hidden = task !== "qa";
+  $("text-row").hidden = !dedicated;
   $("text-label").textContent = task === "qa" ? "Context" : "Text";
-  $("result-title").textContent = RESULT_TITLES[task];
+  buildFields(dedicated ? [] : state.model.fields, state.model.list_fields || []);
+  $("result-title").textContent = RESULT_TITLES[task] || GENERIC_TITLE;
   $("run").disabled = false;
   state.last = null;
   drawCharts();
@@ -128,7 +137,40 @@ async function selectModel() {
 }
 
 // ------------------------------------------------------------------ a request
+// The generic form: one text box per input field the server lists for the model's route; a list field
+// (a reranker's passages) takes one item per line.
+function buildFields(fields, listFields) {
+  const box = $("fields");
+  box.replaceChildren();
+  for (const name of fields) {
+    const row = element("div", undefined, "row stacked");
+    const label = element("label", listFields.includes(name) ? `${name} (one per line)` : name);
+    const input = element("textarea");
+    input.id = `field-${name}`;
+    input.rows = listFields.includes(name) ? 5 : 2;
+    input.spellcheck = false;
+    input.dataset.field = name;
+    input.dataset.list = String(listFields.includes(name));
+    label.htmlFor = input.id;
+    row.append(label, input);
+    box.appendChild(row);
+  }
+  box.hidden = fields.length === 0;
+}
+
+function fieldValues() {
+  const values = {};
+  for (const input of $("fields").querySelectorAll("textarea")) {
+    values[input.dataset.field] =
+      input.dataset.list === "true"
+        ? input.value.split("\n").map((line) => line.trim()).filter((line) => line.length > 0)
+        : input.value;
+  }
+  return values;
+}
+
 function requestBody(task, rho) {
+  if (!(task in RESULT_TITLES)) return { ...fieldValues(), rho, explain: true };
   const text = $("text").value;
   if (task === "qa") return { question: $("question").value, context: text, rho, explain: true };
   return { text, rho, explain: true };
@@ -144,12 +186,14 @@ async function run() {
   document.body.dataset.state = "busy";
   const task = state.model.task;
   const rho = Number($("rho").value);
-  const path = `${ENDPOINTS[task]}?model=${encodeURIComponent(state.model.name)}`;
+  // Relative to the page, as every call here (a server behind a path prefix works unchanged).
+  const path = `${state.model.route.replace(/^\//, "")}?model=${encodeURIComponent(state.model.name)}`;
+  const request = requestBody(task, rho);
   const begin = performance.now();
   try {
-    const body = await api(path, requestBody(task, rho));
+    const body = await api(path, request);
     showError("");
-    state.last = { body, task, rho, roundTrip: performance.now() - begin };
+    state.last = { body, task, rho, request, roundTrip: performance.now() - begin };
     render();
   } catch (err) {
     showError(explainError(err));
@@ -215,14 +259,40 @@ function shade(container, title, text, tokens, layers, answer) {
   if (cursor < text.length) container.appendChild(document.createTextNode(text.slice(cursor)));
 }
 
-function renderTokens(body, task) {
+// The text a segment's offsets index: the request field of its name, item i of a list field for
+// "name[i]", or the explanation's own document (/summarize).
+function segmentText(segment, request, explanation) {
+  const item = /^(.+)\[(\d+)\]$/.exec(segment);
+  if (item && Array.isArray(request[item[1]])) return request[item[1]][Number(item[2])];
+  if (typeof request[segment] === "string") return request[segment];
+  return segment === "document" ? explanation.document : null;
+}
+
+// Every segment of the input, in the order the explanation gives them, each shaded under its name.
+function renderSegments(explanation, request, layers) {
+  const box = $("shaded");
+  box.replaceChildren();
+  const segments = [...new Set(explanation.tokens.map((t) => t.segment))];
+  for (const segment of segments) {
+    const text = segmentText(segment, request, explanation);
+    if (text == null) continue;
+    const part = element("div", undefined, "segment");
+    part.dataset.segment = segment;
+    shade(part, segment, text, explanation.tokens.filter((t) => t.segment === segment), layers, null);
+    box.appendChild(part);
+  }
+}
+
+function renderTokens(body, task, request) {
   const explanation = body.explanations[0];
   const layers = explanation.num_layers;
   drawLegend(layers);
   const of = (segment) => explanation.tokens.filter((t) => t.segment === segment);
   const questionBox = $("question-shaded");
   questionBox.hidden = task !== "qa";
-  if (task === "qa") {
+  if (!(task in RESULT_TITLES)) {
+    renderSegments(explanation, request, layers);
+  } else if (task === "qa") {
     shade(questionBox, "Question", $("question").value, of("question"), layers, null);
     const answer = body.results[0];
     shade($("shaded"), "Context", $("text").value, of("context"), layers, answer);
@@ -240,10 +310,34 @@ function element(tag, text, className) {
   return node;
 }
 
+// A number with four decimals, a list of numbers as such, anything else as JSON.
+function formatValue(value) {
+  if (typeof value === "number") return value.toFixed(4);
+  if (Array.isArray(value) && value.every((v) => typeof v === "number")) {
+    return value.map((v) => (Number.isInteger(v) ? String(v) : v.toFixed(4))).join(", ");
+  }
+  return JSON.stringify(value);
+}
+
+// The generic result view: every field of the task's answer (the envelope left out), one row each.
+function renderFields(body, box) {
+  const table = element("table");
+  for (const [name, value] of Object.entries(body)) {
+    if (ENVELOPE.includes(name) || value === null) continue;
+    const row = element("tr");
+    row.dataset.field = name;
+    row.append(element("td", name, "muted"), element("td", formatValue(value)));
+    table.appendChild(row);
+  }
+  box.appendChild(table);
+}
+
 function renderResult(body, task) {
   const box = $("result");
   box.replaceChildren();
-  if (task === "classification") {
+  if (!(task in RESULT_TITLES)) {
+    renderFields(body, box);
+  } else if (task === "classification") {
     box.appendChild(element("div", body.label, "label"));
     const table = element("table");
     for (const [label, score] of Object.entries(body.scores)) {
@@ -287,8 +381,8 @@ function renderUsage(usage, roundTrip) {
 }
 
 function render() {
-  const { body, task, roundTrip } = state.last;
-  renderTokens(body, task);
+  const { body, task, request, roundTrip } = state.last;
+  renderTokens(body, task, request);
   renderResult(body, task);
   renderUsage(body.usage, roundTrip);
   drawCharts();

@@ -1,4 +1,4 @@
-"""benchmarks/embed_service.py: the --quick smoke (a real ``python -m service`` subprocess over a tiny
+"""experiments/embed_service.py: the --quick smoke (a real ``python -m service`` subprocess over a tiny
 exported embedding model, real HTTP on loopback), a server that dies at start, and the pooling and
 agreement arithmetic the report is made of."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import psutil
 import pytest
 
-from benchmarks import embed_service
+from experiments import embed_service
 from tests.tiny import write_rows
 
 pytestmark = pytest.mark.integration  # servers on sockets
@@ -53,7 +53,7 @@ def test_quick_smoke_drives_our_server_over_http(tmp_path: Path) -> None:
     saved = json.loads(out.read_text())  # what the committed results are: the file, not the return value
     assert saved["machine"]["cores"] >= 1 and saved[
         "command"
-    ] == "python -m benchmarks.embed_service " + " ".join(argv)
+    ] == "python -m experiments.embed_service " + " ".join(argv)
     assert set(saved["servers"]) == {"service"} and saved["agreement"] is None  # no Infinity in this venv
     assert saved["texts"]["count"] == len(PARAGRAPHS)  # distinct contexts only
     summary = {(row["rho"], row["concurrency"]): row for row in saved["summary"]}

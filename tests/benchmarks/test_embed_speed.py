@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks import embed_speed, encoder_speed
+from benchmarks import embedding_graphs, encoder_speed
+from experiments import embed_speed
 from training.encoders import load_tokenizer
 from training.tiny import TINY_LAYERS, TINY_TOKENIZER
 
@@ -45,7 +46,7 @@ def test_quick_embed_speed_measures_every_variant_against_the_fused_peer(tmp_pat
         assert all(rows[name]["theoretical_flop_ratio"] is None for name in ("peer-fused", "peer-onnx"))
     assert payload["targets"] == []  # the targets are at 256 tokens; quick mode runs 32
     assert payload["machine"]["cores"] >= 1 and payload["command"].startswith(
-        "python -m benchmarks.embed_speed"
+        "python -m experiments.embed_speed"
     )
     header = f"Fused attention operators: dense peer 2, ours {fusion['ours_attention_fused']}"
     assert out.with_suffix(".md").read_text().startswith(header)
@@ -72,8 +73,8 @@ def assert_speedups_are_the_measured_times(rows: dict[str, Any], batch: int) -> 
 @pytest.mark.parametrize("seq_len", [8, 512])
 def test_documents_tokenize_to_exactly_the_asked_length(seq_len: int) -> None:
     tokenizer = load_tokenizer(TINY_TOKENIZER)
-    texts = embed_speed.documents(tokenizer, 3, seq_len, np.random.default_rng(0))
-    feeds = embed_speed.token_feeds(tokenizer, texts, seq_len)
+    texts = embedding_graphs.documents(tokenizer, 3, seq_len, np.random.default_rng(0))
+    feeds = embedding_graphs.token_feeds(tokenizer, texts, seq_len)
     assert {name: array.shape for name, array in feeds.items()} == {
         "input_ids": (3, seq_len),
         "attention_mask": (3, seq_len),

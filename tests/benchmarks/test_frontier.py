@@ -201,7 +201,7 @@ def test_schedule_options_change_the_kept_counts_of_our_model(tmp_path: Path) ->
     graph the frontier exports: its keep counts change (here the floor), the run's own without them."""
     import torch
 
-    from benchmarks.embed_speed import DEFAULT_RECIPE, our_model, tiny_checkpoint
+    from benchmarks.embedding_graphs import DEFAULT_RECIPE, our_model, tiny_checkpoint
 
     checkpoint = tiny_checkpoint(tmp_path / "tiny")
     own = our_model(None, DEFAULT_RECIPE, checkpoint)

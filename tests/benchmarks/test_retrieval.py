@@ -419,15 +419,15 @@ def test_long_context_mode_on_a_tiny_model(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     save_run(model, tiny_recipe("embedding"), tokenizer, run_dir)
     data, out, cache = scitldr_file(tmp_path), tmp_path / "out", tmp_path / "cache"
-    arguments = ["--dataset", "scitldr", "--data", str(data), "--long-context", "--cache-dir", str(cache)]
-    retrieval.main(
+    arguments = ["--dataset", "scitldr", "--data", str(data), "--cache-dir", str(cache)]
+    retrieval_long.main(
         [str(run_dir), "--out", str(out), *arguments, "--short-length", "16", "--long-length", "48"]
     )
 
     payload = json.loads((out / retrieval_long.RESULT_FILE).read_text())
     encoder = retrieval.Encoder(model, tokenizer, 48)
     texts = retrieval.read_retrieval_set(data, None, retrieval.DATASETS["scitldr"]).paragraphs
-    tokens = encoder.input_tokens(texts)
+    tokens = retrieval_long.input_tokens(encoder, texts)
     assert (
         tokens[1] <= 16 < min(tokens[0], tokens[2], tokens[3]) and tokens[0] > 48
     )  # the data covers each case

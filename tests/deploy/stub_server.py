@@ -1,7 +1,9 @@
 """A scripted HTTP server on loopback for the batch client's own tests (retry, order, resume).
 
 It is not the retention service: it answers ``POST /classify|/qa|/summarize`` with a response shaped
-like the service's (``usage`` included) and behaves according to the request text:
+like the service's (``usage`` included), lists those routes and their input fields in ``GET /models``
+as the service does (what the client reads its default fields from), and behaves according to the
+request text:
 
 * ``throttle:...`` -> 429 with ``Retry-After: 0.05`` the first ``THROTTLE_TIMES`` times, then 200
 * ``invalid:...``  -> 422 (not retried)
@@ -23,6 +25,17 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 THROTTLE_TIMES = 2
+# route -> the body fields of one input, as the service's GET /models lists them
+ROUTES = {"/classify": ["text"], "/qa": ["question", "context"], "/summarize": ["text"]}
+
+
+def models_listing() -> dict[str, Any]:
+    """A ``GET /models`` answer with one model per route (the fields the batch client reads)."""
+    models = [
+        {"name": f"stub{route.replace('/', '-')}", "route": route, "fields": fields, "list_fields": []}
+        for route, fields in ROUTES.items()
+    ]
+    return {"models": models, "aliases": {}, "errors": {}}
 
 
 class StubState:
@@ -55,6 +68,12 @@ def make_handler(state: StubState) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
+        def do_GET(self) -> None:
+            if urlsplit(self.path).path == "/models":
+                self._send(200, models_listing())
+            else:
+                self._send(404, {"detail": "not found"})
+
         def do_POST(self) -> None:
             url = urlsplit(self.path)
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
@@ -68,7 +87,7 @@ def make_handler(state: StubState) -> type[BaseHTTPRequestHandler]:
                 state.in_flight += 1
                 state.max_in_flight = max(state.max_in_flight, state.in_flight)
             try:
-                if url.path not in ("/classify", "/qa", "/summarize"):
+                if url.path not in ROUTES:
                     self._send(404, {"detail": "not found"})
                     return
                 if text.startswith("throttle:") and attempt <= THROTTLE_TIMES:

@@ -28,7 +28,7 @@ from training.embedding import embedding_loss
 from training.fit import RECIPE_FILE
 from training.model import RetentionConfig, RetentionModel
 from training.recipes import RetrofitSpec
-from training.retrofit import sentence_transformers_pooling
+from training.retrofit_recipes import sentence_transformers_pooling
 from training.tiny import TINY_LAYERS, tiny_model
 
 PRUNED_RHO = 0.3

@@ -31,7 +31,8 @@ from training.evaluation import onnx_predict_rows
 from training.fit import LOG_FILE, WEIGHTS_FILE
 from training.objective import Objective
 from training.recipes import RetrofitSpec, load_recipe
-from training.retrofit import NORMALIZE_MODULE, POOLING_MODULE, TRANSFORMER_MODULE, retrofit_recipe
+from training.retrofit import retrofit_recipe
+from training.retrofit_recipes import NORMALIZE_MODULE, POOLING_MODULE, TRANSFORMER_MODULE
 from training.tiny import TINY_TOKENIZER, tiny_config
 
 RECIPE = Path(__file__).resolve().parents[2] / "models" / "recipes" / "minilm-embed.yaml"
@@ -248,7 +249,7 @@ def test_the_minilm_recipe_is_what_retrofit_builds(tmp_path: Path) -> None:
 
     Two sources, not one: the YAML is written by hand (it trained the published model); the retrofit
     builds its recipe from the packaged model's own files (pooling, Normalize, max_seq_length) and
-    training.retrofit's profiles and retention settings. A retrofit default changed without the recipe
+    training.retrofit_recipes' profiles and retention settings. A retrofit default changed without the recipe
     (or the recipe without the retrofit), or the model's files read wrong, makes them differ."""
     for profile in ("quick", "full"):
         from_file = load_recipe(RECIPE, profile)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.embed_speed import tiny_checkpoint
+from benchmarks.embedding_graphs import tiny_checkpoint
 from retention_core.onnx import open_session
 from tests.tiny import TINY_LAYERS
 from training import retention as R

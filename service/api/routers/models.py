@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service.api.deps import ServerDep, SettingsDep
+from service.api.faces import FACES
 from service.api.routers.common import ERROR_RESPONSES
 from service.api.schemas import ModelDetail, ModelList, ModelSummary
 from service.serving import ServedModel, ServerState
@@ -13,8 +14,11 @@ router = APIRouter(prefix="/models", tags=["models"])
 
 
 def summarize_model(model: ServedModel, state: ServerState) -> ModelSummary:
+    """One model as clients see it, with how to reach it: its task's route and input fields (from the
+    face registry, so a client needs no table of tasks of its own)."""
     manifest = model.manifest
     is_default = state.defaults.get(model.task) == model.name
+    face = FACES.get(manifest.task)
     return ModelSummary(
         name=model.name,
         task=manifest.task,
@@ -27,6 +31,9 @@ def summarize_model(model: ServedModel, state: ServerState) -> ModelSummary:
         providers=list(model.providers),
         is_default=is_default,
         explain=model.explains,
+        route=None if face is None else face.path,
+        fields=[] if face is None else list(face.fields),
+        list_fields=[] if face is None else list(face.list_fields),
     )
 
 

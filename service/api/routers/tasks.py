@@ -11,17 +11,16 @@ from typing import Any
 from fastapi import APIRouter
 
 from service.api.deps import ExplainQueryDep, InferenceContext, InferenceDep
-from service.api.faces import EMBEDDING, Answer, TaskFace
+from service.api.faces import Answer, TaskFace
 from service.api.inference import explain_requested, run
 from service.api.routers.common import ERROR_RESPONSES, serving
 from service.api.schemas import ExplainOptions
 
 
 def item_limit(face: TaskFace[Any, Any], ctx: InferenceContext) -> int:
-    """Inputs one request may carry: OpenAI's embeddings limit for the embedding task (a large request
-    is served across batches), ``max_items`` for the others (each input may be many windows)."""
-    settings = ctx.settings
-    return settings.max_embedding_inputs if face.task == EMBEDDING else settings.max_items
+    """Inputs one request may carry: the face's own limit under this server's settings (``max_items``
+    unless it says otherwise; the embedding task: OpenAI's embeddings limit)."""
+    return face.item_limit(ctx.settings)
 
 
 async def answer(

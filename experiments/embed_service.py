@@ -3,9 +3,9 @@ server alone on a free loopback port, rounds interleaved, the same client (``ben
 and texts (SQuAD dev paragraphs). Per server, ρ and concurrency: requests/s, texts/s, p50/p99, errors,
 process-tree RSS; and the cosine between Infinity's vectors and ours at each ρ.
 
-    python -m benchmarks.embed_service --models-dir /tmp/h3-models \
+    python -m experiments.embed_service --models-dir /tmp/h3-models \
         --infinity /tmp/infinity-venv/bin/infinity_emb --out results/bench/embed_service.json
-    python -m benchmarks.embed_service --quick --out /tmp/embed_service.json   # tiny model, seconds
+    python -m experiments.embed_service --quick --out /tmp/embed_service.json   # tiny model, seconds
 
 Infinity needs its own venv (its pins clash with ours), torch from our CPU constraints first:
 ``python3 -m venv /tmp/infinity-venv``, then ``/tmp/infinity-venv/bin/pip install -c constraints/cpu.txt
@@ -38,7 +38,7 @@ from benchmarks._http import serving
 from benchmarks.harness import describe, fmt, write_result
 from benchmarks.load import Cell, run_cell, summary_line
 
-MODULE = "benchmarks.embed_service"
+MODULE = "experiments.embed_service"
 OURS = "service"  # benchmarks.load.run_cell reads the usage block only for this target
 INFINITY = "infinity"
 ROUTE = "/v1/embeddings"

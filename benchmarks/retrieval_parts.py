@@ -275,6 +275,7 @@ class OnnxEncoder(Encoder):
 
     session: Any = None
     graph: str = "onnx"
+    fp32_matmuls: tuple[str, ...] = ()  # int8: the weight MatMuls left fp32 (training.export.quantize_int8)
 
     def encode(self, texts: Sequence[str], method: str, rho: Budget) -> tuple[np.ndarray, float]:
         from training.evaluation import onnx_predict_rows
@@ -301,10 +302,12 @@ def onnx_encoder(model: Any, tokenizer: Any, max_length: int, graph: str, workdi
 
     path = workdir / "model.onnx"
     export_onnx(model, path, model.backbone.info_vocab_size)
+    kept: list[str] = []
     if graph == "onnx-int8":
-        quantize_int8(path, workdir / "model.int8.onnx")
+        kept = quantize_int8(path, workdir / "model.int8.onnx")
         path = workdir / "model.int8.onnx"
-    return OnnxEncoder(model, tokenizer, max_length, session=open_session(path), graph=graph)
+    session = open_session(path)
+    return OnnxEncoder(model, tokenizer, max_length, session=session, graph=graph, fp32_matmuls=tuple(kept))
 
 
 def encoder_description(encoder: Encoder) -> str:
@@ -383,6 +386,8 @@ class EmbeddingStore:
         parts += [str(self.encoder.max_length), str(self.encoder.batch_size), "EVAL_SEED=0"]
         if isinstance(self.encoder, OnnxEncoder):  # torch keys stay those of the runs made before
             parts.append(self.encoder.graph)
+            if self.encoder.fp32_matmuls:  # int8 that keeps outlying GEMMs fp32 is another graph
+                parts.append("fp32 " + ",".join(self.encoder.fp32_matmuls))
         if method != DENSE:  # the keep schedule fixes every pruned method's per-layer counts
             config = self.encoder.model.config
             parts.append(f"schedule {self.encoder.model.num_points}^{config.schedule_power}")

@@ -103,6 +103,26 @@ def outlier_ratios(unpruned: Any, batches: list[dict[str, np.ndarray]]) -> dict[
     return {placed: max(peaks[placed]) / float(np.mean(bulk[placed])) for placed in taps.values()}
 
 
+def random_batches(unpruned: Any) -> list[dict[str, np.ndarray]]:
+    """The export's calibration inputs: random token ids over the vocabulary, every token real."""
+    rng = np.random.default_rng(E.CALIBRATION_SEED)
+    shape = (E.CALIBRATION_BATCH, E.CALIBRATION_TOKENS)
+    return [
+        {
+            "input_ids": rng.integers(0, E.vocabulary_size(unpruned), shape).astype(np.int64),
+            "attention_mask": np.ones(shape, np.int64),
+            "token_type_ids": np.zeros(shape, np.int64),
+        }
+        for _ in range(E.CALIBRATION_CALLS)
+    ]
+
+
+def by_name(ratios: dict[tuple[str, int], float]) -> dict[str, float]:
+    """``role@layer`` → ratio, by layer then role."""
+    ordered = sorted(ratios.items(), key=lambda item: (item[0][1], item[0][0]))
+    return {f"{role}@{layer}": round(ratio, 2) for (role, layer), ratio in ordered}
+
+
 def in_layers(wanted: str, layers: range) -> Keep:
     """Keep ``wanted``'s GEMMs fp32 in ``layers``."""
     return lambda role, layer: role == wanted and layer in layers
@@ -209,8 +229,10 @@ def main(argv: list[str] | None = None) -> None:
     reference = {rho: vectors(fp32_paths["unpruned" if rho >= 1 else "pruned"], batches, rho) for rho in RHOS}
     ratios = outlier_ratios(onnx.load(str(fp32_paths["unpruned"])), batches)
     outlying = {placed for placed, ratio in ratios.items() if ratio > E.OUTLIER_RATIO}
-    # What the export's own rule keeps fp32, calibrated on random token ids instead of these paragraphs.
+    # What the export's own rule keeps fp32, calibrated on random token ids instead of these paragraphs,
+    # and the ratios on such ids (``training.export.calibration_feeds``' shape and seed).
     export_rule = E.outlying_matmuls(E.split_biased_attention(onnx.load(str(fp32_paths["unpruned"]))))
+    random_ratios = outlier_ratios(onnx.load(str(fp32_paths["unpruned"])), random_batches(branch["unpruned"]))
     chosen = variants(num_layers, outlying)
     if args.only:
         chosen = {name: keep for name, keep in chosen.items() if name in args.only}
@@ -234,11 +256,9 @@ def main(argv: list[str] | None = None) -> None:
         "paragraphs": PARAGRAPHS,
         "tokens": LENGTH,
         "outlier_ratio": E.OUTLIER_RATIO,
-        "input_outlier_ratios": {
-            f"{role}@{layer}": round(ratio, 2)
-            for (role, layer), ratio in sorted(ratios.items(), key=lambda item: (item[0][1], item[0][0]))
-        },
+        "input_outlier_ratios": by_name(ratios),
         "export_rule_keeps_fp32": export_rule,
+        "input_outlier_ratios_random_ids": by_name(random_ratios),
         "results": results,
         "machine": describe(),
         "command": " ".join([f"python -m {MODULE}", *(sys.argv[1:] if argv is None else argv)]),

@@ -294,7 +294,7 @@ FP32_NODE_SCOPES = ("/scorers.",)  # the scorers stay fp32: their scores decide 
 ATTENTION_BIAS_INPUT = 5  # com.microsoft.Attention's additive attention bias (padding, log-size)
 
 
-def quantize_int8(source: Path, target: Path) -> None:
+def quantize_int8(source: Path, target: Path) -> list[str]:
     """Dynamic int8 weights, one scale per output channel (per-tensor scales cost 0.94 → 0.99 cosine
     to fp32 on MiniLM), activations quantized per call; the scorers stay fp32.
 
@@ -303,20 +303,30 @@ def quantize_int8(source: Path, target: Path) -> None:
     weight) and a ``MultiHeadAttention`` that keeps the bias (``split_biased_attention``); an Attention
     with a plain key mask (the dense peer's) becomes ``QAttention``. Our graph's two branches are
     quantized as the standalone graphs they were traced as (onnxruntime's quantizer leaves casts it
-    cannot type inside If branches) and joined again."""
+    cannot type inside If branches) and joined again. Returns the weight MatMuls kept fp32 for their
+    outlying inputs (``outlying_matmuls``), in graph order: what makes this int8 differ from one that
+    quantizes every weight."""
     model = onnx.load(str(source))
     parts = unjoined(model)
     if parts is None:
-        onnx.save(quantized(model), str(target))
-        return
-    pruned, unpruned = parts
-    onnx.save(with_unpruned_branch(quantized(pruned), quantized(unpruned)), str(target))
+        int8, kept = quantized_and_kept(model)
+        onnx.save(int8, str(target))
+        return kept
+    (pruned, pruned_kept), (unpruned, unpruned_kept) = map(quantized_and_kept, parts)
+    onnx.save(with_unpruned_branch(pruned, unpruned), str(target))
+    return [*pruned_kept, *unpruned_kept]
 
 
 def quantized(model: Any) -> Any:
     """``model`` with int8 weights (``quantize_int8``'s choices), as a new ModelProto."""
+    return quantized_and_kept(model)[0]
+
+
+def quantized_and_kept(model: Any) -> tuple[Any, list[str]]:
+    """``quantized`` and the weight MatMuls it left fp32 (``outlying_matmuls``)."""
     split = split_biased_attention(model)
-    return int8_weights(split, INT8_OPERATORS, keep_fp32=outlying_matmuls(split))
+    kept = outlying_matmuls(split)
+    return int8_weights(split, INT8_OPERATORS, keep_fp32=kept), kept
 
 
 def int8_weights(model: Any, operators: list[str], keep_fp32: Sequence[str] = ()) -> Any:

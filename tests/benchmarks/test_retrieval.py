@@ -480,3 +480,21 @@ def test_a_floor_above_every_text_makes_every_method_dense(tmp_path: Path) -> No
         assert cell["document_token_work"] == 1.0
         assert cell["document_cosine_to_dense"]["min"] == pytest.approx(1.0, abs=1e-5)
     assert plain["results"]["learned"]["0.3"]["document_token_work"] < 1.0
+
+
+def test_an_int8_graph_that_keeps_gemms_fp32_has_its_own_cache_keys() -> None:
+    """The embedding cache tells int8 graphs apart by the weight GEMMs they leave fp32: vectors of an int8
+    that quantized every weight are never served for one that kept its outlying GEMMs fp32, and a graph
+    that keeps none reads the keys written before the rule existed."""
+    model, tokenizer = tiny_model("embedding")
+    texts = ["one text", "another text"]
+
+    def key(kept: tuple[str, ...], method: str) -> str:
+        encoder = retrieval_parts.OnnxEncoder(model, tokenizer, 64, graph="onnx-int8", fp32_matmuls=kept)
+        return retrieval_parts.EmbeddingStore(encoder, None).key(texts, method, 0.5)
+
+    for method in ("dense", "learned", "truncation"):
+        plain, outlying = key((), method), key(("/layers.6/MatMul_1",), method)
+        assert plain != outlying and outlying != key(("/layers.7/MatMul_1",), method)
+        before = retrieval_parts.OnnxEncoder(model, tokenizer, 64, graph="onnx-int8")
+        assert plain == retrieval_parts.EmbeddingStore(before, None).key(texts, method, 0.5)

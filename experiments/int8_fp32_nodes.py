@@ -72,49 +72,12 @@ CALIBRATION_BATCHES = 2  # of BATCH paragraphs each
 
 
 def outlier_ratios(unpruned: Any, batches: list[dict[str, np.ndarray]]) -> dict[tuple[str, int], float]:
-    """max |x| / 99.9th percentile of |x| over the real tokens of every weight GEMM's input, fp32 at ρ = 1:
-    (role, layer) → ratio. A per-tensor int8 scale is set by the max, so a ratio of 40 leaves the bulk
-    of the values a few int8 steps."""
-    tapped = E.split_biased_attention(unpruned)
-    taps: dict[str, tuple[str, int]] = {}
-    for node in tapped.graph.node:
-        placed = role_of(node.name)
-        if node.op_type == "MatMul" and placed is not None:
-            taps[node.input[0]] = placed
-    for name in taps:
-        tapped.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    with tempfile.TemporaryDirectory(prefix="int8-taps-") as tmp:
-        onnx.save(tapped, str(Path(tmp) / "taps.onnx"))
-        session = open_session(Path(tmp) / "taps.onnx")
-        names = [output.name for output in session.get_outputs()]
-        wanted = {graph_input.name for graph_input in session.get_inputs()}
-        peaks: dict[tuple[str, int], list[float]] = {}
-        bulk: dict[tuple[str, int], list[float]] = {}
-        for batch in batches[:CALIBRATION_BATCHES]:
-            feeds = {**batch, "rho": np.ones(len(batch["input_ids"]), np.float32)}
-            outputs = dict(
-                zip(names, session.run(None, {k: v for k, v in feeds.items() if k in wanted}), strict=True)
-            )
-            real = batch["attention_mask"].astype(bool)  # (B, T)
-            for name, placed in taps.items():
-                values = np.abs(outputs[name][real])  # (tokens, width)
-                peaks.setdefault(placed, []).append(float(values.max()))
-                bulk.setdefault(placed, []).append(float(np.percentile(values, E.OUTLIER_PERCENTILE)))
-    return {placed: max(peaks[placed]) / float(np.mean(bulk[placed])) for placed in taps.values()}
-
-
-def random_batches(unpruned: Any) -> list[dict[str, np.ndarray]]:
-    """The export's calibration inputs: random token ids over the vocabulary, every token real."""
-    rng = np.random.default_rng(E.CALIBRATION_SEED)
-    shape = (E.CALIBRATION_BATCH, E.CALIBRATION_TOKENS)
-    return [
-        {
-            "input_ids": rng.integers(0, E.vocabulary_size(unpruned), shape).astype(np.int64),
-            "attention_mask": np.ones(shape, np.int64),
-            "token_type_ids": np.zeros(shape, np.int64),
-        }
-        for _ in range(E.CALIBRATION_CALLS)
-    ]
+    """``training.export.input_outlier_ratios`` of the first ``CALIBRATION_BATCHES`` batches, by (role,
+    layer). A per-tensor int8 scale is set by the max, so a ratio of 40 leaves the bulk of the values a
+    few int8 steps."""
+    ratios = E.input_outlier_ratios(E.split_biased_attention(unpruned), batches[:CALIBRATION_BATCHES])
+    placed = {name: role_of(name) for name in ratios}
+    return {where: ratios[name] for name, where in placed.items() if where is not None}
 
 
 def by_name(ratios: dict[tuple[str, int], float]) -> dict[str, float]:
@@ -230,9 +193,11 @@ def main(argv: list[str] | None = None) -> None:
     ratios = outlier_ratios(onnx.load(str(fp32_paths["unpruned"])), batches)
     outlying = {placed for placed, ratio in ratios.items() if ratio > E.OUTLIER_RATIO}
     # What the export's own rule keeps fp32, calibrated on random token ids instead of these paragraphs,
-    # and the ratios on such ids (``training.export.calibration_feeds``' shape and seed).
+    # and the ratios on such ids (``training.export.calibration_batches``).
     export_rule = E.outlying_matmuls(E.split_biased_attention(onnx.load(str(fp32_paths["unpruned"]))))
-    random_ratios = outlier_ratios(onnx.load(str(fp32_paths["unpruned"])), random_batches(branch["unpruned"]))
+    random_ratios = outlier_ratios(
+        onnx.load(str(fp32_paths["unpruned"])), E.calibration_batches(branch["unpruned"])
+    )
     chosen = variants(num_layers, outlying)
     if args.only:
         chosen = {name: keep for name, keep in chosen.items() if name in args.only}

@@ -367,6 +367,14 @@ CALIBRATION_BATCH, CALIBRATION_TOKENS, CALIBRATION_CALLS, CALIBRATION_SEED = 8, 
 def outlying_matmuls(model: Any) -> list[str]:
     """The weight MatMuls of a standalone graph whose input carries outliers (max |x| over its
     ``OUTLIER_PERCENTILE``th percentile above ``OUTLIER_RATIO``), at ρ = 1 on random token ids."""
+    ratios = input_outlier_ratios(model, calibration_batches(model))
+    return [name for name, ratio in ratios.items() if ratio > OUTLIER_RATIO]
+
+
+def input_outlier_ratios(model: Any, batches: Sequence[dict[str, np.ndarray]]) -> dict[str, float]:
+    """Every weight MatMul (the scorers excepted) → max |x| of its input over ``batches`` divided by the
+    mean over batches of |x|'s ``OUTLIER_PERCENTILE``th percentile, at ρ = 1. Real tokens only where a
+    batch has an ``attention_mask``; feeds the graph does not take are left out."""
     weights = {init.name for init in model.graph.initializer}
     taps: dict[str, list[str]] = {}  # input tensor → the weight MatMuls that read it
     for node in model.graph.node:
@@ -377,44 +385,49 @@ def outlying_matmuls(model: Any) -> list[str]:
         ):
             taps.setdefault(node.input[0], []).append(node.name)
     if not taps:
-        return []
+        return {}
     tapped = onnx.ModelProto()
     tapped.CopyFrom(model)
     tapped.graph.output.extend(
         onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in taps
     )
+    peaks: dict[str, float] = {}
+    bulk: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="calibrate-") as tmp:
         onnx.save(tapped, str(Path(tmp) / "tapped.onnx"))
         session = open_session(Path(tmp) / "tapped.onnx", intra_op_threads=0)
         names = [output.name for output in session.get_outputs()]
-        peaks: dict[str, float] = {}
-        bulk: dict[str, list[float]] = {}
-        rng = np.random.default_rng(CALIBRATION_SEED)
-        for _ in range(CALIBRATION_CALLS):
-            outputs = dict(zip(names, session.run(None, calibration_feeds(session, model, rng)), strict=True))
+        wanted = {graph_input.name for graph_input in session.get_inputs()}
+        for batch in batches:
+            feeds = {**batch, "rho": np.ones(len(batch["input_ids"]), np.float32)}  # every row dense
+            outputs = dict(
+                zip(names, session.run(None, {k: v for k, v in feeds.items() if k in wanted}), strict=True)
+            )
+            real = batch.get("attention_mask")  # (B, T)
             for name in taps:
-                values = np.abs(outputs[name])
+                values = np.abs(outputs[name])  # (B, T, width)
+                if real is not None and values.shape[:2] == real.shape:
+                    values = values[real.astype(bool)]  # (tokens, width)
                 peaks[name] = max(peaks.get(name, 0.0), float(values.max()))
                 bulk.setdefault(name, []).append(float(np.percentile(values, OUTLIER_PERCENTILE)))
-    outlying = [name for name in taps if peaks[name] > OUTLIER_RATIO * float(np.mean(bulk[name]))]
-    return [node for name in outlying for node in taps[name]]
+    return {node: peaks[name] / float(np.mean(bulk[name])) for name, nodes in taps.items() for node in nodes}
 
 
-def calibration_feeds(session: Any, model: Any, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """One batch of random token ids at ρ = 1 (every row dense) for ``session``'s inputs: ids uniform over
-    the vocabulary (the rows of the word-embedding table ``input_ids`` indexes), every token real."""
+def calibration_batches(model: Any) -> list[dict[str, np.ndarray]]:
+    """``CALIBRATION_CALLS`` batches of random token ids for ``model``'s inputs: ids uniform over the
+    vocabulary (the rows of the word-embedding table ``input_ids`` indexes), every token real, token
+    types and protected masks zero."""
     shape = (CALIBRATION_BATCH, CALIBRATION_TOKENS)
-    feeds: dict[str, np.ndarray] = {}
-    for graph_input in session.get_inputs():
-        if graph_input.name == "input_ids":
-            feeds[graph_input.name] = rng.integers(0, vocabulary_size(model), shape).astype(np.int64)
-        elif graph_input.name == "rho":
-            feeds[graph_input.name] = np.ones(CALIBRATION_BATCH, np.float32)
-        elif graph_input.name == "attention_mask":
-            feeds[graph_input.name] = np.ones(shape, np.int64)
-        else:  # token types, protected masks: all zeros
-            feeds[graph_input.name] = np.zeros(shape, np.int64)
-    return feeds
+    weights = {init.name for init in model.graph.initializer}
+    inputs = [graph_input.name for graph_input in model.graph.input if graph_input.name not in weights]
+    rng = np.random.default_rng(CALIBRATION_SEED)
+    batches = []
+    for _ in range(CALIBRATION_CALLS):
+        batch = {name: np.zeros(shape, np.int64) for name in inputs if name != "rho"}
+        batch["input_ids"] = rng.integers(0, vocabulary_size(model), shape).astype(np.int64)
+        batch["attention_mask"] = np.ones(shape, np.int64)
+        batches.append(batch)
+    return batches
 
 
 def vocabulary_size(model: Any) -> int:

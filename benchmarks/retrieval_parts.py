@@ -391,6 +391,8 @@ class EmbeddingStore:
         if method != DENSE:  # the keep schedule fixes every pruned method's per-layer counts
             config = self.encoder.model.config
             parts.append(f"schedule {self.encoder.model.num_points}^{config.schedule_power}")
+            if config.pruning_interval > 1:  # keys of every-point runs stay those made before it
+                parts.append(f"interval {config.pruning_interval}")
             if config.min_kept_tokens:  # keys without a floor stay those of the runs made before it
                 parts.append(f"floor {config.min_kept_tokens}")
             if method != TRUNCATION and not method.startswith(LAYER_EXIT):  # these run the dense pass
@@ -424,7 +426,8 @@ class EmbeddingStore:
 def load_embedding_run(run_dir: Path, schedule: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
     """The run's model (eval mode, CPU), recipe and tokenizer; an embedding run or exit.
     ``schedule``: evaluate with these schedule settings instead of the run's own (``--min-kept-tokens``,
-    ``--merge``, ``--schedule-power``, ``--leading-share``; ``training.fit.with_schedule``)."""
+    ``--merge``, ``--schedule-power``, ``--leading-share``, ``--pruning-interval``;
+    ``training.fit.with_schedule``)."""
     from training.fit import load_run, with_schedule
 
     model, recipe, tokenizer = load_run(run_dir)

@@ -13,8 +13,11 @@ trained scorers of the points that remain.
         --rhos 1 0.8 0.7 0.6 0.5 0.4 0.3 --query-rhos --leading-share 0.25 --min-kept-tokens 32 \
         --cache-dir <this interval's own directory>
 
-(arguments: ``benchmarks.retrieval``'s; give each interval its own ``--cache-dir``: the cache key does
-not know the schedule is spread.)
+(arguments: ``benchmarks.retrieval``'s; give each interval its own ``--cache-dir``: the cache key did
+not know the schedule was spread.) The pilot patched the schedule; the product now has it as
+``RetentionConfig.pruning_interval`` (``--pruning-interval`` of ``benchmarks.retrieval``, ``frontier``
+and ``training export``), which skips the points inside a group instead of selecting every token there
+(the same vectors: tests/training/test_pruning_interval.py). This module now passes that option.
 """
 
 from __future__ import annotations
@@ -22,23 +25,9 @@ from __future__ import annotations
 import os
 import sys
 
-import torch
-
-import training.retention as R
 from benchmarks.retrieval import main as retrieval_main
 
 INTERVAL = int(os.environ.get("INTERVAL", "2"))
-per_layer_fractions = R.keep_fractions
-
-
-def grouped_fractions(rho: torch.Tensor, num_points: int, power: float = 1.0) -> torch.Tensor:
-    """``keep_fractions`` over ⌈P / INTERVAL⌉ groups, each group's fraction repeated: (B,) → (B, P)."""
-    groups = -(-num_points // INTERVAL)
-    per_group = per_layer_fractions(rho, groups, power)  # (B, G)
-    return per_group.repeat_interleave(INTERVAL, dim=1)[:, :num_points]  # (B, P)
-
 
 if __name__ == "__main__":
-    if INTERVAL > 1:
-        R.keep_fractions = grouped_fractions  # read by retention.keep_counts at every call
-    retrieval_main(sys.argv[1:])
+    retrieval_main([*sys.argv[1:], "--pruning-interval", str(INTERVAL)])

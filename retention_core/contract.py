@@ -85,6 +85,12 @@ class Schedule(BaseModel):
         le=1.0,
         description="share of each point's kept count given to the earliest tokens",
     )
+    pruning_interval: int = Field(
+        default=1,
+        ge=1,
+        description="the graph selects at every k-th point only: the layers form ceil(num_points / k) "
+        "groups and group g enters with rho^(((g+1)/G)^power); 1 for directories exported before it",
+    )
     last_layer_queries: int | None = Field(
         default=None, description="queries the last layer computes (1 = [CLS] only); None = all"
     )

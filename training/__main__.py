@@ -133,7 +133,11 @@ def cmd_export(args: argparse.Namespace) -> None:
     if out_dir is None:
         recipe = Recipe.model_validate_json((args.run_dir / "recipe.json").read_text(encoding="utf-8"))
         out_dir = args.models_dir / recipe.name
-    schedule = {"min_kept_tokens": args.min_kept_tokens, "leading_share": args.leading_share}
+    schedule = {
+        "min_kept_tokens": args.min_kept_tokens,
+        "leading_share": args.leading_share,
+        "pruning_interval": args.pruning_interval,
+    }
     export_run(args.run_dir, out_dir, args.int8, not args.no_quality, schedule)
 
 
@@ -407,6 +411,13 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="share of each pruning point's kept count given to the first tokens, instead of the run's "
         "recipe.retention.leading_share (a selection setting: the scorers never train with it)",
+    )
+    exp_p.add_argument(
+        "--pruning-interval",
+        type=int,
+        default=None,
+        help="select at every k-th pruning point only, instead of the run's "
+        "recipe.retention.pruning_interval (the points between are left out of the graph)",
     )
     exp_p.set_defaults(func=cmd_export)
 

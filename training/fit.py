@@ -69,6 +69,7 @@ SCHEDULE_FIELDS: dict[str, str] = {
     "min_kept_tokens": "min_kept_tokens",
     "merge_dropped": "merge_dropped",
     "leading_share": "leading_share",
+    "pruning_interval": "pruning_interval",
 }
 
 

@@ -53,6 +53,10 @@ class RetentionConfig:
     # Share of each point's kept count reserved for the earliest tokens (retention.leading_span): 1 =
     # truncation inside the schedule, 0 = the scorers choose every kept token.
     leading_share: float = 0.0
+    # Select at every k-th pruning point only (retention.is_pruning_point): the points between keep
+    # every token, so their scorers, selection and merge are skipped (and left out of the export).
+    # A selection setting like the leading share: the scorers train at every point.
+    pruning_interval: int = 1
     # What a pooled head (embedding) pools: the retrofitted model's own sentence-transformers pooling
     # (training.fit.head_pooling). Ignored by the other heads.
     pooling: Pooling = "mean"
@@ -256,6 +260,7 @@ class RetentionModel(nn.Module):
             self.num_points,
             self.config.schedule_power,
             self.config.min_kept_tokens,
+            self.config.pruning_interval,
         )
 
     def default_protected(self, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -379,34 +384,23 @@ class RetentionModel(nn.Module):
         depth = torch.zeros_like(positions)  # (B, T) int64: layers entered so far, per original position
         merge = self.config.merge_dropped
         sizes = valid.to(hidden.dtype)  # (B, T): original tokens each slot holds (merging only)
+        interval = self.config.pruning_interval
+        key_bias = torch.empty(0)  # set at point 0, which always selects
         for point, layer in enumerate(self.backbone.views):
-            if selector is None:
-                raw = self.scorers[point](hidden, valid)  # (B, T)
-            else:
-                entering = self.backbone.layer_bias(R.attention_bias(valid, hidden.dtype), positions)
-                raw = selector(point, layer, hidden, valid, entering)  # (B, T)
-            if probe is not None:
-                probe.before_selection(point, raw, valid, protected, counts)
-            chosen = protected
-            if self.config.leading_share > 0.0:
-                chosen = protected | R.leading_span(positions, counts[:, point], self.config.leading_share)
-            index, valid = R.select_top_tokens(R.masked_scores(raw, valid, chosen), counts[:, point])
-            if merge:
-                hidden, sizes = R.merge_dropped(hidden, sizes, index, valid)  # (B, K, d), (B, K)
-            else:
-                hidden = R.gather_tokens(hidden, index)  # (B, K, d)
-            protected = R.gather_tokens(protected, index)  # (B, K)
-            positions = R.gather_tokens(positions, index)  # (B, K)
-            if probe is not None:
+            if R.is_pruning_point(point, interval):
+                hidden, sizes, valid, protected, positions = self._select(
+                    point, layer, hidden, sizes, valid, protected, positions, counts, selector, probe
+                )
+                key_bias = self.backbone.layer_bias(
+                    R.proportional_bias(valid, sizes, hidden.dtype)
+                    if merge
+                    else R.attention_bias(valid, hidden.dtype),
+                    positions,
+                )  # (B, 1, 1, K); (B, H, K, K) with the survivors' relative positions
+            elif probe is not None:  # inside a group: the same survivors enter this layer
                 probe.after_selection(positions, valid)
             depth = R.add_layer_survivors(depth, positions, valid)
             is_last = point == self.num_points - 1
-            key_bias = self.backbone.layer_bias(
-                R.proportional_bias(valid, sizes, hidden.dtype)
-                if merge
-                else R.attention_bias(valid, hidden.dtype),
-                positions,
-            )  # (B, 1, 1, K); (B, H, K, K) with the survivors' relative positions
             hidden = layer(hidden, key_bias, self.last_layer_queries if is_last else None)
             if restore:
                 restored = _scatter_valid(restored, positions, hidden, valid)
@@ -417,6 +411,43 @@ class RetentionModel(nn.Module):
             else self.head_output(hidden, pool_weights)
         )
         return PrunedOutput(out, counts, depth)
+
+    def _select(
+        self,
+        point: int,
+        layer: LayerView,
+        hidden: torch.Tensor,
+        sizes: torch.Tensor,
+        valid: torch.Tensor,
+        protected: torch.Tensor,
+        positions: torch.Tensor,
+        counts: torch.Tensor,
+        selector: Selector | None,
+        probe: EvaluationProbe | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One pruning point: score, keep the top ``counts[:, point]`` (gathered, original order), merge
+        or drop the rest. hidden (B, T, d), sizes / valid / protected / positions (B, T) → the same for
+        the K kept slots."""
+        if selector is None:
+            raw = self.scorers[point](hidden, valid)  # (B, T)
+        else:
+            entering = self.backbone.layer_bias(R.attention_bias(valid, hidden.dtype), positions)
+            raw = selector(point, layer, hidden, valid, entering)  # (B, T)
+        if probe is not None:
+            probe.before_selection(point, raw, valid, protected, counts)
+        chosen = protected
+        if self.config.leading_share > 0.0:
+            chosen = protected | R.leading_span(positions, counts[:, point], self.config.leading_share)
+        index, valid = R.select_top_tokens(R.masked_scores(raw, valid, chosen), counts[:, point])
+        if self.config.merge_dropped:
+            hidden, sizes = R.merge_dropped(hidden, sizes, index, valid)  # (B, K, d), (B, K)
+        else:
+            hidden = R.gather_tokens(hidden, index)  # (B, K, d)
+        protected = R.gather_tokens(protected, index)  # (B, K)
+        positions = R.gather_tokens(positions, index)  # (B, K)
+        if probe is not None:
+            probe.after_selection(positions, valid)
+        return hidden, sizes, valid, protected, positions
 
     def forward_unpruned(
         self,

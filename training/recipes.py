@@ -64,6 +64,14 @@ class RetentionSpec(Strict):
         description="share of every pruning point's kept count reserved for the earliest tokens "
         "(retention.leading_span): 1 = first-k truncation inside the schedule, 0 = scorers alone",
     )
+    pruning_interval: int = Field(
+        default=1,
+        ge=1,
+        description="select at every k-th pruning point only (the first of each group of k layers; "
+        "retention.keep_fractions): the points between keep every token and are left out of the "
+        "exported graph, dividing the selection's fixed cost by k. A selection setting: the scorers "
+        "train at every point",
+    )
     gate_temperature: float = 0.66
     gate_left: float = -0.1
     gate_right: float = 1.1

@@ -116,16 +116,26 @@ class HardConcrete:
 # --------------------------------------------------------------------------------------------
 # Budget schedule: ρ → keep counts per pruning point
 # --------------------------------------------------------------------------------------------
-def keep_fractions(rho: torch.Tensor, num_points: int, power: float = 1.0) -> torch.Tensor:
+def keep_fractions(rho: torch.Tensor, num_points: int, power: float = 1.0, interval: int = 1) -> torch.Tensor:
     """Fraction of real tokens alive *entering* each layer: rho (B,) → (B, P).
 
     frac_p = ρ^(((p+1)/P)^power), p = 0..P-1. Point 0 scores the embeddings (before layer 1), so
     layer 1 already runs shorter; the last point reaches exactly ρ. power=1 is a geometric descent;
     power<1 front-loads the pruning (more saved compute, earlier decisions). Non-increasing in p.
+
+    ``interval`` k > 1 prunes at every k-th point only (``is_pruning_point``): the layers form
+    G = ⌈P / k⌉ groups, group g enters with ρ^(((g+1)/G)^power) and keeps it for its k layers, so the
+    points inside a group keep every token they receive and their selection can be skipped.
     """
-    steps = torch.arange(1, num_points + 1, dtype=rho.dtype, device=rho.device) / num_points  # (P,)
-    exponents = steps**power  # (P,)
+    groups = -(-num_points // interval)  # ⌈P / k⌉
+    steps = torch.arange(1, groups + 1, dtype=rho.dtype, device=rho.device) / groups  # (G,)
+    exponents = (steps**power).repeat_interleave(interval)[:num_points]  # (P,)
     return rho.unsqueeze(-1) ** exponents  # (B, 1) ** (P,) → (B, P)
+
+
+def is_pruning_point(point: int, interval: int) -> bool:
+    """Whether point ``point`` selects under a pruning interval (the first point of each group)."""
+    return point % interval == 0
 
 
 def floor_tokens(num_real: torch.Tensor, min_kept: int) -> torch.Tensor:
@@ -160,6 +170,7 @@ def keep_counts(
     num_points: int,
     power: float = 1.0,
     min_kept: int = 0,
+    interval: int = 1,
 ) -> torch.Tensor:
     """Tokens kept entering each layer: (B,) ρ, real and protected counts → (B, P) int64.
 
@@ -168,7 +179,7 @@ def keep_counts(
     every point, which reproduces the dense model; so does any ρ for a row of at most ``min_kept``
     tokens.
     """
-    fractions = keep_fractions(rho, num_points, power)  # (B, P)
+    fractions = keep_fractions(rho, num_points, power, interval)  # (B, P)
     counts = torch.floor(fractions * num_real.unsqueeze(-1).to(rho.dtype) + 0.5).to(torch.long)
     lower = torch.clamp(num_protected, min=1)  # (B,)
     if min_kept > 0:
@@ -493,6 +504,7 @@ __all__ = [
     "floor_tokens",
     "floored_fractions",
     "gather_tokens",
+    "is_pruning_point",
     "keep_counts",
     "keep_fractions",
     "lagrangian_penalty",

@@ -38,13 +38,16 @@ class KeptFraction(Protocol):
 
 
 def schedule_fraction(schedule: Schedule, rho: float, length: int = 0) -> float:
-    """Mean kept fraction over the schedule's points at ``rho`` (``frac_p = rho^(((p+1)/P)^power)``):
+    """Mean kept fraction over the schedule's points at ``rho`` (``frac_p = rho^(((g+1)/G)^power)`` for
+    point p in group g = p // k of G = ceil(P / k), k the pruning interval; k = 1: one group per point):
     the share of a row's token-work its pruned layers do. A row of ``length`` real tokens keeps at least
     min(min_kept_tokens, length) of them at every point (the kept-token floor), so a short row costs the
     same at every rho: lowering rho buys nothing there."""
-    points = schedule.num_points
+    points, interval = schedule.num_points, schedule.pruning_interval
+    groups = -(-points // interval)
     least = min(schedule.min_kept_tokens, length) / length if length > 0 else 0.0
-    return sum(max(rho ** (((p + 1) / points) ** schedule.power), least) for p in range(points)) / points
+    exponents = [(((p // interval) + 1) / groups) ** schedule.power for p in range(points)]
+    return sum(max(rho**exponent, least) for exponent in exponents) / points
 
 
 def runs_for(tokens: float, max_batch_tokens: int) -> int:

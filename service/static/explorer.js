@@ -449,10 +449,12 @@ function qualityCurve(manifest) {
 // (retention_core.usage.token_work with [CLS] protected).
 function scheduleWork(schedule, n, rho) {
   const points = schedule.num_points;
+  const interval = schedule.pruning_interval || 1; // groups of layers that share one selection
+  const groups = Math.ceil(points / interval);
   const lower = Math.max(1, Math.min(schedule.min_kept_tokens || 0, n));
   let work = 0;
   for (let p = 0; p < points; p++) {
-    const fraction = Math.pow(rho, Math.pow((p + 1) / points, schedule.power));
+    const fraction = Math.pow(rho, Math.pow((Math.floor(p / interval) + 1) / groups, schedule.power));
     let count = Math.min(Math.max(Math.floor(fraction * n + 0.5), lower), n);
     if (p === points - 1 && schedule.last_layer_queries) count = schedule.last_layer_queries;
     work += count;

@@ -199,7 +199,13 @@ def test_the_schedule_settings_are_mapped_once_recipe_to_model_to_manifest() -> 
     assert set(SCHEDULE_FIELDS) <= set(RetentionSpec.model_fields)
     assert set(SCHEDULE_FIELDS) <= {field.name for field in dataclasses.fields(RetentionConfig)}
 
-    values = {"schedule_power": 0.5, "min_kept_tokens": 7, "merge_dropped": True, "leading_share": 0.25}
+    values = {
+        "schedule_power": 0.5,
+        "min_kept_tokens": 7,
+        "merge_dropped": True,
+        "leading_share": 0.25,
+        "pruning_interval": 2,
+    }
     assert set(values) == set(SCHEDULE_FIELDS)
     recipe = tiny_recipe()
     recipe = recipe.model_copy(update={"retention": recipe.retention.model_copy(update=values)})

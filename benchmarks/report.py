@@ -392,6 +392,13 @@ FRONTIER_RUNS = (
     ("frontier-squad", "SQuAD paragraphs at their own lengths", "frontier-squad.png"),
     ("frontier-scitldr", "SciTLDR abstracts at their own lengths", "frontier-scitldr.png"),
     ("frontier-bbc", "BBC News articles at their own lengths, up to 512 tokens", "frontier-bbc.png"),
+    ("frontier-mpnet-embed", "all-mpnet-base-v2: random words, 256 tokens each", "frontier-mpnet-embed.png"),
+    (
+        "frontier-mpnet-embed-384",
+        "all-mpnet-base-v2: random words, 384 tokens each",
+        "frontier-mpnet-embed-384.png",
+    ),
+    ("frontier-mpnet-embed-squad", "all-mpnet-base-v2: SQuAD paragraphs", "frontier-mpnet-embed-squad.png"),
 )
 
 

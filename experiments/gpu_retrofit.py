@@ -58,6 +58,7 @@ def prepare(out: Path) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
+    from training.data import default_data_root
     from training.fetch import model_dir
 
     source = model_dir("all-mpnet-base-v2")
@@ -69,7 +70,10 @@ def prepare(out: Path) -> None:
             continue
         (shutil.copytree if item.is_dir() else shutil.copy)(item, first / "model" / item.name)
     (first / "data" / "squad").mkdir(parents=True)
-    shutil.copy(Path("/work/shared/data/squad/train_subset.jsonl.gz"), first / "data" / "squad")
+    data_root = default_data_root()
+    if data_root is None:
+        raise SystemExit("no data root: set RETENTION_DATA_ROOT (the squad/ training paragraphs travel)")
+    shutil.copy(data_root / "squad" / "train_subset.jsonl.gz", first / "data" / "squad")
     (first / "wheels").mkdir()
     for wheel in sorted((ROOT / ".gpu-check" / "wheels").glob("*.whl")):
         if not wheel.name.startswith(SKIP_WHEELS):

@@ -4,7 +4,9 @@
         --out results/bench/request-cpu.json
 
 A real ``python -m service`` (pinned, one intra-op thread) and a sequential client, so nothing queues
-and each thread's CPU time (``/proc``, user + system) divides by the requests sent. Three kinds, each
+and each thread's CPU time (``/proc``, user + system) divides by the requests sent. ``/proc`` counts
+CPU in clock ticks (10 ms where ``CLK_TCK`` is 100; the report records it) charged to the thread running
+at each tick, so a cell is a sample: its requests times its cost must span many ticks. Three kinds, each
 over a kept-alive connection and over a new connection per request (a storm's arrivals are new clients):
 
 - ``served``: one ``/embed`` input at ``--rho`` (the texts of the overload benchmark, 2 to 200 words);
@@ -45,6 +47,7 @@ CONNECTIONS = ("keep_alive", "new_connection")
 EVENT_LOOP = "event_loop"
 OTHER_THREADS = "other_threads"
 TIGHT_TARGET = "max_latency_ms=0.001"
+CPU_CLOCK_TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")  # the resolution of /proc's per-thread CPU times
 # The occupier's words per text (its row count: --occupier-texts): enough rows at rho 1 to keep the
 # model busy through the early-refusal window.
 OCCUPIER_WORDS = 120
@@ -161,6 +164,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "request_cpu",
         "rho": args.rho,
         "server_cpus": args.server_cpus,
+        "cpu_clock_tick_ms": CPU_CLOCK_TICK_MS,
         "server_env": {**cpu_env(args.server_cpus), **SERVER_ENV},
         "results": results,
     }

@@ -491,6 +491,17 @@ def quality_cell(row: dict[str, Any]) -> str:
     return NOT_MEASURED if value is None else f"{value:.2f}"
 
 
+def schedule_text(schedule: dict[str, Any]) -> str:
+    """Our graph's selection settings in words (runs recorded before a setting existed had its default)."""
+    interval = schedule.get("pruning_interval", 1)
+    where = {1: "every layer", 2: "every other layer"}.get(interval, f"one layer in {interval}")
+    merging = "on" if schedule.get("merge_dropped") else "off"
+    return (
+        f"selecting at {where}, leading share {schedule.get('leading_share', 0.0):g}, "
+        f"kept-token floor {schedule.get('min_kept_tokens', 0)}, merging {merging}"
+    )
+
+
 def markdown(payload: dict[str, Any]) -> str:
     settings, reference, source = payload["settings"], payload["reference"], payload["retrieval"]
     others = ", ".join(
@@ -508,7 +519,8 @@ def markdown(payload: dict[str, Any]) -> str:
         f"**{reference['variant']}**, the faster fp32 dense variant in this run (vs {others}). "
         f"Quality: nDCG@10 from `{source['path']}` ({source['queries']} queries, {source['documents']} "
         f"documents); int8 quality: {payload['int8_quality']}"
-        + (f" (`{payload['retrieval_int8']['path']}`)." if payload["retrieval_int8"] else "."),
+        + (f" (`{payload['retrieval_int8']['path']}`)." if payload["retrieval_int8"] else ".")
+        + f" Our graph: {schedule_text(payload.get('our_schedule', {}))}.",
         "",
         "| family | variant | knob | docs/s | speed-up vs reference (min–max) | nDCG@10 | vs dense ± SE "
         "| vs truncation ± SE | docs/s vs truncation at equal nDCG |",

@@ -26,6 +26,7 @@ import numpy as np
 
 from benchmarks.embedding_graphs import DEFAULT_RECIPE, build_graphs, documents, token_feeds
 from benchmarks.flops import model_flop_ratio
+from benchmarks.frontier import OUR_SCHEDULE, schedule_text
 from benchmarks.harness import cli, ort_session, publish, speedups, timed_rounds, timing_args
 
 MODULE = "experiments.embed_speed"
@@ -122,8 +123,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     variants["sentence-transformers"] = sentence_transformers_variant(encoder, texts, seq_len)
                 results.extend(measure_cell(variants, seq_len, batch, args, graphs.model))
                 print(f"done seq_len={seq_len} batch={batch}", flush=True)
+        config = graphs.model.config
         return {
             "fusion": graphs.fusion,
+            "our_schedule": {name: getattr(config, name) for name in OUR_SCHEDULE},
             "threads": args.threads,
             "results": results,
             "targets": target_checks(results),
@@ -160,7 +163,7 @@ def markdown(payload: dict[str, Any]) -> str:
     lines = [
         f"Fused attention operators: dense peer {fusion['peer_attention_fused']}, ours "
         f"{fusion['ours_attention_fused']} (its unpruned and pruned branches), of {fusion['num_layers']} "
-        "layers.",
+        f"layers. Our graph: {schedule_text(payload.get('our_schedule', {}))}.",
         "",
         "| seq | batch | variant | seq/s | speed-up vs fused dense peer (min–max) | vs the peer of the same "
         "precision | theoretical FLOP ratio |",

@@ -69,9 +69,11 @@ VALIDATION_SIZE = 200
 # Selection settings of an embedding retrofit, chosen on MiniLM's frontier (minilm-embed.yaml;
 # docs/experiments/2026-11-27-schedule-and-floor.md; `export --leading-share / --min-kept-tokens` set
 # them per model): a quarter of each point's kept count to the earliest tokens, and inputs of at most 32
-# tokens run dense at any rho.
+# tokens run dense at any rho. Selection at every other layer, the scorers trained at every layer
+# (docs/experiments/2026-11-27-pruning-interval.md): half the selection's fixed cost.
 EMBEDDING_LEADING_SHARE = 0.25
 EMBEDDING_MIN_KEPT_TOKENS = 32
+EMBEDDING_PRUNING_INTERVAL = 2
 
 
 def _read_json(path: Path) -> Any:
@@ -141,6 +143,7 @@ def embedding_recipe(model: str, profile: str) -> Recipe:
             merge_dropped=True,
             leading_share=EMBEDDING_LEADING_SHARE,
             min_kept_tokens=EMBEDDING_MIN_KEPT_TOKENS,
+            pruning_interval=EMBEDDING_PRUNING_INTERVAL,
         ),
         evaluation=EvalSpec(validation_size=VALIDATION_SIZE, rhos=sizes["rhos"]),
         profile=profile,

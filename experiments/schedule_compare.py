@@ -65,14 +65,19 @@ def int8_costs(fp32: dict[str, Any], int8: dict[str, Any]) -> dict[float, float]
     return {rho: b[rho][1] - a[rho][1] for rho in sorted(set(a) & set(b), reverse=True)}
 
 
+def measured(point: dict[str, Any]) -> bool:
+    """A frontier point with a quality (a ρ the retrieval files did not measure has none)."""
+    return point["quality"]["ndcg_at_10"] is not None
+
+
 def clock_rows(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, float, float, float, float | None]]:
     """Per learned point of B: (precision, ρ, nDCG, B's speed-up, B's ÷ A's speed-up at that nDCG)."""
     rows = []
     for precision, family in FAMILIES.items():
-        points_a = [r for r in a["results"] if r["family"] == family]
+        points_a = [r for r in a["results"] if r["family"] == family and measured(r)]
         ndcgs = [r["quality"]["ndcg_at_10"] for r in points_a]
         speeds = [r["speedup_vs_reference"] for r in points_a]
-        for r in (r for r in b["results"] if r["family"] == family and r["rho"] < 1):
+        for r in (r for r in b["results"] if r["family"] == family and r["rho"] < 1 and measured(r)):
             at = interpolate(ndcgs, speeds, r["quality"]["ndcg_at_10"])
             speed = r["speedup_vs_reference"]
             rows.append(

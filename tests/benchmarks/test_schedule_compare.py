@@ -53,7 +53,16 @@ def test_clock_rows_divide_speed_ups_at_equal_quality() -> None:
     b = frontier(
         [("learned", 0.5, 78.0, 1.5), ("truncation", 0.5, 70.0, 9.0), ("int8-learned", 0.5, 70.0, 3.0)]
     )
-    rows = sc.clock_rows(a, b)
+    unmeasured = {
+        "family": "learned",
+        "rho": 0.4,
+        "quality": {"ndcg_at_10": None},
+        "speedup_vs_reference": 9.0,
+    }
+    a["results"].append(unmeasured)
+    b["results"].append(unmeasured)
+    rows = sc.clock_rows(a, b)  # a ρ without quality is a point of neither curve
+    assert len(rows) == 2
     assert rows[0][:4] == ("fp32", 0.5, 78.0, 1.5)
     assert rows[0][4] == pytest.approx(1.5 / 1.2)  # A reaches 78 at 1.2×
     assert rows[1][0] == "int8" and rows[1][4] is None  # one int8 point of A: no curve to read

@@ -86,6 +86,10 @@ def clock_rows(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, float, f
     return rows
 
 
+def _cost(value: float | None) -> str:
+    return "–" if value is None else f"{value:+.2f}"  # "–": int8 not measured at that ρ
+
+
 def _num(value: float | None, fmt: str) -> str:
     return "outside A's range" if value is None else format(value, fmt)
 
@@ -111,11 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         print("| ρ | B token-work | B nDCG@10 | B − A at B's work | int8 cost A / B |")
         print("|---|---|---|---|---|")
         for rho, work, score, diff in quality_rows(a, b):
-            cost = (
-                "–"
-                if costs is None
-                else f"{costs[0].get(rho, float('nan')):+.2f} / {costs[1].get(rho, float('nan')):+.2f}"
-            )
+            cost = "–" if costs is None else " / ".join(_cost(side.get(rho)) for side in costs)
             print(f"| {rho:g} | {work:.3f} | {score:.2f} | {_num(diff, '+.2f')} | {cost} |")
     else:
         print("| precision | ρ | B nDCG@10 | B speed-up | B ÷ A at equal nDCG |")

@@ -20,7 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from benchmarks.frontier import interpolated_speed
+from experiments.kept_token_floor import at_equal_work
 
 LEARNED = "learned"
 FAMILIES = {"fp32": "learned", "int8": "int8-learned"}  # benchmarks.frontier's family names
@@ -28,13 +29,6 @@ FAMILIES = {"fp32": "learned", "int8": "int8-learned"}  # benchmarks.frontier's 
 
 def _load(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
-
-
-def interpolate(xs: list[float], ys: list[float], at: float) -> float | None:
-    """ys over xs (any order) linearly interpolated at ``at``; None outside the measured range."""
-    order = np.argsort(xs)
-    x, y = np.asarray(xs, dtype=float)[order], np.asarray(ys, dtype=float)[order]
-    return None if not x[0] <= at <= x[-1] else float(np.interp(at, x, y))
 
 
 def learned_curve(retrieval: dict[str, Any]) -> dict[float, tuple[float, float]]:
@@ -49,12 +43,11 @@ def learned_curve(retrieval: dict[str, Any]) -> dict[float, tuple[float, float]]
 
 def quality_rows(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[float, float, float, float | None]]:
     """Per ρ < 1 of B: (ρ, B's work, B's nDCG, B − A at B's work)."""
-    curve_a, curve_b = learned_curve(a), learned_curve(b)
-    works, scores = zip(*curve_a.values(), strict=True)
+    curve_a, curve_b = list(learned_curve(a).values()), learned_curve(b)  # (work, nDCG) points
     rows = []
     for rho, (work, score) in sorted(curve_b.items(), reverse=True):
         if rho < 1:
-            at = interpolate(list(works), list(scores), work)
+            at = at_equal_work(curve_a, work)
             rows.append((rho, work, score, None if at is None else score - at))
     return rows
 
@@ -74,11 +67,13 @@ def clock_rows(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, float, f
     """Per learned point of B: (precision, ρ, nDCG, B's speed-up, B's ÷ A's speed-up at that nDCG)."""
     rows = []
     for precision, family in FAMILIES.items():
-        points_a = [r for r in a["results"] if r["family"] == family and measured(r)]
-        ndcgs = [r["quality"]["ndcg_at_10"] for r in points_a]
-        speeds = [r["speedup_vs_reference"] for r in points_a]
+        curve_a = [  # (nDCG, speed-up) points
+            (r["quality"]["ndcg_at_10"], r["speedup_vs_reference"])
+            for r in a["results"]
+            if r["family"] == family and measured(r)
+        ]
         for r in (r for r in b["results"] if r["family"] == family and r["rho"] < 1 and measured(r)):
-            at = interpolate(ndcgs, speeds, r["quality"]["ndcg_at_10"])
+            at = interpolated_speed(curve_a, r["quality"]["ndcg_at_10"])
             speed = r["speedup_vs_reference"]
             rows.append(
                 (precision, r["rho"], r["quality"]["ndcg_at_10"], speed, None if at is None else speed / at)

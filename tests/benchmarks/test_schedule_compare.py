@@ -28,11 +28,6 @@ def frontier(points: list[tuple[str, float, float, float]]) -> dict[str, Any]:
     }
 
 
-def test_interpolate_in_any_order_and_none_outside() -> None:
-    assert sc.interpolate([1.0, 0.5], [10.0, 5.0], 0.75) == pytest.approx(7.5)
-    assert sc.interpolate([0.5, 1.0], [5.0, 10.0], 0.4) is None
-
-
 def test_quality_rows_compare_b_with_a_at_b_work() -> None:
     a = retrieval(80.0, {"0.5": (0.6, 76.0)})  # A's curve: (0.6, 76) → (1.0, 80)
     b = retrieval(80.0, {"0.5": (0.5, 75.0), "0.7": (0.8, 79.0)})

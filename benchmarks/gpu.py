@@ -1,9 +1,11 @@
 """The GPU path on one NVIDIA GPU in one command (docs/benchmarks.md, "GPU"; ``scripts/gpu_check.sh``):
-``torch`` (our retention encoder vs HF dense SDPA, fp32 and bf16/fp16 autocast, sequences/s and
-``torch.cuda.max_memory_allocated``), ``onnxruntime`` (the exported graphs on the CUDA provider with I/O
-binding, parity with the CPU provider) and ``fit`` (seconds per step of the embedding recipe's quick
-profile, CUDA vs CPU). Each part is recorded even when another fails; ``--budget-s`` stops adding torch
-cells. ``--dry-run``: the same code paths on the CPU, tiny, labelled ``cpu dry run``.
+``forward`` (the serving forward written for the GPU, ``retention_torch``, vs HF dense SDPA eager and as
+a CUDA graph: ``benchmarks.gpu_forward``), ``torch`` (the exported graph's torch forward vs HF dense
+SDPA, fp32 and bf16/fp16 autocast, sequences/s and ``torch.cuda.max_memory_allocated``),
+``onnxruntime`` (the exported graphs on the CUDA provider with I/O binding, parity with the CPU
+provider) and ``fit`` (seconds per step of the embedding recipe's quick profile, CUDA vs CPU). Each part
+is recorded even when another fails; ``--budget-s`` stops adding cells. ``--dry-run``: the same code
+paths on the CPU, tiny, labelled ``cpu dry run``.
 
     python -m benchmarks.gpu --out results/bench            # on the GPU machine
     python -m benchmarks.gpu --dry-run --out /tmp/gpu       # this CPU, seconds
@@ -30,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import gpu_forward
 from benchmarks.embedding_graphs import DEFAULT_RECIPE, documents
 from benchmarks.encoder_speed import classifier, export_graphs
 from benchmarks.harness import cli, describe, publish, random_tokens, speedups, timed_rounds
@@ -62,7 +65,7 @@ FIT_WARMUP_STEPS = 2  # step times dropped: CUDA kernels, allocator growth, firs
 TOKENIZER_DIR = "tokenizer"
 DATA_DIR = "data"
 FIT_PROFILE = "quick"
-PARTS = ("torch", "onnxruntime", "fit")
+PARTS = ("forward", "torch", "onnxruntime", "fit")
 NOT_SELECTED = "skipped: not selected (--parts)"
 OUT_OF_TIME = "skipped: time budget (--budget-s) spent"
 FIT_RESERVE_S = 90.0  # of --budget-s, kept for the fit part when it runs (its model build, both fits)
@@ -604,6 +607,7 @@ def measure(plan: Plan) -> dict[str, Any]:
     payload["seq_lens"] = list(plan.lengths)
     payload["parts"] = list(plan.parts)
     measures: dict[str, Callable[[Path], dict[str, Any]]] = {
+        "forward": lambda _: measure_forward(plan),
         # Exported first: the model is still the CPU fp32 model the exporter traces.
         "onnxruntime": lambda tmp: measure_onnxruntime(model, plan, tmp),
         "torch": lambda _: measure_torch(model, plan),
@@ -662,7 +666,7 @@ def markdown(payload: dict[str, Any]) -> str:
         "",
         f"Device: {device} ({where}); model: {model['backbone']}, hidden {model['hidden_size']}, "
         f"{model['num_layers']} layers. Parts: "
-        + ", ".join(f"{part} {payload[part]['status']}" for part in ("torch", "onnxruntime", "fit"))
+        + ", ".join(f"{part} {payload[part]['status']}" for part in PARTS)
         + ".",
         "",
         "| part | variant | precision | batch × seq | seq/s | vs dense | peak memory (MiB) "
@@ -671,6 +675,19 @@ def markdown(payload: dict[str, Any]) -> str:
         *cell_rows(payload["torch"].get("cells", []) + payload["onnxruntime"].get("cells", [])),
         "",
     ]
+    forward = payload.get("forward", {})
+    if forward.get("cells"):
+        lines += [
+            "## The serving forward (retention_torch) vs dense SDPA",
+            "",
+            f"Selection: {forward['selection']}. Each ρ: its speed-up over the faster dense variant of "
+            "the same precision, as one CUDA graph / eager, and (its limit, 1 / token-work).",
+            "",
+            *gpu_forward.markdown_rows(forward["cells"]),
+            "",
+        ]
+        for note in forward.get("skipped_for_time", []) + forward.get("failed_cells", []):
+            lines.append(f"- forward, not measured: {note}")
     for check in payload["onnxruntime"].get("parity", []):
         rho = "dense" if check["rho"] is None else f"ρ {check['rho']:g}"
         verdict = "within" if check["within_tolerance"] else "OUTSIDE"
@@ -693,6 +710,24 @@ def markdown(payload: dict[str, Any]) -> str:
 
 
 # -------------------------------------------------------------------------------------------- CLI
+def measure_forward(plan: Plan) -> dict[str, Any]:
+    """The ``forward`` part (``benchmarks.gpu_forward``) on this run's device and time budget, leaving
+    the fit part its reserve."""
+    from benchmarks import gpu_forward as F
+
+    reserve = plan.fit_reserve_s if "fit" in plan.parts else 0.0
+    return F.measure_forward(
+        F.ForwardPlan(
+            device=plan.device,
+            dry_run=plan.dry_run,
+            shapes=F.DRY_SHAPES if plan.dry_run else F.SHAPES,
+            batches=F.DRY_BATCHES if plan.dry_run else F.BATCHES,
+            lengths=F.DRY_LENGTHS if plan.dry_run else F.LENGTHS,
+            seconds_left=lambda: plan.seconds_left() - reserve,
+        )
+    )
+
+
 def make_plan(args: argparse.Namespace) -> Plan:
     import torch
 
@@ -737,7 +772,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--write-assets", type=Path, default=None, metavar="DIR", help="save them and exit")
     parser.add_argument("--fit-steps", type=int, default=None, help="steps of the device fit (default 30)")
     parser.add_argument("--cpu-seconds-per-step", type=float, help="the CPU's fit number, not measured")
-    parser.add_argument("--parts", type=part_list, default=PARTS, help="comma list (default: all three)")
+    parser.add_argument("--parts", type=part_list, default=PARTS, help="comma list (default: all four)")
     parser.add_argument("--seq-lens", type=int_list, default=None, help="torch grid lengths, e.g. 512,256")
     parser.add_argument("--batches", type=int_list, default=None, help="batch sizes, e.g. 32,8,1")
     parser.add_argument("--budget-s", type=float, default=None, help="stop adding cells past this")

@@ -6,6 +6,7 @@ Torch-free on purpose: the serving process imports this module to validate ``man
       model.onnx          pruning baked in; inputs/outputs per task: retention_core.tasks
       model.int8.onnx     optional dynamic-int8 variant (same contract)
       tokenizer.json      Hugging Face fast tokenizer
+      weights.safetensors the same model's weights for the torch backend (``TorchWeights`` below)
       manifest.json       ``Manifest`` below
 """
 
@@ -23,6 +24,7 @@ MANIFEST_FILE = "manifest.json"
 MODEL_FILE = "model.onnx"
 INT8_MODEL_FILE = "model.int8.onnx"
 TOKENIZER_FILE = "tokenizer.json"
+WEIGHTS_FILE = "weights.safetensors"
 FORMAT_VERSION = 1
 DEFAULT_MAX_WINDOWS = 16  # QA / summarization windows per input, in serving and in evaluation alike
 
@@ -153,6 +155,51 @@ class EmbeddingInfo(BaseModel):
     dimensions: int = Field(ge=1, description="length of the vector (the encoder's hidden size)")
 
 
+Activation = Literal["gelu", "gelu_tanh", "relu"]  # gelu: the exact (erf) form BERT and MPNet use
+
+
+class Architecture(BaseModel):
+    """What the torch backend needs to run ``weights.safetensors`` besides the tensors: a post-LayerNorm
+    encoder (BERT, DistilBERT, MPNet shapes), its scorers and its head."""
+
+    model_config = ConfigDict(frozen=True)
+    family: str
+    hidden_size: int = Field(ge=1)
+    num_layers: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    intermediate_size: int = Field(ge=1)
+    activation: Activation
+    layer_norm_eps: float = Field(gt=0.0)
+    # "absolute": position ids 0..T-1 (BERT); "after_padding": RoBERTa's and MPNet's, counted from
+    # padding_idx + 1 over the real tokens
+    positions: Literal["absolute", "after_padding"] = "absolute"
+    padding_idx: int = 0
+    relative_attention_buckets: int | None = Field(
+        default=None, description="MPNet's relative-position bias: its number of buckets; None = none"
+    )
+    relative_attention_max_distance: int = 128
+    scorer_size: int = Field(ge=1)
+    ema_decay: float = Field(ge=0.0, lt=1.0)
+
+
+class TorchParity(BaseModel):
+    """How the torch backend's forward on ``weights.safetensors`` agreed with ``model.onnx`` at export."""
+
+    cases: int = Field(ge=1, description="batches of the export's validation grid (ragged, mixed rho)")
+    max_abs_diff: float = Field(description="largest difference of the main output, fp32 on the CPU")
+    kept_tokens_equal: bool = Field(description="kept counts and every token's survival depth equal")
+
+
+class TorchWeights(BaseModel):
+    """The model's weights for the torch backend (``RETENTION_BACKEND=torch``): the same encoder, scorers
+    and head as ``model.onnx``, read by ``retention_torch`` (the GPU-shaped forward)."""
+
+    file: str = WEIGHTS_FILE
+    architecture: Architecture
+    bytes: int = Field(ge=0, description="size of the weights file")
+    parity: TorchParity
+
+
 class Variant(BaseModel):
     file: str
     precision: Literal["fp32", "int8"]
@@ -183,6 +230,9 @@ class Manifest(BaseModel):
         default=None, description="measured speed-up vs rho (explorer page); None for older exports"
     )
     embedding: EmbeddingInfo | None = Field(default=None, description="pooled-head tasks only")
+    torch_weights: TorchWeights | None = Field(
+        default=None, description="weights for the torch backend; None for directories exported before it"
+    )
     aliases: list[str] = Field(
         default_factory=list,
         description="other names a request may use: an embedding retrofit answers to the hub id and short "

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The GPU check as one prepared device call (docs/benchmarks.md, "GPU"): the torch-CUDA part of
-# python -m benchmarks.gpu (retention vs dense SDPA, fp32/bf16, 512/256 tokens, batch 32/8/1, peak
-# memory; fit seconds per step on CUDA vs the CPU) on a lent machine that reaches no package index.
+# The GPU check as one prepared device call (docs/benchmarks.md, "GPU"): by default the forward part of
+# python -m benchmarks.gpu (the serving forward written for the GPU, retention_torch, vs dense SDPA eager
+# and as a CUDA graph: MiniLM and base shapes, fp32/bf16, batch 1/8/32/128 x 256/512, peak memory,
+# kernels and host ms per forward) on a lent machine that reaches no package index. GPU_CHECK_PARTS adds
+# the older parts (torch: the exported graph's torch forward; fit: seconds per step on CUDA vs the CPU).
 #
 #   scripts/gpu_check.sh prepare          # here: .gpu-check/ (git-ignored, <= 64 MiB): the wheels the
 #                                         #   device image may lack, the tokenizer and the fit texts,
@@ -16,7 +18,8 @@
 # the one the binary wheels are for), GPU_CHECK_WHEELS (space-separated distributions; default below),
 # PYTHON (python3; prepare: a Python with pip and this project's packages, e.g. .venv/bin/python),
 # OUT (results; default ./gpu-check-out), GPU_CHECK_SITE (/tmp/gpu-check-site), GPU_CHECK_BUDGET_S
-# (480: the whole run, start to end), GPU_CHECK_CPU_SECONDS_PER_STEP (the fit's CPU number, else the
+# (480: the whole run, start to end), GPU_CHECK_PARTS (forward; a comma list of benchmarks.gpu's parts),
+# GPU_CHECK_CPU_SECONDS_PER_STEP (the fit's CPU number, else the
 # device's CPU measures it).
 set -euo pipefail
 
@@ -39,7 +42,7 @@ read -r -a WHEELS <<<"$(echo "${GPU_CHECK_WHEELS:-$DEFAULT_WHEELS}" | tr '\n' ' 
 PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64)
 
 usage() {
-    sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 2
 }
 
@@ -126,7 +129,7 @@ except Exception as exc:  # no torch at all: say so, the benchmark then fails on
     found["cuda_available"] = False
 if phase == "installed":
     try:  # the code path the benchmark runs, imported from $SITE and the checkout
-        import benchmarks.gpu, training.fit, training.model, training.encoders  # noqa: F401
+        import benchmarks.gpu, benchmarks.gpu_forward, retention_torch.runner, training.fit  # noqa: F401
         found["imports"] = "ok"
     except Exception as exc:
         found["imports"] = f"{type(exc).__name__}: {exc}"
@@ -215,7 +218,7 @@ cmd_run() {
     echo "budget: ${left} s for the benchmark (of ${BUDGET_S} s)"
     local rc=0
     (cd "$ROOT" && timeout --signal=INT --kill-after=15 $((left + 40)) "$PYTHON" -m benchmarks.gpu \
-        --out "$out" --parts torch,fit "${sizes[@]}" --budget-s "$left" --assets "$CHECK_DIR/assets" \
+        --out "$out" --parts "${GPU_CHECK_PARTS:-forward}" "${sizes[@]}" --budget-s "$left" --assets "$CHECK_DIR/assets" \
         --image-check "$IMAGE" "${cpu[@]}") 2>&1 | tee "$out/run.log" || rc=$?
     echo "gpu check: exit $rc after $((SECONDS - started)) s; results in $out"
     ls -l "$out"

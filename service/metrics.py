@@ -14,7 +14,8 @@ carries ``model`` only; ``retention_model_info`` maps a model to its task.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -40,9 +41,20 @@ def status_class(status: int) -> str:
     return "2xx" if status < 400 else "4xx" if status < 500 else "5xx"
 
 
+@dataclass(frozen=True)
+class ModelBackend:
+    """What runs a model, as its metrics label it, and where its device memory is read (None: no
+    accelerator allocator to read)."""
+
+    kind: str  # onnxruntime | torch
+    device: str  # cpu, cuda:0
+    device_memory: Callable[[], tuple[int, int]] | None = None  # (bytes in use, allocator peak)
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._backends: dict[str, ModelBackend] = {}  # model -> the labels its backend series carry
         r = self.registry
         self.requests = Counter(
             "retention_requests_total", "HTTP requests", ["endpoint", "task", "status_class"], registry=r
@@ -187,6 +199,24 @@ class Metrics:
         self.model_info = Gauge(
             "retention_model_info", "loaded models", ["model", "task", "backbone", "precision"], registry=r
         )
+        self.model_backend = Gauge(
+            "retention_model_backend_info",
+            "what runs each model (RETENTION_BACKEND): its backend and device",
+            ["model", "backend", "device"],
+            registry=r,
+        )
+        self.device_memory = Gauge(
+            "retention_device_memory_bytes",
+            "accelerator memory allocated on the model's device now (torch backend on a GPU)",
+            ["model"],
+            registry=r,
+        )
+        self.device_memory_peak = Gauge(
+            "retention_device_memory_peak_bytes",
+            "the device allocator's high-water mark since the process started (torch backend on a GPU)",
+            ["model"],
+            registry=r,
+        )
 
     def init_endpoints(self, endpoints: Iterable[tuple[str, str]]) -> None:
         """Create the series of every mounted route, given as (endpoint, task), at 0 so dashboards see
@@ -204,7 +234,15 @@ class Metrics:
         for reason in SHED_REASONS:
             self.shed.labels(reason=reason)
 
-    def init_model(self, model: str, task: str, backbone: str, precision: str, memory_bytes: int) -> None:
+    def init_model(
+        self,
+        model: str,
+        task: str,
+        backbone: str,
+        precision: str,
+        memory_bytes: int,
+        backend: ModelBackend | None = None,
+    ) -> None:
         for family in (
             self.inference_duration,
             self.queue_depth,
@@ -226,6 +264,13 @@ class Metrics:
             self.served_rho.labels(model=model, task=task, reason=reason)
         self.model_info.labels(model=model, task=task, backbone=backbone, precision=precision).set(1)
         self.model_memory.labels(model=model).set(memory_bytes)
+        if backend is not None:
+            self._backends[model] = backend
+            self.model_backend.labels(model=model, backend=backend.kind, device=backend.device).set(1)
+            if backend.device_memory is not None:
+                read = backend.device_memory
+                self.device_memory.labels(model=model).set_function(lambda: float(read()[0]))
+                self.device_memory_peak.labels(model=model).set_function(lambda: float(read()[1]))
 
     def forget_model(self, model: str, task: str, backbone: str, precision: str) -> None:
         """A model left the repository: drop its info series (history stays in Prometheus)."""
@@ -233,6 +278,13 @@ class Metrics:
             self.model_info.remove(model, task, backbone, precision)
         with contextlib.suppress(KeyError):
             self.model_memory.remove(model)
+        backend = self._backends.pop(model, None)
+        if backend is not None:
+            with contextlib.suppress(KeyError):
+                self.model_backend.remove(model, backend.kind, backend.device)
+        for family in (self.device_memory, self.device_memory_peak):
+            with contextlib.suppress(KeyError):
+                family.remove(model)
         self.queue_depth.labels(model=model).set(0)
         self.predicted_drain.labels(model=model).set(0)
         for rho in EXPORTED_RHOS:

@@ -1,7 +1,9 @@
-"""Load one model directory (ONNX + JSON only, never pickle) into an onnxruntime session + codec, and run it.
+"""Load one model directory (ONNX or safetensors + JSON, never pickle) into a backend + codec, and run it.
 
 Every check fails loudly with ``ModelLoadError`` whose message names the directory (relative to the
-models root) and what is wrong; the service logs it and keeps serving whatever it already had.
+models root) and what is wrong; the service logs it and keeps serving whatever it already had. The
+backend (``service.backends``: onnxruntime or torch, one setting) runs the graph; everything else here
+is the same for both.
 """
 
 from __future__ import annotations
@@ -9,50 +11,31 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 import psutil
 from pydantic import ValidationError
 from tokenizers import Tokenizer
 
 from retention_core.codecs.base import Row, TaskCodec
-from retention_core.contract import MANIFEST_FILE, Manifest, TensorSpec
-from retention_core.onnx import open_session
+from retention_core.contract import MANIFEST_FILE, Manifest
 from retention_core.tasks import CodecOptions, TaskSpec, task_spec
 from retention_core.text import pad_token_id
+from service.backends import Backend, ModelLoadError, open_backend
+from service.backends.base import model_file
 from service.serving import ServedModel
 from service.settings import Settings
 
 log = logging.getLogger("service")
 
-ORT_TYPES = {"int64": "tensor(int64)", "float32": "tensor(float)"}
-
-
-class ModelLoadError(Exception):
-    """A model directory is broken. The message is safe to show to an operator (no absolute paths)."""
+__all__ = ["LoadedModel", "ModelLoadError", "fingerprint", "load_model", "make_codec"]
 
 
 def make_codec(spec: TaskSpec, manifest: Manifest, tokenizer: Tokenizer, settings: Settings) -> TaskCodec:
     """The registered codec of this manifest's task, with the service's limits."""
     return spec.make_codec(manifest, tokenizer, CodecOptions(max_windows=settings.max_windows))
-
-
-def check_specs(
-    label: str, kind: str, actual: list[Any], expected: list[TensorSpec], contract: tuple[TensorSpec, ...]
-) -> None:
-    """The session's inputs/outputs must equal the manifest's, and the manifest the task contract."""
-    want = [(s.name, s.dtype, len(s.axes)) for s in expected]
-    if want != [(s.name, s.dtype, len(s.axes)) for s in contract]:
-        raise ModelLoadError(
-            f"{label}: manifest {kind} {[w[0] for w in want]} do not match the task contract"
-        )
-    got = [(a.name, a.type, len(a.shape)) for a in actual]
-    if [(n, ORT_TYPES[d], r) for n, d, r in want] != got:
-        raise ModelLoadError(f"{label}: ONNX graph {kind} {got} do not match the manifest {want}")
 
 
 def fingerprint(directory: Path) -> str:
@@ -67,14 +50,13 @@ def fingerprint(directory: Path) -> str:
 
 @dataclass(kw_only=True)
 class LoadedModel(ServedModel):
-    """A served model with what runs it: the onnxruntime session, the tokenizer, the directory."""
+    """A served model with what runs it: its backend, the tokenizer, the directory."""
 
     directory: Path
-    session: ort.InferenceSession
+    backend: Backend
     tokenizer: Tokenizer
     pad_id: int
     fingerprint: str
-    output_names: list[str] = field(default_factory=list)
     warmup_seconds: float = 0.0  # latency of the last warm-up run: the batcher's first estimate
     # Resident memory the process grew by while this model's session opened and warmed up: its weights,
     # onnxruntime's buffers and arena after one run. An estimate (the allocator may reuse freed pages),
@@ -84,17 +66,19 @@ class LoadedModel(ServedModel):
     def run(
         self, rows: list[Row], rhos: list[float], length: int | None = None
     ) -> tuple[list[np.ndarray], np.ndarray, list[np.ndarray] | None]:
-        """One padded ONNX run (to the longest row, or ``length`` when longer). Returns the first output
-        of every row, unpadded, kept counts (B, L) and, when the graph has it, each row's survival depth
-        (T_i,) unpadded (None for a directory exported without it)."""
+        """One padded run (to the longest row, or ``length`` when longer) through the backend. Returns the
+        first output of every row, unpadded, kept counts (B, L) and, when the graph has it, each row's
+        survival depth (T_i,) unpadded (None for a directory exported without it)."""
         feeds = self.spec.feeds(rows, rhos, self.pad_id, length)
-        main, counts, *optional = self.session.run(self.output_names, feeds)
+        main, counts, depth = self.backend.run(feeds)
         if main.ndim == 3:  # token outputs (B, T, k): drop padding per row
             outputs = [main[i, : len(row)] for i, row in enumerate(rows)]
         else:  # (B, C)
             outputs = [main[i] for i in range(len(rows))]
-        depths = [optional[0][i, : len(row)] for i, row in enumerate(rows)] if optional else None
-        return outputs, np.asarray(counts, dtype=np.int64), depths
+        depths = None
+        if depth is not None and self.manifest.has_survival_depth:
+            depths = [depth[i, : len(row)] for i, row in enumerate(rows)]
+        return outputs, counts, depths
 
     def warm_up(self) -> None:
         ids = self.tokenizer.encode("warm up the session with a short input").ids[: self.manifest.max_length]
@@ -119,19 +103,7 @@ def load_model(directory: Path, settings: Settings, name: str | None = None) -> 
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{label}: unreadable {MANIFEST_FILE}") from exc
 
-    variant = manifest.variants.get(settings.precision) or manifest.variants.get("fp32")
-    if variant is None:
-        raise ModelLoadError(f"{label}: manifest lists no fp32 variant")
-    model_path = directory / variant.file
-    if Path(variant.file).name != variant.file or model_path.suffix != ".onnx":
-        raise ModelLoadError(f"{label}: variant file must be a plain *.onnx name inside the model directory")
-    if not model_path.is_file():
-        raise ModelLoadError(f"{label}: missing {variant.file}")
-    tokenizer_path = directory / manifest.tokenizer
-    if Path(manifest.tokenizer).name != manifest.tokenizer or tokenizer_path.suffix != ".json":
-        raise ModelLoadError(f"{label}: tokenizer must be a plain *.json name inside the model directory")
-    if not tokenizer_path.is_file():
-        raise ModelLoadError(f"{label}: missing {manifest.tokenizer}")
+    tokenizer_path = model_file(directory, manifest.tokenizer, ".json", "tokenizer")
 
     try:
         tokenizer = Tokenizer.from_file(str(tokenizer_path))
@@ -143,29 +115,13 @@ def load_model(directory: Path, settings: Settings, name: str | None = None) -> 
     tokenizer.no_padding()
     tokenizer.no_truncation()
 
-    resident_before = _resident_bytes()
-    try:
-        session = open_session(
-            model_path,
-            settings.intra_op_threads,
-            settings.inter_op_threads,
-            use_cuda=settings.use_cuda,
-            cpu_mem_arena=settings.cpu_mem_arena,
-            mem_pattern=settings.ort_mem_pattern,
-        )
-    except Exception as exc:
-        log.error("onnxruntime could not load %s: %s", model_path, exc)
-        raise ModelLoadError(f"{label}: {variant.file} could not be loaded by onnxruntime") from exc
-
     try:
         spec = task_spec(manifest.task)
     except KeyError as exc:
         raise ModelLoadError(f"{label}: unknown task {manifest.task!r}") from exc
-    check_specs(label, "inputs", session.get_inputs(), manifest.inputs, spec.inputs)
-    # survival_depth is optional: directories exported before it stop at kept_counts (explain off)
-    contract = spec.output_contract(len(manifest.outputs))
-    check_specs(label, "outputs", session.get_outputs(), manifest.outputs, contract)
-    dim = session.get_outputs()[0].shape[-1]
+    resident_before = _resident_bytes()
+    backend = open_backend(directory, manifest, spec, settings)
+    dim = backend.output_width
     if spec.num_outputs is None and isinstance(dim, int) and dim != len(manifest.labels):
         raise ModelLoadError(
             f"{label}: graph has {dim} logits but the manifest {len(manifest.labels)} labels"
@@ -185,15 +141,16 @@ def load_model(directory: Path, settings: Settings, name: str | None = None) -> 
         name=name or manifest.name,
         directory=directory,
         manifest=manifest,
-        precision=variant.precision,
-        session=session,
+        precision=backend.info.precision,
+        backend=backend,
         tokenizer=tokenizer,
         codec=codec,
         spec=spec,
         pad_id=int(pad_id),
         fingerprint=fingerprint(directory),
-        providers=session.get_providers(),
-        output_names=[spec.name for spec in manifest.outputs],
+        providers=list(backend.info.providers),
+        backend_kind=backend.info.kind,
+        device=backend.info.device,
     )
     if settings.warmup:
         try:

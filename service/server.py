@@ -14,7 +14,7 @@ import time
 
 from retention_core.codecs.base import Row
 from service.errors import ModelNotFound, NotReady, Overloaded, ShuttingDown, TaskMismatch
-from service.metrics import Metrics
+from service.metrics import Metrics, ModelBackend
 from service.repository import Catalog, ModelRepository, Signature
 from service.runtime import LoadedModel
 from service.scheduling.batcher import Batcher
@@ -22,6 +22,18 @@ from service.serving import AutoBudget, InferenceResult, ReloadReport, ServedMod
 from service.settings import Settings
 
 log = logging.getLogger("service")
+
+
+def model_backend(model: LoadedModel) -> ModelBackend:
+    """A model's backend as its metrics label it, with its device memory when it has an accelerator."""
+    backend = model.backend
+
+    def device_memory() -> tuple[int, int]:
+        memory = backend.device_memory()
+        return (0, 0) if memory is None else (memory.in_use_bytes, memory.peak_bytes)
+
+    on_device = backend.device_memory() is not None
+    return ModelBackend(model.backend_kind, model.device, device_memory if on_device else None)
 
 
 class ModelServer:
@@ -195,7 +207,12 @@ class ModelServer:
             batchers[name] = batcher
             manifest = model.manifest
             self.metrics.init_model(
-                name, manifest.task, manifest.backbone.name_or_path, model.precision, model.memory_bytes
+                name,
+                manifest.task,
+                manifest.backbone.name_or_path,
+                model.precision,
+                model.memory_bytes,
+                model_backend(model),
             )
         retired = [b for name, b in old_batchers.items() if batchers.get(name) is not b]
         self.catalog, self._batchers = catalog, batchers

@@ -76,6 +76,8 @@ class ServedModel:
     codec: Any  # the task's codec (retention_core.tasks)
     spec: TaskSpec  # the task's registry entry, taken at load: its inputs are the graph's feeds
     providers: list[str]  # onnxruntime's execution providers, by name (GET /models shows them)
+    backend_kind: str = "onnxruntime"  # the backend that runs it (service.backends): onnxruntime | torch
+    device: str = "cpu"  # where: cpu, cuda:0
     loaded_at: float = field(default_factory=time.time)
     warmed_up: bool = False
 

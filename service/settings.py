@@ -30,6 +30,25 @@ class Settings(BaseSettings):
     )
     inter_op_threads: int = Field(default=1, ge=1)
     use_cuda: bool = Field(default=True, description="use CUDAExecutionProvider when onnxruntime offers it")
+    backend: Literal["onnxruntime", "torch"] = Field(
+        default="onnxruntime",
+        description="what runs the models: onnxruntime (model.onnx; the CPU image) or torch (the model "
+        "directory's weights.safetensors through the GPU-shaped forward; needs torch and safetensors)",
+    )
+    torch_device: str = Field(
+        default="auto", description="torch backend: cuda:0, cpu, ... (auto: the first GPU, else the CPU)"
+    )
+    torch_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto",
+        description="torch backend: the encoder's dtype (auto: bfloat16 on a GPU, float32 on CPU)",
+    )
+    cuda_graphs: bool = Field(
+        default=True,
+        description="torch backend on a GPU: capture one CUDA graph per shape plan on first use, replay it",
+    )
+    max_cuda_graphs: int = Field(
+        default=64, ge=1, description="torch backend: captured graphs kept per model (least recently used go)"
+    )
     cpu_mem_arena: bool = Field(
         default=True,
         description="onnxruntime's CPU memory arena (fast reuse; keeps its peak); false: plain allocations",

@@ -17,10 +17,31 @@ CORE = "retention_core"
 
 # package → top-level packages it must never import
 FORBIDDEN = {
-    CORE: {"training", "service", "benchmarks", "clients", "tests", "torch", "transformers"},
-    "service": {"training", "benchmarks", "tests", "torch", "transformers"},
+    CORE: {
+        "training",
+        "service",
+        "benchmarks",
+        "clients",
+        "tests",
+        "torch",
+        "transformers",
+        "retention_torch",
+    },
+    "service": {"training", "benchmarks", "tests", "torch", "transformers", "retention_torch"},
     "training": {"service", "benchmarks", "tests"},
+    # the GPU-shaped forward: torch and the core only (the service's torch backend and the export use it)
+    "retention_torch": {
+        "training",
+        "service",
+        "benchmarks",
+        "clients",
+        "tests",
+        "transformers",
+        "onnxruntime",
+    },
 }
+# The one service module allowed torch: the torch backend, imported only when RETENTION_BACKEND=torch.
+TORCH_BACKEND = REPO / "service" / "backends" / "torch_backend.py"
 
 
 # CPython 3.11.7's AST converter keeps its recursion depth in interpreter-wide state (gh-106905): while
@@ -88,6 +109,8 @@ def violations(package: str) -> list[str]:
     found = []
     for path in sorted((REPO / package).rglob("*.py")):
         bad = imported_packages(path) & FORBIDDEN[package]
+        if path == TORCH_BACKEND:
+            bad -= {"torch", "retention_torch"}
         if bad:
             found.append(f"{path.relative_to(REPO)} imports {sorted(bad)}")
     return found
@@ -126,6 +149,24 @@ def test_service_never_imports_training() -> None:
 
 def test_training_never_imports_service() -> None:
     assert violations("training") == []
+
+
+def test_the_torch_forward_imports_torch_and_the_core_only() -> None:
+    assert violations("retention_torch") == []
+
+
+def test_torch_is_imported_only_by_the_torch_backend_and_that_only_when_chosen() -> None:
+    """One service module imports torch (the torch backend); ``service.backends`` imports it only inside
+    ``open_backend``'s torch branch, so a server on onnxruntime never loads it."""
+    importers = [
+        path.relative_to(REPO)
+        for path in sorted((REPO / "service").rglob("*.py"))
+        if imported_packages(path) & {"torch", "retention_torch"}
+    ]
+    assert importers == [TORCH_BACKEND.relative_to(REPO)]
+    backends = parse(REPO / "service" / "backends" / "__init__.py")
+    top_level = {node.module for node in backends.body if isinstance(node, ast.ImportFrom) and node.module}
+    assert "service.backends.torch_backend" not in top_level
 
 
 def test_the_scanner_sees_lazy_imports(tmp_path: Path) -> None:
@@ -168,7 +209,15 @@ def test_the_cycle_finder_sees_a_cycle_behind_lazy_imports(tmp_path: Path) -> No
 
 
 # Every package's own modules, subpackages included, import one another without a cycle.
-PACKAGES = ("training", "service", "retention_core", "clients", "benchmarks", "experiments")
+PACKAGES = (
+    "training",
+    "service",
+    "retention_core",
+    "retention_torch",
+    "clients",
+    "benchmarks",
+    "experiments",
+)
 
 
 def package_graph(root: Path, package: str) -> dict[str, set[str]]:
@@ -243,6 +292,9 @@ SERVING_VIEW = [
 COMPOSITION_ROOT = REPO / "service" / "api" / "app.py"
 HOLDS_A_SESSION = (
     "onnxruntime",
+    "torch",
+    "retention_torch",
+    "service.backends",
     "service.runtime",
     "service.repository",
     "service.server",
@@ -335,3 +387,37 @@ def test_the_http_layer_imports_without_onnxruntime() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "service.api.routers.tasks" in result.stdout and "service.runtime" not in result.stdout
+
+
+# The whole server on onnxruntime imports where torch cannot be imported (the CPU serving image), and
+# asking it for the torch backend there is a clear load error, not an ImportError.
+NO_TORCH_SERVER = """
+import importlib, sys
+from pathlib import Path
+
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "transformers", "training", "retention_torch"):
+            raise ImportError(f"{name} is absent in this check")
+        return None
+
+sys.meta_path.insert(0, Absent())
+for module in ("service.api.app", "service.server", "service.runtime", "service.backends.onnx_backend"):
+    importlib.import_module(module)
+from service.backends import ModelLoadError, open_backend
+from service.settings import Settings
+try:
+    open_backend(Path("models/some-model"), None, None, Settings(backend="torch"))
+except ModelLoadError as exc:
+    print("refused:", exc)
+print("torch loaded:", any(m == "torch" or m.startswith("torch.") for m in sys.modules))
+"""
+
+
+def test_the_onnxruntime_server_imports_without_torch() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", NO_TORCH_SERVER], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "refused: some-model: RETENTION_BACKEND=torch needs torch" in result.stdout
+    assert "torch loaded: False" in result.stdout

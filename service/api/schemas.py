@@ -377,6 +377,8 @@ class ModelSummary(BaseModel):
     max_length: int
     labels: list[str]
     providers: list[str]
+    backend: str = Field(default="onnxruntime", description="what runs it: onnxruntime or torch")
+    device: str = Field(default="cpu", description="where it runs: cpu, cuda:0")
     is_default: bool
     explain: bool = Field(
         default=False, description="its graph reports survival depth: explain=true is served"

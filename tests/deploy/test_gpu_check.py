@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu
+from benchmarks import gpu, gpu_forward
 from tests.tiny import write_squad_paragraphs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,18 +69,30 @@ def test_prepare_then_a_dry_run_writes_the_cells_and_the_image_check(tmp_path: P
     installed = {path.name.split("-")[0] for path in site.glob("*.dist-info")}
     assert installed == {"annotated_types", "typing_inspection"}
 
-    assert payload["dry_run"] is True and payload["parts"] == ["torch", "fit"]
-    assert payload["onnxruntime"]["status"] == gpu.NOT_SELECTED
-    assert payload["torch"]["status"] == gpu.MEASURED and payload["fit"]["status"] == gpu.MEASURED
-    cells = payload["torch"]["cells"]
-    grid = {(c["seq_len"], c["batch"], c["precision"]) for c in cells}
-    assert grid == {(s, b, p) for s in (16, 8) for b in (2, 1) for p in ("fp32", "bf16-autocast")}
-    assert {c["variant"] for c in cells} == {gpu.DENSE_TORCH, *(f"retention@{rho:g}" for rho in gpu.RHOS)}
-    assert all(c["sequences_per_second"] > 0 and c["device"] == gpu.DRY_RUN_DEVICE for c in cells)
-    assert payload["torch"]["skipped_for_time"] == []
-    assert payload["fit"]["device_seconds_per_step"] > 0
+    assert payload["dry_run"] is True and payload["parts"] == ["forward"]
+    assert (
+        payload["onnxruntime"]["status"] == gpu.NOT_SELECTED
+        and payload["torch"]["status"] == gpu.NOT_SELECTED
+    )
+    forward = payload["forward"]
+    assert forward["status"] == gpu.MEASURED and forward["skipped_for_time"] == forward["failed_cells"] == []
+    cells = forward["cells"]
+    grid = {(c["shape"], c["precision"], c["batch"], c["seq_len"]) for c in cells}
+    assert grid == {
+        ("tiny", p, b, s)
+        for p in gpu_forward.PRECISIONS
+        for b in gpu_forward.DRY_BATCHES
+        for s in gpu_forward.DRY_LENGTHS
+    }
+    expected = {
+        gpu_forward.DENSE,
+        *(f"retention@{rho:g}" for rho in gpu_forward.RHOS),
+    }  # no CUDA graph on a CPU
+    assert {c["variant"] for c in cells} == expected
+    assert all(c["sequences_per_second"] > 0 and c["token_work_limit"] >= 1.0 for c in cells)
+    assert any("kernels_per_forward" in c for c in cells)  # the profiled cells
     # what the run imported from outside the standard library: the carried list must hold it on a device
-    assert {"torch", "transformers", "pydantic", "onnxruntime"} <= set(payload["distributions"])
+    assert {"torch", "transformers", "pydantic", "safetensors"} <= set(payload["distributions"])
     assert (out / "gpu-check" / "gpu.md").is_file() and (out / "gpu-check" / "run.log").is_file()
 
 

@@ -231,7 +231,7 @@ def test_controller_metrics_are_exported(client: TestClient) -> None:
 def test_sessions_open_and_serve_without_the_cpu_arena(models_root: Path) -> None:
     """RETENTION_CPU_MEM_ARENA=false (the overload benchmark's --no-arena) reaches onnxruntime."""
     with running(settings_for(models_root, cpu_mem_arena=False)) as (app, client):
-        session = server_of(app).get(MODEL).session
+        session = server_of(app).get(MODEL).backend.session  # type: ignore[attr-defined]
         assert session.get_session_options().enable_cpu_mem_arena is False
         assert client.post("/classify?rho=auto", json={"text": TEXT}).status_code == 200
 

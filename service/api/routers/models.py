@@ -29,6 +29,8 @@ def summarize_model(model: ServedModel, state: ServerState) -> ModelSummary:
         max_length=manifest.max_length,
         labels=list(manifest.labels),
         providers=list(model.providers),
+        backend=model.backend_kind,
+        device=model.device,
         is_default=is_default,
         explain=model.explains,
         route=None if face is None else face.path,

@@ -42,7 +42,10 @@ from service.settings import Settings
 
 TEI_EMBED_PATH = "/"  # TEI serves an embedding model's embed at its root too
 ROOT_ENDPOINT = "root"  # that route's metrics label, as ``service.api.app.endpoint_label`` names it
-TEI_DTYPES = {"fp32": "float32"}  # this server's precision -> TEI's model_dtype (int8 stays int8)
+TEI_DTYPES = {
+    "fp32": "float32",
+    "bf16": "bfloat16",
+}  # this server's precision -> TEI's model_dtype (int8 stays int8)
 
 INFO_QUERY = frozenset({"model"})  # /info's query parameters: anything else is refused, not ignored
 ModelQuery = Annotated[str | None, Query(description="model name; default: the default embedding model")]

@@ -1,0 +1,376 @@
+"""The GPU-shaped forward against dense SDPA on one GPU: the ``forward`` part of ``benchmarks.gpu``.
+
+What serving on a GPU runs (``service.backends.torch_backend``: ``retention_torch``'s runner, host
+feeds in, host vectors out) against what users run today (Hugging Face's encoder with SDPA, mean pooled),
+same random weights, same fixed-length batches, same precision:
+
+- ``dense-sdpa``: the HF model called eagerly (attention mask given), the common service;
+- ``dense-sdpa-graph``: the same model captured once per shape as a CUDA graph (no mask: full rows), the
+  fastest dense forward a user could run;
+- ``retention@ρ`` (eager) and ``retention@ρ-graph`` (one CUDA graph per plan), ρ 1 / 0.7 / 0.5 / 0.3,
+  with the product's embedding selection (merging, every other layer, a quarter leading share, the
+  32-token floor: ``models/recipes/minilm-embed.yaml``).
+
+Grid: MiniLM (384 × 6) and base (768 × 12) shapes, fp32 (TF32 off) and bf16, batch 1 / 8 / 32 / 128 ×
+256 / 512 tokens. Per cell: sequences/s (median of rounds), the ratio to the faster dense variant, the
+token-work limit 1 / work and the share of it reached, peak device memory. Per shape and precision at
+8 × 256, each variant's CUDA kernels and host milliseconds per forward (torch.profiler), as the
+host-bound study measured them. ``--dry-run``: the same code on the CPU with a tiny shape (no graphs).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+RHOS = (1.0, 0.7, 0.5, 0.3)
+SHAPES: dict[str, dict[str, int]] = {
+    "minilm": {
+        "hidden_size": 384,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 12,
+        "intermediate_size": 1536,
+    },
+    "base": {
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "intermediate_size": 3072,
+    },
+}
+DRY_SHAPES = {
+    "tiny": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+}
+VOCAB = 30522
+MAX_POSITIONS = 512
+BATCHES = (1, 8, 32, 128)
+LENGTHS = (256, 512)
+DRY_BATCHES = (2, 1)
+DRY_LENGTHS = (32,)
+PRECISIONS = ("fp32", "bf16")
+PROFILE_SHAPE = (8, 256)  # batch × length where kernels and host time are profiled (host-bound regime)
+PROFILE_CALLS = 5
+WARMUP_CALLS = 3
+ROUNDS = 3
+MIN_ROUND_SECONDS = 0.15  # a round repeats the call until it has run this long
+MAX_ROUND_CALLS = 200
+DENSE = "dense-sdpa"
+DENSE_GRAPH = "dense-sdpa-graph"
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    device: str  # "cuda" | "cpu"
+    dry_run: bool
+    shapes: dict[str, dict[str, int]]
+    batches: tuple[int, ...]
+    lengths: tuple[int, ...]
+    seconds_left: Callable[[], float]
+
+    @property
+    def cuda(self) -> bool:
+        return self.device == "cuda"
+
+
+def selection() -> Any:
+    """The product's embedding selection (models/recipes/minilm-embed.yaml)."""
+    from training.model import RetentionConfig
+
+    return RetentionConfig(merge_dropped=True, leading_share=0.25, min_kept_tokens=32, pruning_interval=2)
+
+
+@dataclass
+class Built:
+    dense: dict[str, Any]  # precision → HF model (sdpa)
+    weights: dict[str, Any]  # precision → retention_torch ModelWeights
+    schedule: Any
+    head: Any
+
+
+def build(shape: dict[str, int], plan: ForwardPlan) -> Built:
+    """Random weights of ``shape``: one HF model (SDPA) for the dense peer, its tensors for ours."""
+    import torch
+    from transformers import AutoModel, BertConfig
+
+    from retention_torch.weights import from_state
+    from training.encoders import EncoderBackbone
+    from training.export import torch_architecture, torch_head, torch_state
+    from training.fit import manifest_schedule
+    from training.model import RetentionModel
+
+    torch.manual_seed(0)
+    sizes: dict[str, Any] = {"vocab_size": VOCAB, "max_position_embeddings": MAX_POSITIONS, **shape}
+    config = BertConfig(**sizes)
+    hf = AutoModel.from_config(config, attn_implementation="sdpa").eval()
+    model = RetentionModel(EncoderBackbone(hf), "embedding", shape["hidden_size"], selection()).eval()
+    state, architecture = torch_state(model), torch_architecture(model)
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    return Built(
+        dense={name: copy.deepcopy(hf).to(plan.device, dtype) for name, dtype in dtypes.items()},
+        weights={
+            name: from_state(state, architecture, "pooled", plan.device, dtype)
+            for name, dtype in dtypes.items()
+        },
+        schedule=manifest_schedule(model),
+        head=torch_head(model),
+    )
+
+
+def token_work(schedule: Any, rho: float, length: int) -> float:
+    """Share of dense encoder token-work a full row of ``length`` does at ``rho`` (the speed limit's
+    inverse)."""
+    from retention_core.schedule import keep_counts
+
+    counts = keep_counts(schedule, np.array([rho], np.float32), np.array([length]), np.array([1]))
+    return float(counts.sum() / (length * schedule.num_points))
+
+
+def dense_call(model: Any, ids: np.ndarray, device: str) -> Callable[[], np.ndarray]:
+    """The usual service: ids to the device, the HF encoder with its mask, mean pooling, vectors back."""
+    import torch
+
+    def call() -> np.ndarray:
+        with torch.inference_mode():
+            tokens = torch.from_numpy(ids).to(device)
+            mask = torch.ones_like(tokens)
+            states = model(input_ids=tokens, attention_mask=mask).last_hidden_state
+            weights = mask.unsqueeze(-1).to(states.dtype)
+            return ((states * weights).sum(1) / weights.sum(1)).float().cpu().numpy()
+
+    return call
+
+
+def dense_graph_call(model: Any, ids: np.ndarray, device: str) -> Callable[[], np.ndarray]:
+    """The same dense forward captured once as a CUDA graph (full rows, so no mask), ids copied into its
+    static buffer, vectors copied back."""
+    import torch
+
+    static = torch.from_numpy(ids).to(device)
+    with torch.inference_mode():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_CALLS):
+                model(input_ids=static).last_hidden_state.mean(1)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            pooled = model(input_ids=static).last_hidden_state.mean(1)
+
+    def call() -> np.ndarray:
+        static.copy_(torch.from_numpy(ids), non_blocking=True)
+        graph.replay()
+        return pooled.float().cpu().numpy()
+
+    return call
+
+
+def ours_call(runner: Any, ids: np.ndarray, rho: float) -> Callable[[], np.ndarray]:
+    """What the torch backend runs for a request batch: graph feeds in, vectors out."""
+    feeds = {
+        "input_ids": ids,
+        "attention_mask": np.ones_like(ids),
+        "rho": np.full(ids.shape[0], rho, dtype=np.float32),
+    }
+    return lambda: runner.run(feeds).main
+
+
+def seconds_per_call(call: Callable[[], object]) -> float:
+    """Median over rounds of the mean time per call; every call ends with its result on the host."""
+    for _ in range(WARMUP_CALLS):
+        call()
+    rounds = []
+    for _ in range(ROUNDS):
+        calls, started = 0, time.perf_counter()
+        while calls < MAX_ROUND_CALLS and (calls == 0 or time.perf_counter() - started < MIN_ROUND_SECONDS):
+            call()
+            calls += 1
+        rounds.append((time.perf_counter() - started) / calls)
+    return statistics.median(rounds)
+
+
+def peak_memory(call: Callable[[], object], plan: ForwardPlan) -> int | None:
+    if not plan.cuda:
+        return None
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    call()
+    torch.cuda.synchronize()
+    return int(torch.cuda.max_memory_allocated())
+
+
+def profile(call: Callable[[], object], plan: ForwardPlan) -> dict[str, float]:
+    """Device kernels and host milliseconds per forward (the call returns its result on the host, so
+    host time includes the final wait)."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if plan.cuda else [])
+    for _ in range(WARMUP_CALLS):
+        call()
+    with torch_profile(activities=activities) as prof:
+        started = time.perf_counter()
+        for _ in range(PROFILE_CALLS):
+            call()
+        seconds = time.perf_counter() - started
+    events = prof.key_averages()
+    kernels = sum(e.count for e in events if "CUDA" in str(getattr(e, "device_type", "")))
+    aten = sum(e.count for e in events if e.key.startswith("aten::"))
+    waits = sum(e.count for e in events if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize"))
+    if plan.cuda:
+        torch.cuda.synchronize()
+    return {
+        "kernels_per_forward": kernels / PROFILE_CALLS,
+        "aten_calls_per_forward": aten / PROFILE_CALLS,
+        "host_waits_per_forward": waits / PROFILE_CALLS,
+        "profiled_ms_per_forward": 1000 * seconds / PROFILE_CALLS,
+    }
+
+
+def variants(
+    built: Built, precision: str, ids: np.ndarray, plan: ForwardPlan
+) -> dict[str, Callable[[], Any]]:
+    from retention_torch.runner import Runner
+
+    calls: dict[str, Callable[[], Any]] = {DENSE: dense_call(built.dense[precision], ids, plan.device)}
+    if plan.cuda:
+        calls[DENSE_GRAPH] = dense_graph_call(built.dense[precision], ids, plan.device)
+    modes = (("", False), ("-graph", True)) if plan.cuda else (("", False),)
+    for suffix, graphs in modes:
+        runner = Runner(built.weights[precision], built.schedule, built.head, MAX_POSITIONS, graphs=graphs)
+        for rho in RHOS:
+            calls[f"retention@{rho:g}{suffix}"] = ours_call(runner, ids, rho)
+    return calls
+
+
+def measure_cell(
+    built: Built, precision: str, batch: int, length: int, plan: ForwardPlan
+) -> list[dict[str, Any]]:
+    import torch
+
+    ids = np.random.default_rng(batch * 1000 + length).integers(
+        5, VOCAB, size=(batch, length), dtype=np.int64
+    )
+    calls = variants(built, precision, ids, plan)
+    seconds = {name: seconds_per_call(call) for name, call in calls.items()}
+    fastest_dense = min(seconds[name] for name in (DENSE, DENSE_GRAPH) if name in seconds)
+    profiled = (batch, length) == PROFILE_SHAPE or (plan.dry_run and batch == plan.batches[0])
+    cells = []
+    for name, call in calls.items():
+        rho = float(name.split("@")[1].removesuffix("-graph")) if "@" in name else 1.0
+        limit = 1.0 / token_work(built.schedule, rho, length) if "@" in name else 1.0
+        speedup = fastest_dense / seconds[name]
+        cell: dict[str, Any] = {
+            "variant": name,
+            "precision": precision,
+            "batch": batch,
+            "seq_len": length,
+            "rho": rho if "@" in name else None,
+            "cuda_graph": name.endswith("-graph"),
+            "ms_per_batch": 1000 * seconds[name],
+            "sequences_per_second": batch / seconds[name],
+            "speedup_vs_fastest_dense": speedup,
+            "speedup_vs_dense_graph": seconds[DENSE_GRAPH] / seconds[name]
+            if DENSE_GRAPH in seconds
+            else None,
+            "token_work_limit": limit,
+            "share_of_limit": speedup / limit,
+            "peak_memory_bytes": peak_memory(call, plan),
+        }
+        if profiled:
+            cell.update(profile(call, plan))
+        cells.append(cell)
+    del calls
+    if plan.cuda:
+        torch.cuda.empty_cache()
+    return cells
+
+
+def measure_forward(plan: ForwardPlan) -> dict[str, Any]:
+    """Every shape × precision × length × batch the time budget allows, largest groups last."""
+    import torch
+
+    if plan.cuda:
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32
+        torch.backends.cudnn.allow_tf32 = False
+    cells: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    failures: list[str] = []
+    for shape_name, shape in plan.shapes.items():
+        built = build(shape, plan)
+        for precision in PRECISIONS:
+            for length in plan.lengths:
+                for batch in plan.batches:
+                    name = f"{shape_name} {precision} {batch} × {length}"
+                    if plan.seconds_left() <= 0:
+                        skipped.append(name)
+                        continue
+                    try:
+                        for cell in measure_cell(built, precision, batch, length, plan):
+                            cells.append({"shape": shape_name, **cell})
+                    except Exception as exc:  # one cell's failure (memory) must not lose the others
+                        failures.append(f"{name}: {type(exc).__name__}: {exc}")
+                    print(f"forward: {name} done ({plan.seconds_left():.0f} s left)", flush=True)
+        del built
+    status = "measured" if cells else "failed: no cell measured"
+    return {
+        "status": status,
+        "selection": "merge, pruning_interval 2, leading_share 0.25, min_kept_tokens 32, power 1",
+        "shapes": plan.shapes,
+        "cells": cells,
+        "skipped_for_time": skipped,
+        "failed_cells": failures,
+    }
+
+
+def markdown_rows(cells: list[dict[str, Any]]) -> list[str]:
+    """One row per shape × precision × batch × length: dense seq/s and each ρ's ratio, graph | eager."""
+    groups: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
+    for cell in cells:
+        key = (cell["shape"], cell["precision"], cell["batch"], cell["seq_len"])
+        groups.setdefault(key, {})[cell["variant"]] = cell
+    rows = [
+        "| shape | precision | batch × len | dense eager seq/s | dense graph seq/s | "
+        + " | ".join(f"ρ {rho:g} graph / eager (limit)" for rho in RHOS)
+        + " |",
+        "|---|---|---|---|---|" + "---|" * len(RHOS),
+    ]
+    for (shape, precision, batch, length), found in groups.items():
+        graph = found.get(DENSE_GRAPH)
+        parts = []
+        for rho in RHOS:
+            eager, graphed = found.get(f"retention@{rho:g}"), found.get(f"retention@{rho:g}-graph")
+            shown = [f"{c['speedup_vs_fastest_dense']:.2f}×" if c else "—" for c in (graphed, eager)]
+            limit = (eager or graphed or {}).get("token_work_limit", 1.0)
+            parts.append(f"{shown[0]} / {shown[1]} ({limit:.2f}×)")
+        rows.append(
+            f"| {shape} | {precision} | {batch} × {length} | {found[DENSE]['sequences_per_second']:.1f} | "
+            + (f"{graph['sequences_per_second']:.1f}" if graph else "—")
+            + " | "
+            + " | ".join(parts)
+            + " |"
+        )
+    profiled = [c for c in cells if "kernels_per_forward" in c]
+    if profiled:
+        rows += [
+            "",
+            "| shape | precision | variant | batch × len | kernels / forward | host waits "
+            "| ms / forward (profiled) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        rows += [
+            f"| {c['shape']} | {c['precision']} | {c['variant']} | {c['batch']} × {c['seq_len']} | "
+            f"{c['kernels_per_forward']:.0f} | {c['host_waits_per_forward']:.0f} "
+            f"| {c['profiled_ms_per_forward']:.2f} |"
+            for c in profiled
+        ]
+    return rows

@@ -1,0 +1,28 @@
+"""Backends: one model directory opened for inference (``base.Backend``), chosen by one setting
+(``RETENTION_BACKEND``: onnxruntime | torch). Each backend's module is imported only when chosen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from retention_core.contract import Manifest
+from retention_core.tasks import TaskSpec
+from service.backends.base import Backend, BackendInfo, DeviceMemory, GraphOutputs, ModelLoadError
+from service.settings import Settings
+
+__all__ = ["Backend", "BackendInfo", "DeviceMemory", "GraphOutputs", "ModelLoadError", "open_backend"]
+
+
+def open_backend(directory: Path, manifest: Manifest, spec: TaskSpec, settings: Settings) -> Backend:
+    """Open ``directory`` on the configured backend. Raises ``ModelLoadError``."""
+    if settings.backend == "torch":
+        try:
+            from service.backends.torch_backend import open_torch
+        except ImportError as exc:  # the CPU serving image has no torch
+            raise ModelLoadError(
+                f"{directory.name}: RETENTION_BACKEND=torch needs torch and safetensors installed"
+            ) from exc
+        return open_torch(directory, manifest, spec, settings)
+    from service.backends.onnx_backend import open_onnx
+
+    return open_onnx(directory, manifest, spec, settings)

@@ -101,6 +101,8 @@ RUN python -m venv /opt/venv \
          --require-hashes -r constraints/train.lock.txt
 COPY pyproject.toml README* ./
 COPY retention_core ./retention_core
+# the torch forward the export checks weights.safetensors with (training.export)
+COPY retention_torch ./retention_torch
 COPY training ./training
 COPY models/recipes ./models/recipes
 RUN pip install --no-compile --no-deps . \

@@ -432,21 +432,27 @@ GPU_TITLE = "GPU"
 GPU_INTRO = """\
 `python -m benchmarks.gpu --out <dir>` measures the GPU path (`--dry-run`: the same code paths on the
 CPU in seconds, labelled `cpu dry run`; `tests/benchmarks/test_gpu_benchmark.py`). On a lent device it
-runs as **one prepared call**, [`scripts/gpu_check.sh`](../scripts/gpu_check.sh): the torch-CUDA part
-(our retention encoder vs Hugging Face with dense SDPA, fp32 and bf16 autocast, 512 and 256 tokens,
-batch 32 / 8 / 1, ρ 1 / 0.5 / 0.3, sequences/s and `torch.cuda.max_memory_allocated`) and `fit` of
-`minilm-embed.yaml` (quick profile) on CUDA against the device's CPU, seconds per step.
+runs as **one prepared call**, [`scripts/gpu_check.sh`](../scripts/gpu_check.sh), whose default part is
+`forward` ([`benchmarks/gpu_forward.py`](../benchmarks/gpu_forward.py)): what the torch backend serves
+with (`retention_torch`: static shape plans, SDPA, one CUDA graph per plan; the product's embedding
+selection) against Hugging Face's encoder with dense SDPA, eager and captured as a CUDA graph, same
+random weights, MiniLM (384 × 6) and base (768 × 12) shapes, fp32 (TF32 off) and bf16, batch 1 / 8 / 32
+/ 128 × 256 / 512 tokens, ρ 1 / 0.7 / 0.5 / 0.3 each eager and graphed: sequences/s, the ratio to the
+faster dense variant of the same precision, the token-work limit 1 / work and the share of it reached,
+peak device memory, and at 8 × 256 the CUDA kernels and host waits per forward. `GPU_CHECK_PARTS` adds
+the older parts: `torch` (the exported graph's torch forward vs dense SDPA, the numbers below) and `fit`
+(`minilm-embed.yaml`'s quick profile on CUDA against the device's CPU, seconds per step).
 
 **Standing order: whenever a device is lent, run the prepared check first (call 1 below) and commit
 its results**, before anything else spends the device's minutes.
 
-1. Here, in the checkout the device call sends (the carried folder is git-ignored, 52 MiB, 63 MiB with
-   the working tree; the script fails past 64 MiB and prints the `carry` list):
+1. Here, in the checkout the device call sends (the carried folder is git-ignored, 26 MiB, 39 MiB with
+   the working tree; the script fails past 64 MiB with the tree and prints the `carry` list):
 
    ```
    PYTHON=.venv/bin/python scripts/gpu_check.sh prepare   # .gpu-check/: wheels for the device's Python 3.12
-                                                          # (pydantic, transformers & co, onnxruntime CPU),
-                                                          # tokenizer + fit texts, manifest, SHA256SUMS
+                                                          # (pydantic, transformers & co; the image's own
+                                                          # onnxruntime), tokenizer + texts, SHA256SUMS
    ```
 
 2. Call 1, the torch-CUDA check (the `run` tool; ≤ 8 minutes: a time guard stops adding cells):
@@ -459,7 +465,7 @@ its results**, before anything else spends the device's minutes.
    GPU, torch / numpy / transformers / onnx / onnxruntime versions), installs the carried wheels with
    `pip install --no-index --find-links .gpu-check/wheels --target /tmp/gpu-check-site` (never the
    network; an image without pip gets them unzipped), imports the code path, then runs
-   `python -m benchmarks.gpu --parts torch,fit --seq-lens 512,256 --batches 32,8,1 --budget-s …`.
+   `python -m benchmarks.gpu --parts forward --budget-s …` (`GPU_CHECK_PARTS=forward,torch,fit` for more).
    Everything lands in `$OUT/gpu-check/`: `image.json` (the image check), `gpu.json` (the cells,
    the fit, the image check, the versions and every distribution the run imported), `gpu.md`,
    `run.log`. Copy `gpu.json` and `gpu.md` to `results/bench/`, rerun `python -m benchmarks report`,

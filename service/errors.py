@@ -143,6 +143,17 @@ class InferenceFailed(ServiceError):
     status, code, message = 500, "inference_failed", "inference failed"
 
 
+class DeviceMemoryExhausted(ServiceError):
+    """A row the accelerator cannot hold even alone (its batch was split down to it first): the request
+    may succeed when other work has left the device, so it is a 503 with Retry-After, not a 500."""
+
+    status, code = 503, "device_out_of_memory"
+    message = "the accelerator ran out of memory for this input; retry later or send it shorter"
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(headers={"Retry-After": str(retry_after_s)})
+
+
 def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
     body: dict[str, Any] = {"error": {"code": code, "message": message}}
     if details is not None:

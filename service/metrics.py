@@ -205,6 +205,12 @@ class Metrics:
             ["model", "backend", "device"],
             registry=r,
         )
+        self.device_oom = Counter(
+            "retention_device_oom_total",
+            "device out-of-memory events: a run retried in halves (split), a row refused with 503 (refused)",
+            ["model", "outcome"],
+            registry=r,
+        )
         self.device_memory = Gauge(
             "retention_device_memory_bytes",
             "accelerator memory allocated on the model's device now (torch backend on a GPU)",
@@ -262,6 +268,8 @@ class Metrics:
             per_request.labels(model=model, task=task)
         for reason in RHO_REASONS:
             self.served_rho.labels(model=model, task=task, reason=reason)
+        for outcome in ("split", "refused"):
+            self.device_oom.labels(model=model, outcome=outcome)
         self.model_info.labels(model=model, task=task, backbone=backbone, precision=precision).set(1)
         self.model_memory.labels(model=model).set(memory_bytes)
         if backend is not None:

@@ -7,10 +7,25 @@ from pathlib import Path
 
 from retention_core.contract import Manifest
 from retention_core.tasks import TaskSpec
-from service.backends.base import Backend, BackendInfo, DeviceMemory, GraphOutputs, ModelLoadError
+from service.backends.base import (
+    Backend,
+    BackendInfo,
+    DeviceMemory,
+    DeviceOutOfMemory,
+    GraphOutputs,
+    ModelLoadError,
+)
 from service.settings import Settings
 
-__all__ = ["Backend", "BackendInfo", "DeviceMemory", "GraphOutputs", "ModelLoadError", "open_backend"]
+__all__ = [
+    "Backend",
+    "BackendInfo",
+    "DeviceMemory",
+    "DeviceOutOfMemory",
+    "GraphOutputs",
+    "ModelLoadError",
+    "open_backend",
+]
 
 
 def open_backend(directory: Path, manifest: Manifest, spec: TaskSpec, settings: Settings) -> Backend:

@@ -23,6 +23,12 @@ BACKENDS: tuple[BackendKind, ...] = ("onnxruntime", "torch")
 GraphOutputs = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 
 
+class DeviceOutOfMemory(RuntimeError):
+    """The backend's device could not hold one run (CUDA out of memory), raised in the backend's own
+    words so the scheduler (``service.scheduling.execution``) can split the run and retry without
+    knowing torch. Nothing of the device's state is lost: the next, smaller run may succeed."""
+
+
 class ModelLoadError(Exception):
     """A model directory is broken, or the backend cannot run it. The message is safe to show to an
     operator (no absolute paths)."""

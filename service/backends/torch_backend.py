@@ -18,7 +18,14 @@ from retention_core.tasks import TaskSpec
 from retention_torch.forward import Head
 from retention_torch.runner import Runner
 from retention_torch.weights import WeightsError, load
-from service.backends.base import BackendInfo, DeviceMemory, GraphOutputs, ModelLoadError, model_file
+from service.backends.base import (
+    BackendInfo,
+    DeviceMemory,
+    DeviceOutOfMemory,
+    GraphOutputs,
+    ModelLoadError,
+    model_file,
+)
 from service.settings import Settings
 
 log = logging.getLogger("service")
@@ -50,7 +57,15 @@ class TorchBackend:
         self.output_width: int | None = output_width
 
     def run(self, feeds: dict[str, np.ndarray]) -> GraphOutputs:
-        result = self.runner.run(feeds)
+        try:
+            result = self.runner.run(feeds)
+        except torch.OutOfMemoryError as exc:
+            if self.runner.device.type == "cuda":
+                torch.cuda.empty_cache()  # hand back what the failed run's allocations cached
+            rows, length = feeds["input_ids"].shape
+            raise DeviceOutOfMemory(
+                f"{rows} rows x {length} tokens did not fit on {self.info.device}"
+            ) from exc
         return result.main, result.kept_counts, result.survival_depth
 
     def device_memory(self) -> DeviceMemory | None:

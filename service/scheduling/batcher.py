@@ -25,13 +25,20 @@ import time
 from collections import deque
 
 from retention_core.codecs.base import Row
-from service.errors import DeadlineExceeded, InferenceFailed, Overloaded, QueueFull, ShuttingDown
+from service.errors import (
+    DeadlineExceeded,
+    DeviceMemoryExhausted,
+    InferenceFailed,
+    Overloaded,
+    QueueFull,
+    ShuttingDown,
+)
 from service.metrics import Metrics
 from service.runtime import LoadedModel
 from service.scheduling.admission import Verdict, admit, choose_batch_rho, reason_for, sustainable_rho
 from service.scheduling.cost import tokens_through
 from service.scheduling.delivery import Delivery
-from service.scheduling.execution import execute, ort_thread
+from service.scheduling.execution import RowsOutOfMemory, RunStats, execute, ort_thread
 from service.scheduling.jobs import Job, RowResult, Slice
 from service.scheduling.learning import ModelCosts
 from service.scheduling.planner import plan_runs, shape_length
@@ -263,6 +270,15 @@ class Batcher:
                 error.__cause__ = exc
                 job.future.set_exception(error)
 
+    def _out_of_memory(self, jobs: list[Job], exc: RowsOutOfMemory) -> None:
+        """The jobs not answered yet hold a row the device cannot hold alone: 503 with Retry-After."""
+        log.warning("model %s: %s", self.model.name, exc)
+        self.metrics.device_oom.labels(model=self.model.name, outcome="refused").inc(len(exc.rows))
+        self._record_runs(exc.stats)
+        for job in jobs:
+            if not job.future.done() and not job.cancelled:
+                job.future.set_exception(DeviceMemoryExhausted(self.settings.retry_after_s))
+
     def _late_at(self, job: Job) -> float:
         """When a queued rho=auto job is no longer worth running: ``auto_late_after_targets`` latency
         targets after it arrived (inf when that is off or the job is not rho=auto)."""
@@ -418,10 +434,19 @@ class Batcher:
             fraction = self.costs.fraction
             work = functools.partial(execute, self.model, fraction, rows, rhos, lengths, runs, run_done)
             stats = await loop.run_in_executor(self.executor, work)
+        except RowsOutOfMemory as exc:  # every other run answered
+            self._out_of_memory(jobs, exc)
+            return
         except Exception as exc:
             self._fail(jobs, exc)  # the jobs whose runs had not all finished
             return
         end = time.monotonic()
+        self._record_runs(stats)
+        self.costs.learn(self.batch_predicted, end - start, stats)
+
+    def _record_runs(self, stats: list[RunStats]) -> None:
+        name = self.model.name
         for run in stats:
             self.metrics.record_run(name, run.rows, run.padded_tokens, run.seconds)
-        self.costs.learn(self.batch_predicted, end - start, stats)
+            if run.splits:
+                self.metrics.device_oom.labels(model=name, outcome="split").inc(run.splits)

@@ -1,0 +1,88 @@
+"""A device that runs out of memory costs requests, never the server: a run the device cannot hold is
+split and retried; a row that does not fit even alone is a 503 with Retry-After; the next request is
+answered and /readyz stays truthful.
+
+On the CPU through the backend seam: the real torch backend over a runner that raises torch's own
+``torch.OutOfMemoryError`` (what CUDA raises) for runs past a token budget, as a small device would. The
+rest is the real service over HTTP (TestClient)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from fastapi.testclient import TestClient
+
+from retention_torch.runner import Runner, RunResult
+from service.backends.torch_backend import TorchBackend
+from tests.service.conftest import running, server_of, settings_for
+
+MODEL = "tiny-embedding"
+DEVICE_TOKENS = 48  # the pretend device holds runs of at most this many padded tokens (tiny max_length: 64)
+
+
+class SmallDeviceRunner(Runner):
+    """The real runner, on a device that holds ``DEVICE_TOKENS`` padded tokens per run."""
+
+    runs: list[tuple[int, int]]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> RunResult:
+        rows, length = feeds["input_ids"].shape
+        self.runs.append((rows, length))
+        if rows * length > DEVICE_TOKENS:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {rows * length} tokens")
+        return super().run(feeds)
+
+
+def on_a_small_device(app: Any) -> SmallDeviceRunner:
+    model = server_of(app).get(MODEL)
+    backend = model.backend
+    assert isinstance(backend, TorchBackend)
+    current = backend.runner
+    small = SmallDeviceRunner(current.weights, current.schedule, current.head, model.manifest.max_length)
+    small.runs = []
+    backend.runner = small
+    return small
+
+
+def embed(client: TestClient, texts: list[str]) -> Any:
+    return client.post("/v1/embeddings", json={"model": MODEL, "input": texts, "rho": 0.5})
+
+
+def oom_count(client: TestClient, outcome: str) -> float:
+    line = f'retention_device_oom_total{{model="{MODEL}",outcome="{outcome}"}} '
+    found = [row for row in client.get("/metrics").text.splitlines() if row.startswith(line)]
+    assert found, line
+    return float(found[0].split()[-1])
+
+
+def test_out_of_memory_splits_the_run_refuses_what_never_fits_and_keeps_serving(models_root: Path) -> None:
+    settings = settings_for(models_root, backend="torch", retry_after_s=2, max_batch_wait_ms=20.0)
+    with running(settings) as (app, client):
+        device = on_a_small_device(app)
+        texts = [f"document {i}: a fine film with a slow start and a wonderful last hour" for i in range(6)]
+        alone = embed(client, texts)
+        assert alone.status_code == 200, alone.text
+        assert len(alone.json()["data"]) == 6
+        assert max(rows for rows, _ in device.runs) > 1 and oom_count(client, "split") >= 1
+        answered = np.array([item["embedding"] for item in alone.json()["data"]])
+
+        too_long = "a very long document " * 40  # > DEVICE_TOKENS alone
+        refused = embed(client, [texts[0], too_long])
+        assert refused.status_code == 503, refused.text
+        assert refused.headers["Retry-After"] == "2"
+        assert refused.json()["error"]["code"] == "device_out_of_memory"
+        assert oom_count(client, "refused") == 1
+
+        again = embed(client, texts)  # the server is up, ready and answers the same
+        assert again.status_code == 200
+        np.testing.assert_allclose(
+            np.array([item["embedding"] for item in again.json()["data"]]), answered, atol=1e-6
+        )
+        assert client.get("/readyz").status_code == 200
+        assert (
+            'retention_requests_total{endpoint="v1/embeddings",status_class="5xx",task="embedding"} 1.0'
+            in (client.get("/metrics").text)
+        )

@@ -69,15 +69,32 @@ class Head:
     last_layer_queries: int | None = None
 
 
+TOKEN_INPUTS = ("input_ids", "attention_mask", "protected", "token_type_ids")  # rows of ``Inputs.tokens``
+
+
 @dataclass
 class Inputs:
-    """One batch on the device, padded to its plan: ids, mask, types and protected (B, T); counts (B, P)."""
+    """One batch on the device, padded to its plan: the per-token inputs packed in one (4, B, T) int64
+    tensor (one host → device copy), keep counts (B, P)."""
 
-    input_ids: torch.Tensor  # (B, T) int64
-    attention_mask: torch.Tensor  # (B, T) int64, 1 = real
+    tokens: torch.Tensor  # (4, B, T) int64: ids, mask (1 = real), protected (1 = never dropped), types
     counts: torch.Tensor  # (B, P) int64: tokens each row keeps entering each layer
-    protected: torch.Tensor  # (B, T) bool: never dropped ([CLS], a question)
-    token_type_ids: torch.Tensor  # (B, T) int64
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self.tokens[0]
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return self.tokens[1]
+
+    @property
+    def protected(self) -> torch.Tensor:
+        return self.tokens[2].bool()
+
+    @property
+    def token_type_ids(self) -> torch.Tensor:
+        return self.tokens[3]
 
 
 @dataclass

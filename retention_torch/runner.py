@@ -22,7 +22,7 @@ import torch
 
 from retention_core.contract import Schedule
 from retention_core.schedule import is_pruning_point, keep_counts
-from retention_torch.forward import Head, Inputs, Outputs, Plan, decay_matrix, forward
+from retention_torch.forward import TOKEN_INPUTS, Head, Inputs, Outputs, Plan, decay_matrix, forward
 from retention_torch.weights import ModelWeights
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -74,13 +74,9 @@ class CompiledPlan:
         device: torch.device,
         pool: Any,
     ) -> None:
-        shape = (plan.batch, plan.length)
         self.inputs = Inputs(
-            input_ids=torch.zeros(shape, dtype=torch.long, device=device),
-            attention_mask=torch.zeros(shape, dtype=torch.long, device=device),
+            tokens=torch.zeros((len(TOKEN_INPUTS), plan.batch, plan.length), dtype=torch.long, device=device),
             counts=torch.zeros((plan.batch, num_points), dtype=torch.long, device=device),
-            protected=torch.zeros(shape, dtype=torch.bool, device=device),
-            token_type_ids=torch.zeros(shape, dtype=torch.long, device=device),
         )
         self.run = run
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -102,9 +98,10 @@ class CompiledPlan:
         with torch.cuda.graph(self.graph, pool=pool):
             self.outputs = self.run(self.inputs)
 
-    def __call__(self, host: dict[str, torch.Tensor]) -> Outputs:
-        for name, value in host.items():
-            getattr(self.inputs, name).copy_(value, non_blocking=True)
+    def __call__(self, tokens: torch.Tensor, counts: torch.Tensor) -> Outputs:
+        """Host (4, B, T) token inputs and (B, P) counts in, the plan's outputs (on the device) out."""
+        self.inputs.tokens.copy_(tokens, non_blocking=True)
+        self.inputs.counts.copy_(counts, non_blocking=True)
         if self.graph is None:
             return self.run(self.inputs)
         self.graph.replay()
@@ -205,24 +202,18 @@ class Runner:
         padded_length = bucket(length, self.length_buckets)
         plan = make_plan(self.schedule, counts, num_real, batch, padded_length)
 
-        def padded(values: np.ndarray | None, fill: int = 0) -> torch.Tensor:
-            out = np.full((batch, padded_length), fill, dtype=np.int64)
-            if values is not None:
-                out[:rows, :length] = values
-            return torch.from_numpy(out)
-
-        pad_id = self.weights.architecture.padding_idx
-        host = {
-            "input_ids": padded(feeds["input_ids"][start:end], pad_id),
-            "attention_mask": padded(mask),
-            "protected": padded(protected).bool(),
-            "token_type_ids": padded(feeds.get("token_type_ids", np.zeros_like(mask))[start:end]),
-            "counts": torch.from_numpy(
-                np.vstack([counts, np.zeros((batch - rows, counts.shape[1]), np.int64)])
-            ),
-        }
+        tokens = np.zeros((len(TOKEN_INPUTS), batch, padded_length), dtype=np.int64)  # (4, B, T)
+        tokens[0] = self.weights.architecture.padding_idx
+        tokens[0, :rows, :length] = feeds["input_ids"][start:end]
+        tokens[1, :rows, :length] = mask
+        tokens[2, :rows, :length] = protected
+        if "token_type_ids" in feeds:
+            tokens[3, :rows, :length] = feeds["token_type_ids"][start:end]
+        padded_counts = np.zeros((batch, counts.shape[1]), dtype=np.int64)
+        padded_counts[:rows] = counts
         with self.lock, torch.inference_mode():
-            outputs = self.compiled_plan(plan)(host)
+            compiled = self.compiled_plan(plan)
+            outputs = compiled(torch.from_numpy(tokens), torch.from_numpy(padded_counts))
             main = outputs.main[:rows].float().cpu().numpy()
             depth = outputs.survival_depth[:rows, :length].cpu().numpy()
         if main.ndim == 3:

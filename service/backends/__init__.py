@@ -14,6 +14,7 @@ from service.backends.base import (
     DeviceOutOfMemory,
     GraphOutputs,
     ModelLoadError,
+    ShapeBuckets,
 )
 from service.settings import Settings
 
@@ -24,6 +25,7 @@ __all__ = [
     "DeviceOutOfMemory",
     "GraphOutputs",
     "ModelLoadError",
+    "ShapeBuckets",
     "open_backend",
 ]
 

@@ -55,6 +55,15 @@ class BackendInfo:
 
 
 @dataclass(frozen=True)
+class ShapeBuckets:
+    """The shapes a backend pads every run to (the torch backend's CUDA-graph plans): rows up to the
+    next batch bucket, tokens up to the next length bucket. The scheduler plans its runs to fill them."""
+
+    batch: tuple[int, ...]
+    length: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class DeviceMemory:
     in_use_bytes: int  # allocated on the device now
     peak_bytes: int  # the allocator's high-water mark since the process started
@@ -64,6 +73,8 @@ class Backend(Protocol):
     info: BackendInfo
     # width of the main output's last axis when the backend knows it (checked against the manifest)
     output_width: int | None
+    # the shapes it pads runs to, when it pads to a fixed set (None: each run's own shape)
+    buckets: ShapeBuckets | None
 
     def run(self, feeds: dict[str, np.ndarray]) -> GraphOutputs: ...
 

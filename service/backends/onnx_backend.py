@@ -13,7 +13,14 @@ import onnxruntime as ort
 from retention_core.contract import Manifest, TensorSpec
 from retention_core.onnx import open_session
 from retention_core.tasks import TaskSpec
-from service.backends.base import BackendInfo, DeviceMemory, GraphOutputs, ModelLoadError, model_file
+from service.backends.base import (
+    BackendInfo,
+    DeviceMemory,
+    GraphOutputs,
+    ModelLoadError,
+    ShapeBuckets,
+    model_file,
+)
 from service.settings import Settings
 
 log = logging.getLogger("service")
@@ -47,6 +54,7 @@ class OnnxBackend:
         self.info = BackendInfo("onnxruntime", device, providers, precision)
         width = session.get_outputs()[0].shape[-1]
         self.output_width = width if isinstance(width, int) else None
+        self.buckets: ShapeBuckets | None = None  # onnxruntime runs every shape it is given
 
     def run(self, feeds: dict[str, np.ndarray]) -> GraphOutputs:
         main, counts, *optional = self.session.run(self.output_names, feeds)

@@ -24,6 +24,7 @@ from service.backends.base import (
     DeviceOutOfMemory,
     GraphOutputs,
     ModelLoadError,
+    ShapeBuckets,
     model_file,
 )
 from service.settings import Settings
@@ -55,6 +56,7 @@ class TorchBackend:
         mode = "cuda-graphs" if runner.graphs else "eager"
         self.info = BackendInfo("torch", str(device), [f"torch-{device.type}-{mode}"], PRECISION_NAMES[dtype])
         self.output_width: int | None = output_width
+        self.buckets: ShapeBuckets | None = ShapeBuckets(runner.batch_buckets, runner.length_buckets)
 
     def run(self, feeds: dict[str, np.ndarray]) -> GraphOutputs:
         try:

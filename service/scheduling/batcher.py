@@ -41,7 +41,7 @@ from service.scheduling.delivery import Delivery
 from service.scheduling.execution import RowsOutOfMemory, RunStats, execute, ort_thread
 from service.scheduling.jobs import Job, RowResult, Slice
 from service.scheduling.learning import ModelCosts
-from service.scheduling.planner import plan_runs, shape_length
+from service.scheduling.planner import bucket, plan_runs, shape_length
 from service.serving import AutoBudget, InferenceResult
 from service.settings import Settings
 
@@ -111,9 +111,16 @@ class Batcher:
 
     # ------------------------------------------------------------------ client side
     def shaped(self, rows: list[Row]) -> int:
-        """Padded tokens of ``rows`` as ORT will see them (each row at its shape length)."""
-        multiple, longest = self.settings.pad_multiple, self.model.manifest.max_length
-        return sum(shape_length(len(row), multiple, longest) for row in rows)
+        """Padded tokens of ``rows`` as the backend will see them (each row at its shape length)."""
+        return sum(self.shape_of(len(row)) for row in rows)
+
+    def shape_of(self, length: int) -> int:
+        """A row's padded length: the backend's length bucket when it pads to fixed shapes (the torch
+        backend's CUDA graphs), else rounded up to ``pad_multiple`` (few shapes for ORT's arena)."""
+        buckets = self.model.backend.buckets
+        if buckets is not None:
+            return bucket(length, buckets.length)
+        return shape_length(length, self.settings.pad_multiple, self.model.manifest.max_length)
 
     def drain_seconds(self, now: float) -> float:
         """Predicted seconds until the running batch and the queue (each job at the lowest rho it may get)
@@ -360,10 +367,9 @@ class Batcher:
             return Slice.whole(job)
         if job.tokens <= self.settings.max_batch_tokens:
             return None
-        multiple, longest = self.settings.pad_multiple, self.model.manifest.max_length
         end, size = job.taken, 0
         while end < len(job.rows):
-            row = shape_length(len(job.rows[end]), multiple, longest)
+            row = self.shape_of(len(job.rows[end]))
             if size + row > room and (size or not first):
                 break
             end, size = end + 1, size + row
@@ -415,9 +421,14 @@ class Batcher:
         rows = [row for piece in slices for row in piece.rows]
         rhos = [piece.job.rho for piece in slices for _ in piece.rows]  # the graph's rho input is per row
         jobs = [piece.job for piece in slices]
-        multiple, longest = self.settings.pad_multiple, self.model.manifest.max_length
-        lengths = [shape_length(len(row), multiple, longest) for row in rows]
-        runs = plan_runs(lengths, self.settings.max_batch_tokens, self.costs.run_overhead_tokens(rhos))
+        lengths = [self.shape_of(len(row)) for row in rows]
+        buckets = self.model.backend.buckets
+        runs = plan_runs(
+            lengths,
+            self.settings.max_batch_tokens,
+            self.costs.run_overhead_tokens(rhos),
+            None if buckets is None else buckets.batch,
+        )
         start = time.monotonic()
         name = self.model.name
         queue_duration = self.metrics.queue_duration.labels(model=name, task=self.model.task)

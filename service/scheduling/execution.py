@@ -23,6 +23,7 @@ from service.backends import DeviceOutOfMemory
 from service.runtime import LoadedModel
 from service.scheduling.cost import KeptFraction
 from service.scheduling.jobs import RowResult
+from service.scheduling.planner import bucket
 
 # Rows a finished run answered, (row index in the batch, its result), and when it finished.
 RunDone = Callable[[list[tuple[int, RowResult]], float], None]
@@ -71,13 +72,15 @@ def execute(
     end when some single rows did not fit."""
     stats = []
     unfit: list[int] = []
+    buckets = model.backend.buckets
     for run in runs:
         length = max(lengths[i] for i in run)
         begin = time.perf_counter()
         splits = run_fitting(model, rows, rhos, run, length, run_done, unfit)
         seconds = time.perf_counter() - begin
         kept = length * sum(fraction(rhos[i], len(rows[i])) for i in run)
-        stats.append(RunStats(len(run), len(run) * length, seconds, kept, splits))
+        padded_rows = len(run) if buckets is None else bucket(len(run), buckets.batch)
+        stats.append(RunStats(len(run), padded_rows * length, seconds, kept, splits))
     if unfit:
         raise RowsOutOfMemory(unfit, stats)
     return stats

@@ -1,9 +1,11 @@
-"""How a batch's rows become ONNX runs: each row's padded (shape) length, and the cut of the sorted rows
-into runs that costs the fewest padded tokens plus per-run overhead. Pure."""
+"""How a batch's rows become runs: each row's padded (shape) length, and the cut of the sorted rows into
+runs that costs the fewest padded tokens plus per-run overhead, rows counted as the backend pads them
+(a backend with shape buckets pads a run of 5 rows to 8). Pure."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 
 def shape_length(length: int, multiple: int, max_length: int) -> int:
@@ -13,7 +15,17 @@ def shape_length(length: int, multiple: int, max_length: int) -> int:
     return max(length, min(rounded, max_length))
 
 
-def plan_runs(lengths: list[int], max_tokens: int, run_overhead_tokens: float = 0.0) -> list[list[int]]:
+def bucket(value: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket holding ``value`` (``value`` itself past the largest)."""
+    return next((size for size in buckets if size >= value), value)
+
+
+def plan_runs(
+    lengths: list[int],
+    max_tokens: int,
+    run_overhead_tokens: float = 0.0,
+    batch_buckets: Sequence[int] | None = None,
+) -> list[list[int]]:
     """Row indices sorted by length, cut into consecutive runs (each padded to its longest row, at most
     ``max_tokens`` padded tokens unless a single row is longer) so that padded tokens plus
     ``run_overhead_tokens`` per run (the fixed cost of one ONNX run, in token equivalents) are fewest.
@@ -22,7 +34,13 @@ def plan_runs(lengths: list[int], max_tokens: int, run_overhead_tokens: float = 
     short one, more than a second run costs. Dynamic programming over the sorted lengths. Within the
     last run's own length group only its earliest allowed start can be best (dropping a run's last row
     saves at least that row's length, so best[b + 1] >= best[b] + length), which keeps hundreds of equal
-    short rows (a batch of search queries) linear instead of quadratic."""
+    short rows (a batch of search queries) linear instead of quadratic.
+
+    ``batch_buckets`` (a backend that pads a run's rows up to a bucket, the torch backend's CUDA graphs):
+    a run of r rows costs bucket(r) rows, so the candidates are runs of exactly a bucket's rows (more
+    rows up to the bucket cost this run nothing and spare the runs before it) and the largest allowed."""
+    if batch_buckets is not None:
+        return _plan_bucketed(lengths, max_tokens, run_overhead_tokens, tuple(batch_buckets))
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     sizes = [lengths[i] for i in order]
     count = len(sizes)
@@ -37,6 +55,34 @@ def plan_runs(lengths: list[int], max_tokens: int, run_overhead_tokens: float = 
         own = max(group_start[end - 1], earliest)
         for begin in (own, *range(group_start[end - 1] - 1, earliest - 1, -1)):
             cost = best[begin] + run_overhead_tokens + (end - begin) * longest
+            if cost < best[end]:
+                best[end], cut[end] = cost, begin
+    runs: list[list[int]] = []
+    end = count
+    while end > 0:
+        runs.append(order[cut[end] : end])
+        end = cut[end]
+    return runs[::-1]
+
+
+def _plan_bucketed(
+    lengths: list[int], max_tokens: int, run_overhead_tokens: float, buckets: tuple[int, ...]
+) -> list[list[int]]:
+    """``plan_runs`` when a run of r rows is padded to bucket(r) rows: the same dynamic programming over
+    the sorted lengths, each run ending at ``end`` starting a bucket's rows before it (or at the
+    earliest row the token budget allows)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    sizes = [lengths[i] for i in order]
+    count = len(sizes)
+    best = [0.0] + [math.inf] * count
+    cut = [0] * (count + 1)
+    for end in range(1, count + 1):
+        longest = sizes[end - 1]
+        allowed = max(1, max_tokens // max(longest, 1))  # rows the budget admits at this length
+        most = min(end, allowed)
+        for rows in {*(size for size in buckets if size < most), most}:
+            begin = end - rows
+            cost = best[begin] + run_overhead_tokens + bucket(rows, buckets) * longest
             if cost < best[end]:
                 best[end], cut[end] = cost, begin
     runs: list[list[int]] = []

@@ -19,11 +19,12 @@ import torch
 from retention_core.contract import WEIGHTS_FILE, Manifest, Schedule
 from retention_core.schedule import keep_counts
 from retention_core.tasks import task_spec
-from retention_torch.runner import BATCH_BUCKETS, bucket, make_plan
+from retention_torch.runner import BATCH_BUCKETS, LENGTH_BUCKETS, bucket, make_plan
 from service.backends import ModelLoadError, open_backend
 from service.backends.onnx_backend import OnnxBackend
 from service.backends.torch_backend import TorchBackend
 from service.runtime import load_model
+from service.scheduling.planner import plan_runs
 from tests.service.conftest import running, settings_for
 from training import retention as R
 from training.export import example_inputs, export_model
@@ -234,3 +235,18 @@ def test_the_service_serves_on_the_torch_backend(models_root: Path) -> None:
             ):
                 assert client.post(path, json=body).status_code == 200, (backend, path)
     np.testing.assert_allclose(answers["torch"], answers["onnxruntime"], atol=1e-4)
+
+
+def test_the_planner_fills_the_batch_buckets_of_a_bucketed_backend() -> None:
+    """Runs are planned as the torch backend pads them: 9 equal rows cost 8 + 1 padded rows as two runs
+    and 16 as one, so without a per-run cost they become two runs; a large enough per-run cost makes one
+    run of them; every row is planned once and no run passes the token budget."""
+    nine = [32] * 9
+    assert sorted(len(run) for run in plan_runs(nine, 10_000, 0.0, BATCH_BUCKETS)) == [1, 8]
+    assert [len(run) for run in plan_runs(nine, 10_000, 500.0, BATCH_BUCKETS)] == [9]
+    assert [len(run) for run in plan_runs(nine, 10_000, 0.0)] == [9]  # unbucketed: padding alone
+    rng = np.random.default_rng(0)
+    lengths = [int(bucket(int(n), LENGTH_BUCKETS)) for n in rng.integers(5, 500, size=300)]
+    runs = plan_runs(lengths, 8192, 64.0, BATCH_BUCKETS)
+    assert sorted(i for run in runs for i in run) == list(range(300))
+    assert all(len(run) * max(lengths[i] for i in run) <= 8192 for run in runs)

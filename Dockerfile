@@ -4,6 +4,7 @@
 #
 #   docker build -t adaptive-retention:cpu .                                  # serving, CPU (default target)
 #   docker build -t adaptive-retention:gpu --build-arg VARIANT=gpu .          # serving, onnxruntime-gpu
+#   docker build -t adaptive-retention:gpu-torch --target serve-gpu .         # serving, torch CUDA backend
 #   docker build -t adaptive-retention-train --target train .                 # builds models (torch)
 #
 # The serving image has no torch: it installs the base dependencies of pyproject.toml only, at the exact
@@ -77,6 +78,46 @@ USER 10001:10001
 EXPOSE 8000
 VOLUME ["/models"]
 HEALTHCHECK --interval=15s --timeout=3s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/livez', timeout=2)"]
+CMD ["python", "-m", "service", "--models-dir", "/models", "--host", "0.0.0.0", "--port", "8000"]
+
+# ------------------------------------------------------------------- serving on a GPU: torch backend
+# The CPU serving install plus CUDA torch and safetensors, the service's torch backend (RETENTION_BACKEND=
+# torch: weights.safetensors through retention_torch, bf16, one CUDA graph per shape plan). torch and its
+# CUDA wheels come from the PyTorch index, pinned by version in TORCH_GPU (not locked: the locks hold the
+# CPU build); CUDA_INDEX picks the CUDA line (cu130: CUDA 13, a driver that supports it; cu128 for CUDA 12).
+# The host needs the NVIDIA driver and the NVIDIA Container Toolkit. Built here, never in CI (no GPU, and
+# the CUDA wheels are ~3 GB): docs/deploy.md, "GPU".
+FROM serve-build AS serve-gpu-build
+ARG CUDA_INDEX=https://download.pytorch.org/whl/cu130
+ARG TORCH_GPU="torch==2.11.0"
+ARG SAFETENSORS="safetensors==0.8.0"
+WORKDIR /src
+COPY retention_torch ./retention_torch
+# DL3013: both are pinned by version in their build arguments.
+# hadolint ignore=DL3013
+RUN pip install --no-compile --index-url "$CUDA_INDEX" --extra-index-url https://pypi.org/simple \
+         "$TORCH_GPU" "$SAFETENSORS" \
+    && pip install --no-compile --no-deps --force-reinstall .
+WORKDIR /
+RUN python -c "import retention_core, retention_torch, service.backends.torch_backend, safetensors, torch" \
+    && if python -c "import training" 2>/dev/null; then echo "training must not be in the serving image" >&2 && exit 1; fi
+
+FROM base AS serve-gpu
+LABEL org.opencontainers.image.title="adaptive-retention" \
+      org.opencontainers.image.description="Adaptive Retention serving on a GPU (torch backend, CUDA)" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=serve-gpu-build /opt/venv /opt/venv
+ENV RETENTION_MODELS_DIR=/models \
+    RETENTION_BACKEND=torch \
+    RETENTION_TORCH_DEVICE=auto \
+    RETENTION_TORCH_DTYPE=auto
+WORKDIR /app
+USER 10001:10001
+EXPOSE 8000
+VOLUME ["/models"]
+# A longer start: torch and CUDA load, each model warms up (its CUDA graphs are captured on first use).
+HEALTHCHECK --interval=15s --timeout=3s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/livez', timeout=2)"]
 CMD ["python", "-m", "service", "--models-dir", "/models", "--host", "0.0.0.0", "--port", "8000"]
 

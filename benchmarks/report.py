@@ -441,18 +441,25 @@ random weights, MiniLM (384 × 6) and base (768 × 12) shapes, fp32 (TF32 off) a
 faster dense variant of the same precision, the token-work limit 1 / work and the share of it reached,
 peak device memory, and at 8 × 256 the CUDA kernels and host waits per forward. `GPU_CHECK_PARTS` adds
 the older parts: `torch` (the exported graph's torch forward vs dense SDPA, the numbers below) and `fit`
-(`minilm-embed.yaml`'s quick profile on CUDA against the device's CPU, seconds per step).
+(`minilm-embed.yaml`'s quick profile on CUDA against the device's CPU, seconds per step). Then, in the
+last `GPU_CHECK_SERVICE_S` (220) seconds, the service part
+([`benchmarks/gpu_service.py`](../benchmarks/gpu_service.py)): the real server (`python -m service`, torch
+backend, bf16, CUDA graphs) against sentence-transformers `encode` (bf16) behind a batching FastAPI
+server ([`benchmarks/st_peer.py`](../benchmarks/st_peer.py)) on the same card, same random weights,
+`/v1/embeddings` through real HTTP with 8 and 64 clients, SQuAD dev paragraphs at their own lengths (1–4
+per request), ρ 1 / 0.5 / 0.3 / auto: requests/s, p50/p99, device memory, the batches each formed.
 
 **Standing order: whenever a device is lent, run the prepared check first (call 1 below) and commit
 its results**, before anything else spends the device's minutes.
 
-1. Here, in the checkout the device call sends (the carried folder is git-ignored, 26 MiB, 39 MiB with
+1. Here, in the checkout the device call sends (the carried folder is git-ignored, 27 MiB, 40 MiB with
    the working tree; the script fails past 64 MiB with the tree and prints the `carry` list):
 
    ```
    PYTHON=.venv/bin/python scripts/gpu_check.sh prepare   # .gpu-check/: wheels for the device's Python 3.12
-                                                          # (pydantic, transformers & co; the image's own
-                                                          # onnxruntime), tokenizer + texts, SHA256SUMS
+                                                          # (pydantic, transformers, fastapi & co; the
+                                                          # image's own onnxruntime), tokenizer, texts,
+                                                          # SQuAD dev paragraphs, SHA256SUMS
    ```
 
 2. Call 1, the torch-CUDA check (the `run` tool; ≤ 8 minutes: a time guard stops adding cells):
@@ -465,10 +472,11 @@ its results**, before anything else spends the device's minutes.
    GPU, torch / numpy / transformers / onnx / onnxruntime versions), installs the carried wheels with
    `pip install --no-index --find-links .gpu-check/wheels --target /tmp/gpu-check-site` (never the
    network; an image without pip gets them unzipped), imports the code path, then runs
-   `python -m benchmarks.gpu --parts forward --budget-s …` (`GPU_CHECK_PARTS=forward,torch,fit` for more).
+   `python -m benchmarks.gpu --parts forward --budget-s …` (`GPU_CHECK_PARTS=forward,torch,fit` for more),
+   then `python -m benchmarks.gpu_service --budget-s …` (`GPU_CHECK_SERVICE=0` leaves it out).
    Everything lands in `$OUT/gpu-check/`: `image.json` (the image check), `gpu.json` (the cells,
    the fit, the image check, the versions and every distribution the run imported), `gpu.md`,
-   `run.log`. Copy `gpu.json` and `gpu.md` to `results/bench/`, rerun `python -m benchmarks report`,
+   `gpu_service.json` and `.md`, `run.log`. Copy the JSON and markdown files to `results/bench/`, rerun `python -m benchmarks report`,
    commit, and give the machine back. `scripts/gpu_check.sh run --dry-run` (or `GPU_CHECK_DRY_RUN=1`)
    is the same script on this CPU with tiny sizes (`tests/deploy/test_gpu_check.py`).
 

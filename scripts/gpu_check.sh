@@ -4,13 +4,18 @@
 # and as a CUDA graph: MiniLM and base shapes, fp32/bf16, batch 1/8/32/128 x 256/512, peak memory,
 # kernels and host ms per forward) on a lent machine that reaches no package index. GPU_CHECK_PARTS adds
 # the older parts (torch: the exported graph's torch forward; fit: seconds per step on CUDA vs the CPU).
+# Then the service part (GPU_CHECK_SERVICE=1, the default): python -m benchmarks.gpu_service, the real
+# server (torch backend, bf16) against sentence-transformers behind FastAPI on the same card, through
+# real HTTP with 8 and 64 clients, in the last GPU_CHECK_SERVICE_S seconds of the budget.
 #
 #   scripts/gpu_check.sh prepare          # here: .gpu-check/ (git-ignored, <= 64 MiB): the wheels the
-#                                         #   device image may lack, the tokenizer and the fit texts,
-#                                         #   SHA256SUMS; prints its size and the device call's carry
+#                                         #   device image may lack (the service's too), the tokenizer,
+#                                         #   the fit texts and SQuAD dev paragraphs, SHA256SUMS; prints
+#                                         #   its size and the device call's carry
 #   scripts/gpu_check.sh run              # there: check the image, install the carried wheels (no
-#                                         #   network: pip --no-index --target), run the torch and fit
-#                                         #   parts inside the time budget; JSON under $OUT/gpu-check/
+#                                         #   network: pip --no-index --target), run the parts, then
+#                                         #   the service part, inside the time budget; JSON under
+#                                         #   $OUT/gpu-check/ (gpu.json, gpu_service.json)
 #   scripts/gpu_check.sh run --dry-run    # the same script on this CPU with tiny sizes (also:
 #                                         #   GPU_CHECK_DRY_RUN=1); tests/deploy/test_gpu_check.py
 #
@@ -19,8 +24,9 @@
 # PYTHON (python3; prepare: a Python with pip and this project's packages, e.g. .venv/bin/python),
 # OUT (results; default ./gpu-check-out), GPU_CHECK_SITE (/tmp/gpu-check-site), GPU_CHECK_BUDGET_S
 # (480: the whole run, start to end), GPU_CHECK_PARTS (forward; a comma list of benchmarks.gpu's parts),
-# GPU_CHECK_CPU_SECONDS_PER_STEP (the fit's CPU number, else the
-# device's CPU measures it).
+# GPU_CHECK_CPU_SECONDS_PER_STEP (the fit's CPU number, else the device's CPU measures it),
+# GPU_CHECK_SERVICE (1; 0 leaves the service part out), GPU_CHECK_SERVICE_S (220: of the budget, kept for
+# the service part), GPU_CHECK_SERVICE_ARGS (more options for benchmarks.gpu_service, e.g. --shapes minilm).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,20 +35,27 @@ DEVICE_PYTHON="${GPU_CHECK_PYTHON:-3.12}"
 PYTHON="${PYTHON:-python3}"
 SITE="${GPU_CHECK_SITE:-/tmp/gpu-check-site}"
 BUDGET_S="${GPU_CHECK_BUDGET_S:-480}"
+SERVICE="${GPU_CHECK_SERVICE:-1}"
+SERVICE_S="${GPU_CHECK_SERVICE_S:-220}"
 MAX_MIB=64
 # What the parts import beyond torch and numpy (which the image's torch brings): our pins of the Hugging
 # Face stack (the image's may be another major version), pydantic (the recipes), PyYAML. Installed whole
 # into $SITE, ahead of the image's site-packages. onnxruntime (CPU; retention_core.onnx) and onnx
 # (training.export) are the image's own: their 28 MiB wheel would push the call past its 64 MiB with
-# the working tree.
+# the working tree. The service part's server stack (the image has none of fastapi, starlette, uvicorn,
+# pydantic-settings, python-dotenv, opentelemetry-api (fastapi imports it), sniffio (anyio imports it));
+# prometheus-client, annotated-doc, httpx and httpcore it has, maybe at other versions: ours travel, a few
+# hundred KiB. psutil, numpy, torch and sentence-transformers (the peer) are the image's.
 DEFAULT_WHEELS="pydantic pydantic-core annotated-types typing-inspection typing-extensions pyyaml
 flatbuffers protobuf packaging transformers tokenizers huggingface-hub safetensors regex
-tqdm filelock fsspec httpx2 httpcore2 h11 anyio idna truststore click"
+tqdm filelock fsspec httpx2 httpcore2 h11 anyio idna truststore click
+fastapi starlette uvicorn pydantic-settings python-dotenv opentelemetry-api annotated-doc sniffio
+prometheus-client httpx httpcore"
 read -r -a WHEELS <<<"$(echo "${GPU_CHECK_WHEELS:-$DEFAULT_WHEELS}" | tr '\n' ' ')"
 PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64)
 
 usage() {
-    sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 2
 }
 
@@ -69,6 +82,8 @@ cmd_prepare() {
         --python-version "$DEVICE_PYTHON" "${platform_flags[@]}" -d "$CHECK_DIR/wheels" "${specs[@]}"
     # The fit part's tokenizer and the recipe's training texts (no backbone package, no data there).
     (cd "$ROOT" && "$PYTHON" -m benchmarks.gpu --write-assets "$CHECK_DIR/assets")
+    # The service part's documents: SQuAD dev paragraphs (no data root there).
+    (cd "$ROOT" && "$PYTHON" -m benchmarks.gpu_service --write-assets "$CHECK_DIR/assets")
     local commit
     commit="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
     "$PYTHON" - "$CHECK_DIR" "$DEVICE_PYTHON" "$commit" "${specs[@]}" <<'EOF'
@@ -130,6 +145,9 @@ except Exception as exc:  # no torch at all: say so, the benchmark then fails on
 if phase == "installed":
     try:  # the code path the benchmark runs, imported from $SITE and the checkout
         import benchmarks.gpu, benchmarks.gpu_forward, retention_torch.runner, training.fit  # noqa: F401
+        # the service part: our server's stack (carried) and the peer's (the image's)
+        import benchmarks.gpu_service, service.api.app, service.backends.torch_backend, uvicorn  # noqa: F401
+        import sentence_transformers  # noqa: F401
         found["imports"] = "ok"
     except Exception as exc:
         found["imports"] = f"{type(exc).__name__}: {exc}"
@@ -181,6 +199,32 @@ install_wheels() {
     fi
 }
 
+# The service part (benchmarks.gpu_service) in what is left of the budget; its servers are killed by
+# process group afterwards, whatever stopped it (a server in a session of its own outlives the call).
+service_part() {
+    local out="$1" started="$2"
+    local left=$((BUDGET_S - (SECONDS - started) - 15))
+    if ((left < 60)); then
+        echo "service part: not run, ${left} s left of ${BUDGET_S} s" | tee -a "$out/run.log"
+        return 1
+    fi
+    local flags=()
+    [[ "$DRY_RUN" == 1 ]] && flags=(--dry-run)
+    local extra=()
+    read -r -a extra <<<"${GPU_CHECK_SERVICE_ARGS:-}"
+    local pids="${SITE%/}.service-pids" rc=0
+    rm -f "$pids"
+    echo "service part: ${left} s" | tee -a "$out/run.log"
+    (cd "$ROOT" && timeout --signal=INT --kill-after=15 $((left + 30)) "$PYTHON" -m benchmarks.gpu_service \
+        --out "$out" --assets "$CHECK_DIR/assets" --budget-s "$left" --pid-file "$pids" "${flags[@]}" \
+        "${extra[@]}") 2>&1 | tee -a "$out/run.log" || rc=$?
+    if [[ -f "$pids" ]]; then
+        while read -r pid; do kill -KILL -- "-$pid" 2>/dev/null || true; done <"$pids"
+        rm -f "$pids"
+    fi
+    return "$rc"
+}
+
 cmd_run() {
     DRY_RUN="${GPU_CHECK_DRY_RUN:-0}"
     [[ "${1:-}" == "--dry-run" ]] && DRY_RUN=1
@@ -213,13 +257,17 @@ cmd_run() {
         cpu=(--cpu-seconds-per-step "$GPU_CHECK_CPU_SECONDS_PER_STEP")
     fi
     # The time guard: benchmarks.gpu adds no cell past --budget-s; timeout is the hard stop behind it.
-    local left=$((BUDGET_S - (SECONDS - started) - 20))
+    # The service part's seconds are kept out of it.
+    local reserve=0
+    [[ "$SERVICE" == 1 ]] && reserve=$SERVICE_S
+    local left=$((BUDGET_S - (SECONDS - started) - 20 - reserve))
     ((left < 30)) && left=30
-    echo "budget: ${left} s for the benchmark (of ${BUDGET_S} s)"
+    echo "budget: ${left} s for the benchmark (of ${BUDGET_S} s; ${reserve} s kept for the service part)"
     local rc=0
     (cd "$ROOT" && timeout --signal=INT --kill-after=15 $((left + 40)) "$PYTHON" -m benchmarks.gpu \
         --out "$out" --parts "${GPU_CHECK_PARTS:-forward}" "${sizes[@]}" --budget-s "$left" --assets "$CHECK_DIR/assets" \
         --image-check "$IMAGE" "${cpu[@]}") 2>&1 | tee "$out/run.log" || rc=$?
+    [[ "$SERVICE" == 1 ]] && { service_part "$out" "$started" || rc=$((rc ? rc : 1)); }
     echo "gpu check: exit $rc after $((SECONDS - started)) s; results in $out"
     ls -l "$out"
     return "$rc"

@@ -1,6 +1,9 @@
 """scripts/gpu_check.sh end to end on this CPU: ``prepare`` (real wheels for this Python, the real
-tokenizer and fit texts, checksums) into a temporary folder, then ``run --dry-run``: the device call's
-script itself, with tiny sizes, installing the carried wheels with pip --no-index."""
+tokenizer, fit texts and SQuAD dev paragraphs, checksums) into a temporary folder, then ``run --dry-run``:
+the device call's script itself, with tiny sizes, installing the carried wheels with pip --no-index, its
+forward part and then its service part (both real servers, real HTTP). And the carried list against the
+device image: the service part's imports succeed where only the carried wheels and the image's own
+packages can be imported."""
 
 from __future__ import annotations
 
@@ -13,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu, gpu_forward
-from tests.tiny import write_squad_paragraphs
+from benchmarks import gpu, gpu_forward, gpu_service
+from tests.tiny import write_rows, write_squad_paragraphs
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
@@ -38,6 +41,12 @@ def test_prepare_then_a_dry_run_writes_the_cells_and_the_image_check(tmp_path: P
 
     # prepare copies the fit recipe's texts from the data root: one in ../shared/data's layout, made here
     data_root = write_squad_paragraphs(tmp_path / "data")
+    # and the service part's documents from SQuAD dev (paragraphs past the selection's 32-token floor)
+    dev = [
+        {"question": "?", "context": f"Paragraph {i}: " + "rivers carry stones to the sea. " * 8}
+        for i in range(6)
+    ]
+    write_rows(data_root / "squad" / "validation.jsonl.gz", dev)
     check_dir, out, site = tmp_path / "carried", tmp_path / "out", tmp_path / "site"
     python = ".".join(platform.python_version_tuple()[:2])
     env = {
@@ -56,9 +65,11 @@ def test_prepare_then_a_dry_run_writes_the_cells_and_the_image_check(tmp_path: P
     manifest = json.loads((check_dir / "manifest.json").read_text())
     assert manifest["device_python"] == python and len(manifest["wheels"]) == 2
     assert (check_dir / "assets" / gpu.TOKENIZER_DIR).is_dir() and (check_dir / "SHA256SUMS").is_file()
+    paragraphs = json.loads((check_dir / "assets" / gpu_service.PARAGRAPHS_FILE).read_text())
+    assert sorted(paragraphs) == sorted(row["context"] for row in dev)
     assert (check_dir / "wheels").is_dir() and all(name.endswith(".whl") for name in manifest["wheels"])
 
-    ran = script(["run", "--dry-run"], env, timeout=150)
+    ran = script(["run", "--dry-run"], env, timeout=360)
     assert ran.returncode == 0, (ran.stdout[-3000:], ran.stderr[-3000:])
     payload = json.loads((out / "gpu-check" / gpu.RESULT_FILE).read_text())
     image = payload["image"]
@@ -95,6 +106,17 @@ def test_prepare_then_a_dry_run_writes_the_cells_and_the_image_check(tmp_path: P
     assert {"torch", "transformers", "pydantic", "safetensors"} <= set(payload["distributions"])
     assert (out / "gpu-check" / "gpu.md").is_file() and (out / "gpu-check" / "run.log").is_file()
 
+    # the service part, after the forward part: the CPU dry run of benchmarks.gpu_service
+    service = json.loads((out / "gpu-check" / gpu_service.GPU_RESULT).read_text())
+    assert service["dry_run"] is True and service["texts"]["source"].endswith(gpu_service.PARAGRAPHS_FILE)
+    (shape,) = service["shapes"].values()
+    assert shape["status"] == gpu_service.MEASURED and shape["skipped_for_time"] == []
+    assert len(shape["cells"]) == len(gpu_service.CLIENTS) * (len(gpu_service.RHOS) + 1)
+    assert all(cell["ok"] == cell["sent"] > 0 and cell["errors"] == 0 for cell in shape["cells"])
+    assert "service part:" in (out / "gpu-check" / "run.log").read_text()
+    assert not (site.parent / f"{site.name}.service-pids").exists()  # its servers' groups were killed
+    assert len(list((out / "gpu-check").iterdir())) <= 8  # what one device call brings back
+
 
 def test_the_time_guard_adds_no_cell_past_the_budget(tmp_path: Path) -> None:
     args = ["--dry-run", "--out", str(tmp_path), "--parts", "torch", "--budget-s", "0", "--batches", "1"]
@@ -110,3 +132,94 @@ def test_the_time_guard_adds_no_cell_past_the_budget(tmp_path: Path) -> None:
 def test_unknown_parts_are_refused() -> None:
     with pytest.raises(SystemExit):
         gpu.parse(["--dry-run", "--out", "x", "--parts", "torch,gpu"])
+
+
+# The device image's packages (the machine's 'cuda' image, as its lender listed them on 2026-11-17):
+# everything else the service part imports must travel in the carried wheels.
+DEVICE_IMAGE = """
+absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
+certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-
+core cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet
+filelock flatbuffers flax fonttools formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore
+httpx huggingface-hub humanize hypothesis idna imageio iniconfig interface-meta jax jax-cuda13-pjrt jax-
+cuda13-plugin jaxlib jaxtyping jinja2 joblib kiwisolver lazy-loader lightning lightning-utilities
+linear-operator lineax llvmlite lxml markdown markdown-it-py markupsafe matplotlib mdurl meson ml-dtypes
+mpi4py mpmath msgpack multidict multipledispatch mypy-extensions nanobind narwhals networkx ninja numba
+numba-cuda numpy numpyro nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-
+cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand nvidia-cusolver nvidia-cusparse nvidia-cusparselt-
+cu13 nvidia-ml-py nvidia-nccl-cu13 nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx onnx onnx-ir
+onnxruntime onnxscript opencv-python-headless optax opt-einsum opt-einsum-fx optimistix orbax-checkpoint
+packaging pandas pathspec patsy peft pillow pip pluggy portalocker prometheus-client propcache protobuf
+psutil pyarrow pybind11 py-cpuinfo pygments pyparsing pyproject-hooks pyre-extensions pytest pytest-
+benchmark pytest-cov pytest-mock pytest-timeout pytest-xdist python-dateutil pytorch-lightning pyyaml
+regex requests rich sacrebleu safetensors scikit-build-core scikit-image scikit-learn scipy seaborn
+sentencepiece sentence-transformers setuptools shellingham simplejson six sortedcontainers statsmodels
+sympy tabulate tensorboard tensorboard-data-server tensorstore threadpoolctl tifffile tiktoken timm
+tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics torchvision tqdm transformers
+treescope triton typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel
+wrapt xarray xxhash yarl zipp
+""".split()  # noqa: SIM905
+# The service part's imports, as the device call runs them: our server (and what uvicorn loads when it
+# runs, the app built), the peer, the client, the metrics parser.
+SERVICE_IMPORTS = """
+import tempfile
+from pathlib import Path
+import uvicorn.loops.auto, uvicorn.protocols.http.auto, uvicorn.lifespan.on, uvicorn.protocols.http.h11_impl
+import service.__main__, service.backends.torch_backend, prometheus_client.parser
+from service.api.app import create_app
+from service.settings import Settings
+import benchmarks.gpu_service, benchmarks.st_peer, benchmarks.load, sentence_transformers, fastapi
+create_app(Settings(models_dir=Path(tempfile.mkdtemp())))
+print("imported")
+"""
+HIDE_OTHERS = """
+import importlib.metadata, re, sys
+
+def norm(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+allowed = {norm(name) for name in sys.argv[1].split()}
+owners = importlib.metadata.packages_distributions()
+
+class DeviceImage:
+    def find_spec(self, name, path=None, target=None):
+        dists = owners.get(name.split(".")[0])
+        if dists and not allowed & {norm(d) for d in dists}:
+            raise ImportError(f"{name} ({', '.join(dists)}) is neither carried nor in the device image")
+        return None
+
+sys.meta_path.insert(0, DeviceImage())
+"""
+
+
+def carried_wheels() -> list[str]:
+    """DEFAULT_WHEELS of scripts/gpu_check.sh, as the script reads it."""
+    text = SCRIPT.read_text()
+    block = text.split('DEFAULT_WHEELS="', 1)[1].split('"', 1)[0]
+    return block.split()
+
+
+def test_the_carried_wheels_and_the_image_hold_everything_the_service_part_imports() -> None:
+    wheels = carried_wheels()
+    assert {"fastapi", "starlette", "uvicorn", "pydantic-settings", "opentelemetry-api"} <= set(wheels)
+    allowed = " ".join([*wheels, *DEVICE_IMAGE, "adaptive-retention"])  # the checkout travels
+    result = subprocess.run(
+        [sys.executable, "-c", HIDE_OTHERS + SERVICE_IMPORTS, allowed],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0 and "imported" in result.stdout, result.stderr[-3000:]
+    # and the check itself: without the carried serving stack the same imports fail
+    bare = " ".join(name for name in allowed.split() if name not in {"fastapi", "starlette", "uvicorn"})
+    refused = subprocess.run(
+        [sys.executable, "-c", HIDE_OTHERS + SERVICE_IMPORTS, bare],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert refused.returncode != 0 and "neither carried nor in the device image" in refused.stderr

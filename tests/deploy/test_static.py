@@ -54,6 +54,10 @@ def test_dockerfile_promises() -> None:
     assert "ARG VARIANT" in serve_build and "onnxruntime-gpu" in serve_build
     train = text.split("AS train\n", 1)[1].split("\nFROM ", 1)[0]
     assert 'python", "-m", "training"' in train and '"build"' in train
+    # the GPU serving image: the torch backend over CUDA torch, a stage of its own
+    assert {"serve-gpu-build", "serve-gpu"} <= stages
+    serve_gpu = text.split("AS serve-gpu\n", 1)[1].split("\nFROM ", 1)[0]
+    assert "RETENTION_BACKEND=torch" in serve_gpu and re.search(r"^USER\s+10001", serve_gpu, flags=re.M)
     # the default target is the CPU serving image
     assert text.rstrip().splitlines()[-1].strip() == "FROM serve"
 
@@ -106,7 +110,9 @@ def test_compose_stack_wiring() -> None:
 
 
 def k8s_files() -> list[Path]:
-    return sorted(K8S.glob("*.yaml"))
+    """The manifests, the GPU variant's (deploy/k8s/gpu/) included (helm/ holds chart values, not
+    manifests)."""
+    return sorted([*K8S.glob("*.yaml"), *(K8S / "gpu").glob("*.yaml")])
 
 
 def test_kubernetes_manifests_validate() -> None:

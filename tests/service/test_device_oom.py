@@ -86,3 +86,25 @@ def test_out_of_memory_splits_the_run_refuses_what_never_fits_and_keeps_serving(
             'retention_requests_total{endpoint="v1/embeddings",status_class="5xx",task="embedding"} 1.0'
             in (client.get("/metrics").text)
         )
+
+
+def test_device_memory_is_exported_for_a_backend_on_an_accelerator_and_dropped_with_its_model() -> None:
+    """A backend that reads its device allocator (the torch backend on a GPU) gets in-use and peak
+    gauges, read at every scrape; a CPU backend gets none; a model that leaves takes its series along."""
+    from service.metrics import Metrics, ModelBackend
+
+    metrics = Metrics()
+    allocated = [1_000, 5_000]
+    metrics.init_model(
+        "on-gpu", "embedding", "b", "bf16", 0, ModelBackend("torch", "cuda:0", lambda: tuple(allocated))
+    )
+    metrics.init_model("on-cpu", "embedding", "b", "fp32", 0, ModelBackend("onnxruntime", "cpu"))
+    allocated[0] = 2_000  # read when scraped, not when registered
+    text = metrics.render().decode()
+    assert 'retention_device_memory_bytes{model="on-gpu"} 2000.0' in text
+    assert 'retention_device_memory_peak_bytes{model="on-gpu"} 5000.0' in text
+    assert 'retention_model_backend_info{backend="torch",device="cuda:0",model="on-gpu"} 1.0' in text
+    assert 'retention_device_memory_bytes{model="on-cpu"}' not in text
+    metrics.forget_model("on-gpu", "embedding", "b", "bf16")
+    text = metrics.render().decode()
+    assert 'model="on-gpu"} 2000.0' not in text and 'backend="torch"' not in text

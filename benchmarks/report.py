@@ -476,9 +476,10 @@ its results**, before anything else spends the device's minutes.
    then `python -m benchmarks.gpu_service --budget-s …` (`GPU_CHECK_SERVICE=0` leaves it out).
    Everything lands in `$OUT/gpu-check/`: `image.json` (the image check), `gpu.json` (the cells,
    the fit, the image check, the versions and every distribution the run imported), `gpu.md`,
-   `gpu_service.json` and `.md`, `run.log`. Copy the JSON and markdown files to `results/bench/`, rerun `python -m benchmarks report`,
-   commit, and give the machine back. `scripts/gpu_check.sh run --dry-run` (or `GPU_CHECK_DRY_RUN=1`)
-   is the same script on this CPU with tiny sizes (`tests/deploy/test_gpu_check.py`).
+   `gpu_service.json` and `.md`, `run.log`. Copy the JSON and markdown files to `results/bench/`,
+   rerun `python -m benchmarks report`, commit, and give the machine back. `scripts/gpu_check.sh run
+   --dry-run` (or `GPU_CHECK_DRY_RUN=1`) is the same script on this CPU with tiny sizes
+   (`tests/deploy/test_gpu_check.py`).
 
 3. Call 2, optional, the ONNX Runtime CUDA part: only with device time to spare after call 1's
    results are committed. onnxruntime-gpu (~240 MiB) exceeds one call's carry, so it travels in

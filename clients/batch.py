@@ -258,7 +258,7 @@ def _key_value(text: str) -> tuple[str, str]:
 
 
 def _rho(text: str) -> float | str:
-    """--rho, read by the server's own rule (``service.rho.parse_rho``: what its query parameter takes)."""
+    """--rho, read by the server's own rule (``retention_core.rho.parse_rho``: what its query takes)."""
     try:
         value = parse_rho(text, "rho", allow_auto=True)
     except ValueError as exc:

@@ -21,7 +21,6 @@ import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from service.errors import REJECTION_REASONS, SHED_REASONS
-from service.scheduling.cost import EXPORTED_RHOS
 from service.serving import RHO_REASONS
 
 STATUS_CLASSES = ("2xx", "4xx", "5xx")
@@ -31,6 +30,8 @@ TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 MEMORY_BUCKETS = tuple(float(2**k) for k in range(12, 34, 2))  # 4 KiB .. 8 GiB
+# rho values the cost model's per-token estimate is exported at (the rho_bucket label, so bounded)
+EXPORTED_RHOS = (0.1, 0.3, 0.5, 0.7, 1.0)
 
 
 def rho_label(rho: float) -> str:

@@ -421,3 +421,20 @@ def test_the_onnxruntime_server_imports_without_torch() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "refused: some-model: RETENTION_BACKEND=torch needs torch" in result.stdout
     assert "torch loaded: False" in result.stdout
+
+
+# The modules every layer shares (metrics, errors, settings, serving) sit below all of them: none imports
+# the scheduler, the server, the loader, the backends or the HTTP layer (no arrow runs back up).
+SHARED = [REPO / "service" / name for name in ("metrics.py", "errors.py", "settings.py", "serving.py")]
+ABOVE_SHARED = (
+    "service.scheduling",
+    "service.server",
+    "service.repository",
+    "service.runtime",
+    "service.backends",
+    "service.api",
+)
+
+
+def test_the_shared_service_modules_import_nothing_above_them() -> None:
+    assert reaching(SHARED, ABOVE_SHARED) == []

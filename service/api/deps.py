@@ -19,7 +19,7 @@ from service.metrics import Metrics
 from service.serving import ServedModel, Server, due_at
 from service.settings import Settings
 
-# What the OpenAPI schema promises for rho parameters (parsed by ``service.rho.parse_rho``, which reads
+# What the OpenAPI schema promises for rho parameters (parsed by ``retention_core.rho.parse_rho``, which reads
 # the decimal text of a query parameter and explains anything else in its 422).
 RHO_SCHEMA = {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
 POSITIVE_SCHEMA = {"type": "number", "exclusiveMinimum": 0}
@@ -121,7 +121,7 @@ async def query_options(
 
 
 def positive_decimal(text: str) -> float | None:
-    """The finite positive number a decimal literal spells (``service.rho.DECIMAL``), else None."""
+    """The finite positive number a decimal literal spells (``retention_core.rho.DECIMAL``), else None."""
     number = float(text) if DECIMAL.fullmatch(text) else math.nan
     return number if math.isfinite(number) and number > 0 else None
 

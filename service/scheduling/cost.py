@@ -26,9 +26,6 @@ import numpy as np
 
 from retention_core.contract import Schedule
 
-# rho values the cost model's per-token estimate is exported at (a metric label, so bounded).
-EXPORTED_RHOS = (0.1, 0.3, 0.5, 0.7, 1.0)
-
 
 class KeptFraction(Protocol):
     """The share of a row's token-work its pruned layers do at ``rho``; ``length``: its real tokens

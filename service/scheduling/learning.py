@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import functools
 
-from service.metrics import Metrics
+from service.metrics import EXPORTED_RHOS, Metrics
 from service.runtime import LoadedModel
 from service.scheduling.cost import (
-    EXPORTED_RHOS,
     ArrivalRate,
     CostModel,
     KeptFraction,

@@ -284,6 +284,8 @@ MARKDOWN_BENCHMARKS = (
     ("embed_speed", "Embedding throughput vs the fused dense peer and sentence-transformers", None),
     ("op_profile", "Where the graphs' time goes (onnxruntime operator profile)", None),
     ("embed_service", "Embeddings service vs Infinity", None),
+    ("cpu_service", "Embeddings service vs sentence-transformers behind FastAPI (CPU)", None),
+    ("gpu_service", "Embeddings service vs sentence-transformers behind FastAPI (GPU)", None),
     ("overload", "rho=auto under overload (open-loop arrivals)", "overload.png"),
     ("overload_rounds", "rho=auto at 10x capacity, repeated rounds", None),
     ("overload_pinned", "rho=auto under overload, load generator on its own core", "overload_pinned.png"),

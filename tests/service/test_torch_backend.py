@@ -250,3 +250,24 @@ def test_the_planner_fills_the_batch_buckets_of_a_bucketed_backend() -> None:
     runs = plan_runs(lengths, 8192, 64.0, BATCH_BUCKETS)
     assert sorted(i for run in runs for i in run) == list(range(300))
     assert all(len(run) * max(lengths[i] for i in run) <= 8192 for run in runs)
+
+
+def test_bf16_at_rho_one_is_the_dense_model(merging_model: Path) -> None:
+    """bf16 (the GPU default) on the CPU: ρ = 1 vectors against the fp32 ONNX graph, cosine ≥ 0.999; the
+    kept counts (computed on the host) equal at every ρ."""
+    manifest = Manifest.read(merging_model)
+    spec = task_spec(manifest.task)
+    onnx = open_backend(merging_model, manifest, spec, settings_for(merging_model.parent))
+    ours = open_backend(
+        merging_model,
+        manifest,
+        spec,
+        settings_for(merging_model.parent, backend="torch", torch_dtype="bfloat16"),
+    )
+    assert ours.info.precision == "bf16"
+    dense = ragged_feeds(manifest, (1.0,) * 4, 48, seed=11)
+    expected, got = onnx.run(dense)[0], ours.run(dense)[0]
+    cosine = np.sum(expected * got, 1) / (np.linalg.norm(expected, axis=1) * np.linalg.norm(got, axis=1))
+    assert float(cosine.min()) >= 0.999
+    mixed = ragged_feeds(manifest, RAGGED_RHOS, 48, seed=12)
+    np.testing.assert_array_equal(ours.run(mixed)[1], onnx.run(mixed)[1])

@@ -339,12 +339,25 @@ def truncated_to_work(row: Any, work: float) -> Any:
     return sub_row(row, [*range(truncated_length(length, work) - 1), length - 1])
 
 
+def runs_the_original(method: str) -> bool:
+    """Dense, truncation and layer exit run the original backbone (the ρ = 1 path); the pruned methods
+    run the pruned branch, which a retrofit may give weights of its own (``pruned_backbone``)."""
+    return method in (DENSE, TRUNCATION) or method.startswith(LAYER_EXIT)
+
+
 def weights_fingerprint(model: Any, method: str) -> str:
     """sha1 of the weights a method's vectors depend on: the backbone's for the baselines and dense
-    (their token choice never reads the scorers), the whole model's for learned."""
+    (their token choice never reads the scorers), the whole model's for learned. A pruned baseline
+    (random, attention, leading) also depends on the pruned branch's own weights, where the model has
+    them (none: the same digest as dense's, so earlier caches stay valid)."""
+    branch = not runs_the_original(method)
     digest = hashlib.sha1()
     for name, tensor in sorted(model.state_dict().items()):
-        if method == LEARNED or name.startswith("backbone."):
+        if (
+            method == LEARNED
+            or name.startswith("backbone.")
+            or (branch and name.startswith("pruned_backbone."))
+        ):
             digest.update(name.encode())
             digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
@@ -379,7 +392,7 @@ class EmbeddingStore:
         self._fingerprints: dict[str, str] = {}
 
     def key(self, texts: Sequence[str], method: str, rho: Budget) -> str:
-        kind = LEARNED if method == LEARNED else "backbone"
+        kind = LEARNED if method == LEARNED else "backbone" if runs_the_original(method) else "pruned"
         if kind not in self._fingerprints:
             self._fingerprints[kind] = weights_fingerprint(self.encoder.model, method)
         parts = [self._fingerprints[kind], texts_fingerprint(texts), method, budget_label(rho)]

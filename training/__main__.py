@@ -68,6 +68,7 @@ def cmd_retrofit(args: argparse.Namespace) -> None:
             backbone_lr=args.backbone_lr,
             eval_dataset=args.eval_dataset,
             data_root=args.data_root,
+            pruned_branch=args.pruned_branch,
         )
     except (KeyError, ValueError, OSError) as exc:
         raise SystemExit(f"retrofit: {exc}") from exc
@@ -386,6 +387,14 @@ def parser() -> argparse.ArgumentParser:
         help="also tune backbone and head at this lr (e.g. 1e-5), distilled from a frozen copy of the "
         "original; then ρ = 1 is no longer bit-for-bit the original model. Default: frozen (only the "
         "scorers train, ρ = 1 is exactly the original)",
+    )
+    retro_p.add_argument(
+        "--pruned-branch",
+        choices=["shared", "copy"],
+        default="shared",
+        help="copy: the pruned branch (rho < 1) trains weights of its own, a copy of the backbone distilled "
+        "to the original, while rho = 1 stays exactly the original model (the copy doubles the encoder's "
+        "weights). Default shared: rho < 1 runs the original weights, only the scorers train",
     )
     retro_p.add_argument(
         "--eval-dataset",

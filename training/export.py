@@ -759,6 +759,13 @@ def export_model(
         raise ValueError(
             f"recipe {recipe.name!r} is for task {recipe.task!r}, the model for {model.spec.name!r}"
         )
+    if model.pruned_backbone is not None:
+        # The graph's ρ < 1 branch would need the copy's weights and the ρ = 1 branch the original's,
+        # with mixed batches split between them: not built yet. Refuse rather than trace one of them.
+        raise ExportValidationError(
+            "this model's pruned branch has weights of its own (--pruned-branch copy): the two-path export "
+            "is not built yet; evaluate it with the torch pass (benchmarks.retrieval --graph torch)"
+        )
     model = model.eval()
     vocab_size = model.backbone.info_vocab_size
     out_dir.parent.mkdir(parents=True, exist_ok=True)

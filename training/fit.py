@@ -101,6 +101,8 @@ def build_model(recipe: Recipe, backbone: EncoderBackbone) -> RetentionModel:
     if frozen:
         model.freeze_backbone()
         model.head.requires_grad_(False)
+    if recipe.pruned_branch_copy:  # ρ < 1 trains weights of its own; ρ = 1 stays the frozen original
+        model.add_pruned_branch()
     return model
 
 

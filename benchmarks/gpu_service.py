@@ -51,9 +51,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 
-from benchmarks._http import serving
+from benchmarks._http import serving, tree_rss
 from benchmarks.harness import cli, fmt, publish
 from benchmarks.load import Cell, run_cell, summary_line
 
@@ -315,20 +314,6 @@ def started(target: str, command: list[str], env: dict[str, str], logs: Path, pl
             with plan.pid_file.open("a", encoding="utf-8") as pids:
                 pids.write(f"{process.pid}\n")
         yield Server(target, url, process, log)
-
-
-def tree_rss(pid: int) -> int:
-    """Resident bytes of the process and its children (0 once it has gone)."""
-    try:
-        root = psutil.Process(pid)
-        processes = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0
-    total = 0
-    for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            total += process.memory_info().rss
-    return total
 
 
 # ---------------------------------------------------------------------------------------- metrics

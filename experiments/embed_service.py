@@ -32,9 +32,8 @@ from typing import Any
 
 import httpx
 import numpy as np
-import psutil
 
-from benchmarks._http import serving
+from benchmarks._http import serving, tree_rss
 from benchmarks.harness import describe, fmt, write_result
 from benchmarks.load import Cell, run_cell, summary_line
 
@@ -106,20 +105,6 @@ def started(spec: ServerSpec, log_dir: Path, timeout_s: float) -> Iterator[Runni
     server = serving(spec.command, timeout_s, name=spec.name, log_dir=log_dir, env=spec.env, probe=probe)
     with server as (url, process):
         yield RunningServer(spec, url, process)
-
-
-def tree_rss(pid: int) -> int:
-    """Resident bytes of the process and its children (0 once it has gone)."""
-    try:
-        root = psutil.Process(pid)
-        processes = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0
-    total = 0
-    for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            total += process.memory_info().rss
-    return total
 
 
 async def peak_rss_while(pid: int, done: asyncio.Event) -> int:

@@ -22,6 +22,7 @@ import torch
 
 from retention_core.contract import Schedule
 from retention_core.schedule import is_pruning_point, keep_counts
+from retention_core.shapes import bucket
 from retention_torch.forward import TOKEN_INPUTS, Head, Inputs, Outputs, Plan, decay_matrix, forward
 from retention_torch.weights import ModelWeights
 
@@ -30,11 +31,6 @@ LENGTH_BUCKETS = (16, 32, 64, 128, 192, 256, 320, 384, 448, 512)
 SLOT_QUANTUM_SHARE = 8  # slots are rounded up to a multiple of length bucket / 8 (at least 8)
 MIN_SLOT_QUANTUM = 8
 WARMUP_REPLAYS = 2  # eager runs on a side stream before capture (cuBLAS handles, allocator)
-
-
-def bucket(value: int, buckets: Sequence[int]) -> int:
-    """The smallest bucket holding ``value`` (``value`` itself past the largest)."""
-    return next((size for size in buckets if size >= value), value)
 
 
 def round_up(value: int, quantum: int) -> int:

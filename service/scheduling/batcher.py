@@ -25,6 +25,7 @@ import time
 from collections import deque
 
 from retention_core.codecs.base import Row
+from retention_core.shapes import bucket
 from service.errors import (
     DeadlineExceeded,
     DeviceMemoryExhausted,
@@ -41,7 +42,7 @@ from service.scheduling.delivery import Delivery
 from service.scheduling.execution import RowsOutOfMemory, RunStats, execute, ort_thread
 from service.scheduling.jobs import Job, RowResult, Slice
 from service.scheduling.learning import ModelCosts
-from service.scheduling.planner import bucket, plan_runs, shape_length
+from service.scheduling.planner import plan_runs, shape_length
 from service.serving import AutoBudget, InferenceResult
 from service.settings import Settings
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from retention_core.codecs.base import Row
+from retention_core.shapes import bucket
 from service.backends import DeviceOutOfMemory
 from service.runtime import LoadedModel
 from service.scheduling.cost import KeptFraction
 from service.scheduling.jobs import RowResult
-from service.scheduling.planner import bucket
 
 # Rows a finished run answered, (row index in the batch, its result), and when it finished.
 RunDone = Callable[[list[tuple[int, RowResult]], float], None]

@@ -7,17 +7,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from retention_core.shapes import bucket
+
 
 def shape_length(length: int, multiple: int, max_length: int) -> int:
     """The padded length of a row: rounded up to ``multiple``, never past the model's ``max_length``
     (unless the row itself is longer), so ORT sees at most max_length / multiple distinct lengths."""
     rounded = -(-length // multiple) * multiple
     return max(length, min(rounded, max_length))
-
-
-def bucket(value: int, buckets: Sequence[int]) -> int:
-    """The smallest bucket holding ``value`` (``value`` itself past the largest)."""
-    return next((size for size in buckets if size >= value), value)
 
 
 def plan_runs(
@@ -57,12 +54,7 @@ def plan_runs(
             cost = best[begin] + run_overhead_tokens + (end - begin) * longest
             if cost < best[end]:
                 best[end], cut[end] = cost, begin
-    runs: list[list[int]] = []
-    end = count
-    while end > 0:
-        runs.append(order[cut[end] : end])
-        end = cut[end]
-    return runs[::-1]
+    return runs_from_cuts(order, cut)
 
 
 def _plan_bucketed(
@@ -85,8 +77,13 @@ def _plan_bucketed(
             cost = best[begin] + run_overhead_tokens + bucket(rows, buckets) * longest
             if cost < best[end]:
                 best[end], cut[end] = cost, begin
+    return runs_from_cuts(order, cut)
+
+
+def runs_from_cuts(order: list[int], cut: list[int]) -> list[list[int]]:
+    """The runs of a best plan: ``cut[j]`` is where the last run of the first j sorted rows begins."""
     runs: list[list[int]] = []
-    end = count
+    end = len(order)
     while end > 0:
         runs.append(order[cut[end] : end])
         end = cut[end]

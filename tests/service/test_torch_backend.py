@@ -18,8 +18,9 @@ import torch
 
 from retention_core.contract import WEIGHTS_FILE, Manifest, Schedule
 from retention_core.schedule import keep_counts
+from retention_core.shapes import bucket
 from retention_core.tasks import task_spec
-from retention_torch.runner import BATCH_BUCKETS, LENGTH_BUCKETS, bucket, make_plan
+from retention_torch.runner import BATCH_BUCKETS, LENGTH_BUCKETS, make_plan
 from service.backends import ModelLoadError, open_backend
 from service.backends.onnx_backend import OnnxBackend
 from service.backends.torch_backend import TorchBackend

@@ -15,11 +15,14 @@ import numpy as np
 from retention_core.contract import Schedule
 
 
-def keep_exponents(num_points: int, power: float, interval: int = 1) -> np.ndarray:
-    """((g+1)/G)^power for the group g = p // k of every point p: (P,) float32."""
+def keep_exponents(
+    num_points: int, power: float, interval: int = 1, dtype: type[np.floating] = np.float32
+) -> np.ndarray:
+    """((g+1)/G)^power for the group g = p // k of every point p: (P,), in float32 as the graph computes
+    it (the cost model asks for float64)."""
     groups = -(-num_points // interval)  # ⌈P / k⌉
-    steps = np.arange(1, groups + 1, dtype=np.float32) / np.float32(groups)  # (G,)
-    return np.repeat(steps ** np.float32(power), interval)[:num_points]  # (P,)
+    steps = np.arange(1, groups + 1, dtype=dtype) / dtype(groups)  # (G,)
+    return np.repeat(steps ** dtype(power), interval)[:num_points]  # (P,)
 
 
 def keep_counts(

@@ -25,6 +25,7 @@ from typing import Protocol
 import numpy as np
 
 from retention_core.contract import Schedule
+from retention_core.schedule import keep_exponents
 
 
 class KeptFraction(Protocol):
@@ -40,10 +41,9 @@ def schedule_fraction(schedule: Schedule, rho: float, length: int = 0) -> float:
     the share of a row's token-work its pruned layers do. A row of ``length`` real tokens keeps at least
     min(min_kept_tokens, length) of them at every point (the kept-token floor), so a short row costs the
     same at every rho: lowering rho buys nothing there."""
-    points, interval = schedule.num_points, schedule.pruning_interval
-    groups = -(-points // interval)
+    points = schedule.num_points
     least = min(schedule.min_kept_tokens, length) / length if length > 0 else 0.0
-    exponents = [(((p // interval) + 1) / groups) ** schedule.power for p in range(points)]
+    exponents = keep_exponents(points, schedule.power, schedule.pruning_interval, np.float64).tolist()
     return sum(max(rho**exponent, least) for exponent in exponents) / points
 
 

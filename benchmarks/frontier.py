@@ -47,7 +47,7 @@ NOT_MEASURED = "not measured"
 # as recorded
 OUR_SCHEDULE = ("schedule_power", "min_kept_tokens", "merge_dropped", "leading_share", "pruning_interval")
 
-# Variant names: the graphs of benchmarks.embedding_graphs.build_graphs (and experiments.embed_speed).
+# Variant names: the graphs of benchmarks.embedding_graphs.build_graphs (and benchmarks.embed_speed).
 PEER, PEER_INT8, OURS, OURS_INT8 = "peer-fused", "peer-fused-int8", "ours-onnx", "ours-onnx-int8"
 TORCH_SDPA = "torch-sdpa"
 REFERENCE_CANDIDATES = (PEER, TORCH_SDPA)  # the fp32 dense variants; the faster one is the reference

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.metadata
 import json
 import random
 import shlex
@@ -53,6 +52,7 @@ from typing import Any
 import httpx
 
 from benchmarks._http import serving, tree_rss
+from benchmarks.gpu import gpu_name, installed
 from benchmarks.harness import cli, fmt, publish
 from benchmarks.load import Cell, run_cell, summary_line
 
@@ -67,6 +67,7 @@ RHOS = ("1", "0.5", "0.3", "auto")
 CLIENTS = (8, 64)
 SHAPE_ORDER = ("minilm", "base")
 PARAGRAPHS_FILE = "squad-dev-paragraphs.json"
+TOKENIZER_DIR = "tokenizer"
 SQUAD_DEV = Path("squad") / "validation.jsonl.gz"
 ASSET_PARAGRAPHS = 600  # written by --write-assets: more than any run cycles through
 MAX_LENGTH = 256  # tokens: the product embedding recipe's (all-MiniLM-L6-v2's max_seq_length)
@@ -166,12 +167,18 @@ def read_paragraphs(args: argparse.Namespace) -> tuple[list[str], str]:
         path = args.assets / PARAGRAPHS_FILE
         texts = list(json.loads(path.read_text(encoding="utf-8")))
     else:
-        from benchmarks.retrieval_parts import read_retrieval_set
-
         path = args.texts_file or squad_dev_path()
-        texts = read_retrieval_set(path).paragraphs
-        random.Random(args.seed).shuffle(texts)
+        texts = shuffled_paragraphs(path, args.seed)
     return texts[: args.max_texts], str(path)
+
+
+def shuffled_paragraphs(path: Path, seed: int) -> list[str]:
+    """Every distinct SQuAD context once, in a seeded order (file order runs article by article)."""
+    from benchmarks.retrieval_parts import read_retrieval_set
+
+    texts = read_retrieval_set(path).paragraphs
+    random.Random(seed).shuffle(texts)
+    return texts
 
 
 def squad_dev_path() -> Path:
@@ -184,12 +191,13 @@ def squad_dev_path() -> Path:
 
 
 def write_assets(directory: Path, seed: int) -> Path:
-    """SQuAD dev paragraphs (seeded order) as a JSON list: what a machine without the data root reads."""
-    from benchmarks.retrieval_parts import read_retrieval_set
+    """SQuAD dev paragraphs (seeded order) as a JSON list and the MiniLM tokenizer: what a machine
+    without the data root or the backbone package reads."""
+    from training.encoders import DEFAULT_BACKBONE, load_tokenizer
 
-    texts = read_retrieval_set(squad_dev_path()).paragraphs
-    random.Random(seed).shuffle(texts)
+    texts = shuffled_paragraphs(squad_dev_path(), seed)
     directory.mkdir(parents=True, exist_ok=True)
+    load_tokenizer(DEFAULT_BACKBONE).save_pretrained(str(directory / TOKENIZER_DIR))
     path = directory / PARAGRAPHS_FILE
     path.write_text(json.dumps(texts[:ASSET_PARAGRAPHS]) + "\n", encoding="utf-8")
     print(f"wrote {path}: {min(len(texts), ASSET_PARAGRAPHS)} SQuAD dev paragraphs")
@@ -216,11 +224,20 @@ class Built:
 
 def tokenizer_for(assets: Path | None) -> Any:
     """The MiniLM tokenizer (the BERT uncased vocabulary both shapes use): its package, else the copy
-    ``python -m benchmarks.gpu --write-assets`` saved."""
-    from benchmarks.gpu import fit_tokenizer
-    from training.encoders import DEFAULT_BACKBONE
+    ``--write-assets`` saved."""
+    from transformers import AutoTokenizer
 
-    return fit_tokenizer(DEFAULT_BACKBONE, assets)
+    from training.encoders import DEFAULT_BACKBONE, load_tokenizer
+
+    try:
+        return load_tokenizer(DEFAULT_BACKBONE)
+    except ImportError:
+        if assets is None or not (assets / TOKENIZER_DIR).is_dir():
+            raise FileNotFoundError(
+                f"no {DEFAULT_BACKBONE} package and no {TOKENIZER_DIR}/ in --assets: "
+                f"write them with python -m {MODULE} --write-assets DIR"
+            ) from None
+        return AutoTokenizer.from_pretrained(str(assets / TOKENIZER_DIR), use_fast=True)
 
 
 def sentence_transformers_dir(encoder: Any, tokenizer: Any, directory: Path, max_length: int) -> Path:
@@ -560,22 +577,6 @@ def measure(plan: Plan, texts: list[str], assets: Path | None) -> dict[str, dict
     return shapes
 
 
-def versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {}
-    for name in (*PEER_PACKAGES, *OUR_PACKAGES):
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = None
-    return found
-
-
-def gpu_name() -> str | None:
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-
-
 # ---------------------------------------------------------------------------------------- markdown
 def _mib(value: float | None) -> str:
     return "—" if value is None else f"{value / MIB:.0f}"
@@ -665,7 +666,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="directory for the JSON and its table")
     parser.add_argument("--dry-run", action="store_true", help="the same code paths on this CPU, tiny")
     parser.add_argument("--cpu", action="store_true", help="the CPU row: onnxruntime vs the peer on the CPU")
-    parser.add_argument("--assets", type=Path, help="what --write-assets (and benchmarks.gpu's) saved")
+    parser.add_argument("--assets", type=Path, help="what --write-assets saved")
     parser.add_argument("--write-assets", type=Path, metavar="DIR", help="save the documents and exit")
     parser.add_argument("--texts-file", type=Path, help="SQuAD-layout JSON Lines (gz) with 'context'")
     parser.add_argument("--max-texts", type=int, default=ASSET_PARAGRAPHS)
@@ -776,7 +777,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "plan": plan_record(plan),
         "texts": {"source": source, "count": len(texts), "seed": args.seed},
         "shapes": measure(plan, texts, args.assets),
-        "versions": versions(),
+        "versions": {name: installed(name) for name in (*PEER_PACKAGES, *OUR_PACKAGES)},
     }
     out = args.out / (CPU_RESULT if args.cpu else GPU_RESULT)
     publish(payload, markdown, out, MODULE, argv, machine=True, started=started_at)

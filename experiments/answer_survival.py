@@ -68,7 +68,7 @@ def answer_survival(run_dir: Path, rhos: list[float], questions: int) -> dict[st
     import torch
 
     from benchmarks.harness import describe
-    from training.classification import RANDOM_SEED
+    from retention_tasks.classification.learn import RANDOM_SEED
     from training.data import EVAL_SEED, load_split, shuffled
     from training.fit import load_run
     from training.model import PrunedInputs, attention_selector, random_selector

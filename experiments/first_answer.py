@@ -1,6 +1,7 @@
 """Time to first answer: a fresh clone, ``make serve``, until the first ``POST /embed`` answers (issue 20).
 
-    python -m experiments.first_answer --dest /tmp/ttfa --out results/bench/first_answer.json
+    python -m experiments.first_answer --dest /tmp/ttfa \
+        --out results/experiments/first-answer/first_answer.json
     python -m experiments.first_answer --overlay Makefile scripts/serve.sh ...   # + uncommitted files
 
 Clones ``--source`` (default: this checkout) into ``--dest`` (removed first; ``../shared/data`` must
@@ -15,13 +16,13 @@ phase by watching for what marks its end:
 - first answer: ``POST /embed`` answers 200 with a vector.
 
 Then it presses Ctrl-C (SIGINT to the process group, as a terminal does) and records whether the
-service and the background build both stopped. Standard library only, apart from the result writer.
+service and the background build both stopped.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import os
 import shlex
 import shutil
@@ -29,13 +30,14 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from benchmarks._http import is_ok
 from benchmarks.harness import describe, write_result
 
 TARGET_S = 300.0  # issue 20: an answer from a fresh clone in ≤ 5 minutes on 2 cores
@@ -51,14 +53,10 @@ class Phase:
 
 def http_ok(url: str, body: dict[str, Any] | None = None) -> bool:
     """True when the URL answers 200 (a POST with ``body`` must also carry an embedding)."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            payload = response.read()
-            return response.status == 200 and (body is None or bool(json.loads(payload).get("embedding")))
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        response = httpx.get(url, timeout=5) if body is None else httpx.post(url, json=body, timeout=5)
+        return is_ok(response) and (body is None or bool(response.json().get("embedding")))
+    return False
 
 
 def phases(clone: Path, url: str) -> list[Phase]:
@@ -212,7 +210,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--timeout-s", type=float, default=1800.0)
     parser.add_argument("--note", default="", help="what the numbers should be read with (a shared machine)")
-    parser.add_argument("--out", type=Path, default=Path("results/bench/first_answer.json"))
+    parser.add_argument(
+        "--out", type=Path, default=Path("results/experiments/first-answer/first_answer.json")
+    )
     args = parser.parse_args(argv)
 
     source = args.source.resolve()

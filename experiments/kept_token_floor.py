@@ -47,8 +47,8 @@ def at_equal_work(curve: list[tuple[float, float]], work: float) -> float | None
 def measure(
     run_dir: Path, split: str, floors: list[int], rhos: list[float], methods: list[str], limit: int | None
 ) -> Payload:
+    from retention_tasks.classification.learn import TRUNCATION_METHODS, tokenize_rows
     from training.__main__ import machine_description
-    from training.classification import TRUNCATION_METHODS, tokenize_rows
     from training.data import EVAL_SEED, load_split, shuffled
     from training.fit import load_run, with_min_kept_tokens
 
@@ -181,9 +181,9 @@ def schedule_work(
     from transformers import AutoConfig
 
     from retention_core.tasks import task_spec
-    from training import retention as R
+    from retention_tasks.classification.learn import tokenize_rows
+    from training import selection as R
     from training.__main__ import machine_description
-    from training.classification import tokenize_rows
     from training.data import load_split
     from training.encoders import load_tokenizer, resolve_backbone_path
     from training.recipes import load_recipe
@@ -257,7 +257,7 @@ def work_markdown(payload: Payload) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from training.classification import DEFAULT_METHODS
+    from retention_tasks.classification.learn import DEFAULT_METHODS
 
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m experiments.kept_token_floor", description=__doc__)

@@ -1,8 +1,8 @@
 """Where an ONNX graph's time goes: onnxruntime's own profiler, kernel time summed by operator type,
 for the dense peer a user would serve and for our graph at several ρ, on the same documents.
 
-    python -m experiments.op_profile --out results/bench/op_profile.json            # MiniLM, 8 × 256
-    python -m experiments.op_profile --quick --out /tmp/op_profile.json              # tiny model, seconds
+    python -m experiments.op_profile --out results/experiments/op-profile/op_profile.json  # MiniLM, 8 × 256
+    python -m experiments.op_profile --quick --out /tmp/op_profile.json     # tiny model, seconds
 
 Variants: ``peer-fused`` (``training.optimize.build_dense_peer``: the model as optimum exports it,
 fused by onnxruntime's transformer optimizer) and ``ours@ρ`` (our exported graph, ``training.export``,

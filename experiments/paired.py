@@ -18,7 +18,7 @@ def outcomes(
     pad: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per example: correct (N,) bool and the fraction of dense encoder token-work done (N,)."""
-    from training.classification import method_predictions
+    from retention_tasks.classification.learn import method_predictions
 
     correct = np.zeros(len(sequences), dtype=bool)
     work = np.zeros(len(sequences), dtype=np.float64)

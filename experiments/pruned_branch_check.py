@@ -10,7 +10,12 @@ docs/experiments/2026-11-28-pruned-branch.md) is the original model: checked on 
   branch): byte-identical or not, and the largest difference; the frozen run's own ``forward_pruned`` at
   ρ = 1 beside it (the pass retrieval runs on it), for scale;
 - the copy's size (parameters, fp32 bytes) and how far it moved from the original (relative L2);
-- the training log: first and last losses, any non-finite value, seconds.
+- the training log: first and last losses, any non-finite value, seconds;
+- with ``--exported <two-path dir> --frozen-exported <frozen dir>`` (``python -m training export … --int8``
+  of each run): the two-path graph's ρ = 1 vectors against the frozen export's, fp32 and int8 (byte-
+  identical or not), its ρ < 1 vectors against the copy run's torch pass, its manifest's ``pruned_branch``,
+  and seconds per batch of both graphs at ρ 0.5 / 0.3 in interleaved rounds (the same operators on the
+  same kept tokens: the ratio should be 1).
 """
 
 from __future__ import annotations
@@ -29,6 +34,82 @@ from benchmarks.retrieval_parts import DATASETS, data_file, read_retrieval_set
 
 MODULE = "experiments.pruned_branch_check"
 BATCH = 16
+TIMED_RHOS, TIMING_ROUNDS = (0.5, 0.3), 15
+
+
+def graph_vectors(path: Path, feeds: list[dict[str, np.ndarray]], rho: float) -> np.ndarray:
+    """(N, d): the exported graph's main output over ``feeds`` (batches of ids and masks) at ``rho``."""
+    from retention_core.onnx import open_session
+
+    session = open_session(path)
+    return np.concatenate(
+        [
+            session.run(None, {**batch, "rho": np.full(len(batch["input_ids"]), rho, np.float32)})[0]
+            for batch in feeds
+        ]
+    )
+
+
+def exported_check(
+    model: Any, tokenizer: Any, texts: list[str], max_length: int, two_path: Path, frozen: Path
+) -> dict[str, Any]:
+    """The two-path export on ``texts``: ρ = 1 against the frozen export, ρ < 1 against torch, speed."""
+    import torch
+
+    from retention_core.contract import INT8_MODEL_FILE, MODEL_FILE, Manifest
+    from retention_core.text import pad_token_id
+    from training.evaluation import evaluation_codec, rows_to_tensors
+
+    codec = evaluation_codec("embedding", tokenizer, max_length)
+    rows = [codec.encode(text).rows[0] for text in texts]
+    pad = pad_token_id(codec.tokenizer)
+    feeds = [
+        {
+            name: tensor.numpy()
+            for name, tensor in rows_to_tensors(rows[i : i + BATCH], pad).items()
+            if name in ("input_ids", "attention_mask")
+        }
+        for i in range(0, len(rows), BATCH)
+    ]
+    out: dict[str, Any] = {"pruned_branch": Manifest.read(two_path).model_dump(mode="json")["pruned_branch"]}
+    for file in (MODEL_FILE, INT8_MODEL_FILE):
+        ours, theirs = graph_vectors(two_path / file, feeds, 1.0), graph_vectors(frozen / file, feeds, 1.0)
+        out[f"{file}: rho 1 byte-identical to the frozen export"] = bool(ours.tobytes() == theirs.tobytes())
+    with torch.no_grad():
+        for rho in TIMED_RHOS:
+            expected = np.concatenate(
+                [
+                    model.forward_pruned(
+                        torch.from_numpy(b["input_ids"]),
+                        torch.from_numpy(b["attention_mask"]),
+                        torch.full((len(b["input_ids"]),), rho),
+                    ).logits.numpy()
+                    for b in feeds
+                ]
+            )
+            got = graph_vectors(two_path / MODEL_FILE, feeds, rho)
+            out[f"rho {rho}: max |two-path graph - torch copy pass|"] = float(np.max(np.abs(got - expected)))
+    out["seconds_per_batch"] = timed_pair(two_path / MODEL_FILE, frozen / MODEL_FILE, feeds[0])
+    return out
+
+
+def timed_pair(two_path: Path, frozen: Path, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Median seconds of one batch on each graph at each timed ρ, the two interleaved round by round."""
+    from retention_core.onnx import open_session
+
+    sessions = {"two_path": open_session(two_path), "frozen": open_session(frozen)}
+    result: dict[str, Any] = {"batch": list(batch["input_ids"].shape)}
+    for rho in TIMED_RHOS:
+        feeds = {**batch, "rho": np.full(len(batch["input_ids"]), rho, np.float32)}
+        seconds: dict[str, list[float]] = {name: [] for name in sessions}
+        for _ in range(TIMING_ROUNDS):
+            for name, session in sessions.items():
+                start = time.perf_counter()
+                session.run(None, feeds)
+                seconds[name].append(time.perf_counter() - start)
+        medians = {name: float(np.median(values)) for name, values in seconds.items()}
+        result[f"rho {rho}"] = {**medians, "two_path_over_frozen": medians["two_path"] / medians["frozen"]}
+    return result
 
 
 def vectors(model: Any, tokenizer: Any, texts: list[str], max_length: int, unpruned: bool) -> np.ndarray:
@@ -68,7 +149,9 @@ def log_summary(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def check(run_dir: Path, frozen_dir: Path, texts: int) -> dict[str, Any]:
+def check(
+    run_dir: Path, frozen_dir: Path, texts: int, exported: tuple[Path, Path] | None = None
+) -> dict[str, Any]:
     import torch
 
     from training.encoders import load_backbone
@@ -107,6 +190,9 @@ def check(run_dir: Path, frozen_dir: Path, texts: int) -> dict[str, Any]:
         "copy_relative_l2_from_original": moved / norm,
         "training": log_summary(run_dir),
         "frozen_training": log_summary(frozen_dir),
+        "exported": None
+        if exported is None
+        else exported_check(model, tokenizer, paragraphs, recipe.max_length, *exported),
     }
 
 
@@ -131,6 +217,18 @@ def markdown(payload: dict[str, Any]) -> str:
             f"(top-M term {first['pruned_loss']} → {last['pruned_loss']}), {last['seconds']:.0f} s; the "
             f"frozen run: loss {frozen['first']['loss']:.4f} → {frozen['last']['loss']:.4f}, "
             f"{frozen['last']['seconds']:.0f} s",
+            *(
+                []
+                if payload.get("exported") is None
+                else [
+                    "",
+                    "Exported (two-path graph):",
+                    "",
+                    "```json",
+                    json.dumps(payload["exported"], indent=2),
+                    "```",
+                ]
+            ),
             "",
             f"Command: `{payload.get('command', '')}`",
             "",
@@ -144,10 +242,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run_dir", type=Path, help="a run with retrofit.pruned_branch: copy")
     parser.add_argument("--frozen", type=Path, required=True, help="the frozen retrofit of the same recipe")
     parser.add_argument("--texts", type=int, default=300, help="the first N distinct SQuAD dev paragraphs")
+    parser.add_argument("--exported", type=Path, help="the copy run's export (two-path graph, with --int8)")
+    parser.add_argument("--frozen-exported", type=Path, help="the frozen run's export (with --int8)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    payload = check(args.run_dir, args.frozen, args.texts)
+    exported = None if args.exported is None else (args.exported, args.frozen_exported)
+    payload = check(args.run_dir, args.frozen, args.texts, exported)
     publish(payload, markdown, args.out, MODULE, argv, machine=True, started=started)
 
 

@@ -1,6 +1,6 @@
 """Ray Serve against plain uvicorn, and Ray Data against the single-process batch client, on this machine.
 
-    python -m experiments.ray_serve --out results/bench/ray/ray_serve.json \
+    python -m experiments.ray_serve --out results/experiments/ray-serve/ray_serve.json \
         [--model-dir /root/models-out/minilm-embed] [--quick]
 
 Online (``POST /embed``, short texts): requests/s and p50/p99 at 8 and 32 clients for

@@ -1,7 +1,7 @@
 """CPU seconds one request costs the server, per thread: the event loop against the inference thread.
 
     python -m experiments.request_cpu --models-dir <dir with minilm-embed> --server-cpus 0 --client-cpus 1 \
-        --out results/bench/request-cpu.json
+        --out results/experiments/request-cpu/request-cpu.json
 
 A real ``python -m service`` (pinned, one intra-op thread) and a sequential client, so nothing queues
 and each thread's CPU time (``/proc``, user + system) divides by the requests sent. ``/proc`` counts

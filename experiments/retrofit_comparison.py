@@ -61,8 +61,8 @@ def joint_results(joint_dir: Path) -> tuple[Payload, dict[float, float]]:
 def measure(
     dense_dir: Path, retrofit_dir: Path, joint_dir: Path, split: str, limit: int, rhos: list[float]
 ) -> Payload:
+    from retention_tasks.classification.learn import tokenize_rows
     from training.__main__ import machine_description
-    from training.classification import tokenize_rows
     from training.data import EVAL_SEED, load_split, shuffled
     from training.fit import load_run
 

@@ -1,6 +1,6 @@
 """Does a score shift meet the budget? Expected kept share of the quantile and calibrated shifts.
 
-``python -m experiments.score_shift --out results/bench/score_shift.json``
+``python -m experiments.score_shift --out results/experiments/score-shift/score_shift.json``
 
 Draws Gaussian scores at several spreads (logits) and, for per-layer keep rates, shifts them with
 ``retention.quantile_shift`` (the rate-quantile token at P(z > 0) = rate) and with
@@ -32,7 +32,7 @@ def score_shift(num_tokens: int = DEFAULT_TOKENS) -> dict[str, object]:
     import torch
 
     from benchmarks.harness import describe
-    from training import retention as R
+    from training import terms as R
 
     generator = torch.Generator().manual_seed(SEED)
     cells = []

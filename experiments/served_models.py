@@ -1,7 +1,8 @@
 """Several embedding models in one server: each answers `/v1/embeddings` by its served name and by its
 source model's names, and `/metrics` says what holding each one costs (``retention_model_memory_bytes``).
 
-    python -m experiments.served_models --models-dir /path/to/models --out results/bench/served_models.json
+    python -m experiments.served_models --models-dir /path/to/models \
+        --out results/experiments/served-models/served_models.json
 
 The app runs in this process over ASGI (``service.inprocess``: the public HTTP behaviour, no socket).
 Each model embeds the same text at ρ = 1 and 0.3, by name and by every alias, and the vectors by alias

@@ -1,7 +1,7 @@
 """Mixed-shape soak: RSS of one ``python -m service`` process under every mix of shapes it may see.
 
     python -m experiments.soak --models-dir <dir with an embedding model> --seconds 600 \
-        --server-cpus 0 --client-cpus 1 --out results/bench/soak-mixed.json --plot docs/plots/soak-mixed.png
+        --server-cpus 0 --client-cpus 1 --out results/experiments/soak/soak-mixed.json
     python -m experiments.soak --models-dir <tiny models> --seconds 5 --interval 1 --out /tmp/soak.json
 
 Closed-loop clients (``--concurrency``, in this process, pinned to ``--client-cpus``) send ``/embed``

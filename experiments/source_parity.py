@@ -2,7 +2,7 @@
 ``SentenceTransformer.encode`` of the checkpoint it wraps, cosine per text.
 
     python -m experiments.source_parity --backbone all-mpnet-base-v2 --texts 300 \
-        --out results/bench/source-parity-mpnet.json
+        --out results/experiments/source-parity/source-parity-mpnet.json
     python -m experiments.source_parity --quick --family mpnet --out /tmp/parity.json   # tiny random, seconds
 
 Texts: the distinct SQuAD dev paragraphs (``../shared/data``), or random words with ``--quick``. The

@@ -1,7 +1,7 @@
 """Seconds per training step, fp32 against bf16 autocast (``fit --precision``), on a real recipe.
 
 ``python -m experiments.train_step models/recipes/squad.yaml --profile quick-dense --steps 4 --rounds 3
---out results/bench/train-step-precision.json``
+--out results/experiments/train-step/train-step-precision.json``
 
 The recipe's model, objective and batch size, a real batch from its training data, ``training.fit``'s
 own ``train_step``: the precisions interleaved round by round (this machine's speed swings over

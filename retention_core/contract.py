@@ -18,7 +18,16 @@ import uuid
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+
+from retention_core.schedule import (
+    SCHEDULE_DEFAULTS,
+    LeadingShare,
+    MergeDropped,
+    MinKeptTokens,
+    PruningInterval,
+    SchedulePower,
+)
 
 MANIFEST_FILE = "manifest.json"
 MODEL_FILE = "model.onnx"
@@ -62,37 +71,18 @@ OPTIONAL_OUTPUTS = (SURVIVAL_DEPTH,)
 
 
 class Schedule(BaseModel):
-    """How ρ becomes keep counts: frac_p = ρ^(((p+1)/P)^power); count = round(frac_p · n_real), at least
-    min(min_kept_tokens, n_real) (the kept-token floor)."""
+    """How ρ becomes keep counts (``retention_core.schedule``): frac_p = ρ^(((g+1)/G)^power) for the
+    group g of point p; count = round(frac_p · n_real), at least min(min_kept_tokens, n_real) (the
+    kept-token floor). The settings are ``schedule.ScheduleSettings``'s, declared there once."""
 
     model_config = ConfigDict(frozen=True)
     kind: Literal["power"] = "power"
-    power: float = 1.0
+    power: SchedulePower = SCHEDULE_DEFAULTS.power
     num_points: int = Field(ge=1)
-    min_kept_tokens: int = Field(
-        default=0,
-        ge=0,
-        description="kept-token floor baked into the graph: every pruning point keeps at least "
-        "min(this, real tokens), so a row at or under it runs dense at any rho; 0 (no floor) for model "
-        "directories exported before the floor existed",
-    )
-    merge_dropped: bool = Field(
-        default=False,
-        description="dropped tokens are merged into their most similar kept token inside the graph "
-        "(proportional attention, size-weighted pooling); False for directories exported before merging",
-    )
-    leading_share: float = Field(
-        default=0.0,
-        ge=0.0,
-        le=1.0,
-        description="share of each point's kept count given to the earliest tokens",
-    )
-    pruning_interval: int = Field(
-        default=1,
-        ge=1,
-        description="the graph selects at every k-th point only: the layers form ceil(num_points / k) "
-        "groups and group g enters with rho^(((g+1)/G)^power); 1 for directories exported before it",
-    )
+    min_kept_tokens: MinKeptTokens = SCHEDULE_DEFAULTS.min_kept_tokens
+    merge_dropped: MergeDropped = SCHEDULE_DEFAULTS.merge_dropped
+    leading_share: LeadingShare = SCHEDULE_DEFAULTS.leading_share
+    pruning_interval: PruningInterval = SCHEDULE_DEFAULTS.pruning_interval
     last_layer_queries: int | None = Field(
         default=None, description="queries the last layer computes (1 = [CLS] only); None = all"
     )
@@ -200,6 +190,17 @@ class TorchWeights(BaseModel):
     parity: TorchParity
 
 
+class PrunedBranch(BaseModel):
+    """A model whose ρ < 1 path runs weights of its own (a retrofit's ``--pruned-branch copy``): ρ = 1 runs
+    the original's weights and operators, ρ < 1 a copy of the encoder trained to work on fewer tokens (a
+    mixed batch runs both, each row taking its own). What that costs beyond the original model."""
+
+    parameters: int = Field(ge=0, description="the copy's parameters")
+    bytes: dict[str, int] = Field(
+        description="per variant: bytes of the weights only the rho < 1 path reads (the copy's)"
+    )
+
+
 class Variant(BaseModel):
     file: str
     precision: Literal["fp32", "int8"]
@@ -233,12 +234,25 @@ class Manifest(BaseModel):
     torch_weights: TorchWeights | None = Field(
         default=None, description="weights for the torch backend; None for directories exported before it"
     )
+    pruned_branch: PrunedBranch | None = Field(
+        default=None,
+        description="the rho < 1 path's own weights; absent for a model whose every rho runs one set",
+    )
     aliases: list[str] = Field(
         default_factory=list,
         description="other names a request may use: an embedding retrofit answers to the hub id and short "
         "name of the model it was retrofitted from (model=all-mpnet-base-v2)",
     )
     versions: dict[str, str] = Field(default_factory=dict)
+
+    @model_serializer(mode="wrap")
+    def _without_absent_pruned_branch(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """``pruned_branch`` is written only where there is one: every one-path manifest keeps the bytes
+        it had before the field existed."""
+        data: dict[str, object] = handler(self)
+        if data.get("pruned_branch") is None:
+            data.pop("pruned_branch", None)
+        return data
 
     @property
     def has_survival_depth(self) -> bool:

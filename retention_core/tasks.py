@@ -2,32 +2,32 @@
 
 A ``TaskSpec`` names the graph's inputs and outputs (the ONNX contract), the kind of head the encoder
 ends in and the codec that turns requests into graph rows and graph outputs into answers. Training
-adds the torch side of a task (batches, loss, evaluation) in ``training.tasks``; the service reads
-only this registry. Adding a task = one ``register`` call plus its codec, no switch elsewhere.
+adds the torch side of a task (batches, loss, evaluation) in ``training.tasks``; the service its HTTP
+face in ``service.api.faces``.
+
+A task is one package found by one list (``task_packages``: the shipped ``SHIPPED_TASKS``, then those
+``$RETENTION_TASKS`` names). Each package holds its parts: ``spec.py`` (``SPEC``: imports only the core),
+``training.py`` (``TRAINING``, ``DATASETS``: the torch side) and ``face.py`` (``FACE``: the service side).
+Every registry is a ``TaskRegistry`` of one part, filled from the list when first read and again whenever
+the list changes, so adding a task is adding a package to the list, with no edit anywhere else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import importlib
+import importlib.util
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from types import ModuleType
+from typing import Literal, TypeVar
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from retention_core.codecs.base import TOKEN_FEEDS, Row, TaskCodec, pad_rows
-from retention_core.codecs.classification import ClassificationCodec
-from retention_core.codecs.embedding import EmbeddingCodec
-from retention_core.codecs.qa import QACodec
-from retention_core.codecs.summarization import SummarizationCodec
-from retention_core.contract import (
-    BASE_INPUTS,
-    DEFAULT_MAX_WINDOWS,
-    KEPT_COUNTS,
-    OPTIONAL_OUTPUTS,
-    Manifest,
-    TensorSpec,
-)
+from retention_core.contract import DEFAULT_MAX_WINDOWS, OPTIONAL_OUTPUTS, Manifest, TensorSpec
 
 # "sequence": the head reads [CLS] only → (B, C); the last layer then computes one query.
 # "token": the head reads every position → (B, T, C); dropped tokens are restored with their last state.
@@ -117,99 +117,95 @@ class TaskSpec:
         return len(labels)
 
 
-TASKS: dict[str, TaskSpec] = {}
+# ---------------------------------------------------------------------- the one list of tasks
+# The shipped tasks, in the order every registry lists them (routes mount, /models sorts, CLIs offer).
+SHIPPED_TASKS = (
+    "retention_tasks.classification",
+    "retention_tasks.qa",
+    "retention_tasks.summarization",
+    "retention_tasks.embedding",
+)
+# More task packages, comma-separated (a test package, a task kept out of the tree): appended to the list.
+TASKS_VARIABLE = "RETENTION_TASKS"
 
 
-def register(spec: TaskSpec) -> TaskSpec:
-    """Add (or replace) a task. Returns it, so a module can keep a reference."""
-    TASKS[spec.name] = spec
-    return spec
+def task_packages() -> tuple[str, ...]:
+    """The task packages: the shipped ones, then ``$RETENTION_TASKS``'s (each once, in order)."""
+    extra = (name.strip() for name in os.environ.get(TASKS_VARIABLE, "").split(","))
+    return tuple(dict.fromkeys((*SHIPPED_TASKS, *(name for name in extra if name))))
+
+
+def task_part(package: str, part: str) -> ModuleType | None:
+    """``package.part`` imported (``spec``, ``training``, ``face``), or None when the package has no such
+    part. Imported by name: the core never imports a training or service part itself, its caller asks."""
+    name = f"{package}.{part}"
+    if importlib.util.find_spec(name) is None:
+        return None
+    return importlib.import_module(name)
+
+
+V = TypeVar("V")
+
+
+class TaskRegistry(Mapping[str, V]):
+    """One part's registry (task name → entry; the dataset registry: dataset name → splits): read-only,
+    filled from ``task_packages()`` on first read and again when the list changes, so a package added to
+    (or removed from) ``$RETENTION_TASKS`` is in (or out of) every registry at once."""
+
+    def __init__(
+        self,
+        part: str,
+        entries: Callable[[ModuleType], Iterable[tuple[str, V]]],
+        check: Callable[[Mapping[str, V]], None] | None = None,
+    ) -> None:
+        self.part = part
+        self._entries = entries  # the part's module → its (name, entry) pairs
+        self._check = check  # refuses a registry that cannot be served (two faces at one path, ...)
+        self._filled: tuple[tuple[str, ...], dict[str, V]] | None = None
+        self._lock = threading.RLock()  # one fill at a time (the service reads from several threads)
+
+    def _current(self) -> dict[str, V]:
+        packages = task_packages()
+        filled = self._filled
+        if filled is not None and filled[0] == packages:
+            return filled[1]
+        with self._lock:
+            if self._filled is not None and self._filled[0] == packages:
+                return self._filled[1]
+            found: dict[str, V] = {}
+            for package in packages:
+                module = task_part(package, self.part)
+                for name, entry in () if module is None else self._entries(module):
+                    if name in found:
+                        raise ValueError(f"{package}.{self.part}: {name!r} is registered twice")
+                    found[name] = entry
+            if self._check is not None:
+                self._check(found)
+            self._filled = (packages, found)
+            return found
+
+    def __getitem__(self, name: str) -> V:
+        return self._current()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._current())
+
+    def __len__(self) -> int:
+        return len(self._current())
+
+    def __repr__(self) -> str:
+        return f"TaskRegistry({self.part!r}, {sorted(self)})"
+
+
+def spec_entries(module: ModuleType) -> list[tuple[str, TaskSpec]]:
+    spec: TaskSpec = module.SPEC
+    return [(spec.name, spec)]
+
+
+TASKS: TaskRegistry[TaskSpec] = TaskRegistry("spec", spec_entries)
 
 
 def task_spec(name: str) -> TaskSpec:
     if name not in TASKS:
         raise KeyError(f"unknown task {name!r}; known: {sorted(TASKS)}")
     return TASKS[name]
-
-
-def _classification_codec(manifest: Manifest, tokenizer: Tokenizer, options: CodecOptions) -> TaskCodec:
-    if not manifest.labels:
-        raise ValueError("classification manifest has no labels")
-    return ClassificationCodec(tokenizer, manifest.max_length, list(manifest.labels))
-
-
-def _windowed(codec: type[QACodec] | type[SummarizationCodec]) -> CodecFactory:
-    """A long-document codec: its windows capped at ``options.max_windows`` (serving and evaluation)."""
-    return lambda manifest, tokenizer, options: codec(
-        tokenizer, manifest.max_length, max_windows=options.max_windows
-    )
-
-
-def _qa_row(ids: tuple[int, ...]) -> Row:
-    """Everything context except [CLS], which stays protected."""
-    return Row(
-        ids, token_type_ids=tuple(0 for _ in ids), protected=tuple(int(i == 0) for i in range(len(ids)))
-    )
-
-
-register(
-    TaskSpec(
-        name="classification",
-        head="sequence",
-        inputs=BASE_INPUTS,
-        outputs=(TensorSpec(name="logits", dtype="float32", axes=("batch", "labels")), KEPT_COUNTS),
-        make_codec=_classification_codec,
-    )
-)
-register(
-    TaskSpec(
-        name="qa",
-        head="token",
-        inputs=(
-            *BASE_INPUTS,
-            TensorSpec(
-                name="token_type_ids", dtype="int64", axes=("batch", "sequence"), description="0 = question"
-            ),
-            TensorSpec(
-                name="protected_mask", dtype="int64", axes=("batch", "sequence"), description="1 = never drop"
-            ),
-        ),
-        outputs=(
-            TensorSpec(name="span_logits", dtype="float32", axes=("batch", "sequence", "start_end")),
-            KEPT_COUNTS,
-        ),
-        make_codec=_windowed(QACodec),
-        num_outputs=2,
-        example_row=_qa_row,
-    )
-)
-register(
-    TaskSpec(
-        name="summarization",
-        head="token",
-        inputs=BASE_INPUTS,
-        outputs=(
-            TensorSpec(name="token_logits", dtype="float32", axes=("batch", "sequence", "one")),
-            KEPT_COUNTS,
-        ),
-        make_codec=_windowed(SummarizationCodec),
-        num_outputs=1,
-    )
-)
-
-
-def _embedding_codec(manifest: Manifest, tokenizer: Tokenizer, options: CodecOptions) -> TaskCodec:
-    normalize = manifest.embedding.normalize if manifest.embedding is not None else True
-    return EmbeddingCodec(tokenizer, manifest.max_length, normalize_default=normalize)
-
-
-register(
-    TaskSpec(
-        name="embedding",
-        head="pooled",
-        inputs=BASE_INPUTS,
-        outputs=(TensorSpec(name="embedding", dtype="float32", axes=("batch", "hidden")), KEPT_COUNTS),
-        make_codec=_embedding_codec,
-        num_outputs=0,  # a pooled head has no width of its own: its vector is the hidden state (d)
-    )
-)

@@ -65,7 +65,7 @@ class LayerWeights:
 
 @dataclass(frozen=True)
 class ScorerWeights:
-    """s_t = vᵀ tanh(W h_t + U m_{t-1}) + b (``training.retention.RetentionScorer``), fp32."""
+    """s_t = vᵀ tanh(W h_t + U m_{t-1}) + b (``training.selection.RetentionScorer``), fp32."""
 
     W: tuple[torch.Tensor, torch.Tensor]  # (r, d), (r,)
     U: torch.Tensor  # (r, d)

@@ -1,19 +1,18 @@
 #!/usr/bin/env bash
-# The GPU check as one prepared device call (docs/benchmarks.md, "GPU"): by default the forward part of
-# python -m benchmarks.gpu (the serving forward written for the GPU, retention_torch, vs dense SDPA eager
-# and as a CUDA graph: MiniLM and base shapes, fp32/bf16, batch 1/8/32/128 x 256/512, peak memory,
-# kernels and host ms per forward) on a lent machine that reaches no package index. GPU_CHECK_PARTS adds
-# the older parts (torch: the exported graph's torch forward; fit: seconds per step on CUDA vs the CPU).
+# The GPU check as one prepared device call (docs/benchmarks.md, "GPU"): python -m benchmarks.gpu (the
+# serving forward written for the GPU, retention_torch, vs dense SDPA eager and as a CUDA graph: MiniLM
+# and base shapes, fp32/bf16, batch 1/8/32/128 x 256/512, peak memory, kernels and host ms per forward)
+# on a lent machine that reaches no package index.
 # Then the service part (GPU_CHECK_SERVICE=1, the default): python -m benchmarks.gpu_service, the real
 # server (torch backend, bf16) against sentence-transformers behind FastAPI on the same card, through
 # real HTTP with 8 and 64 clients, in the last GPU_CHECK_SERVICE_S seconds of the budget.
 #
 #   scripts/gpu_check.sh prepare          # here: .gpu-check/ (git-ignored, <= 64 MiB): the wheels the
 #                                         #   device image may lack (the service's too), the tokenizer,
-#                                         #   the fit texts and SQuAD dev paragraphs, SHA256SUMS; prints
+#                                         #   SQuAD dev paragraphs, SHA256SUMS; prints
 #                                         #   its size and the device call's carry
 #   scripts/gpu_check.sh run              # there: check the image, install the carried wheels (no
-#                                         #   network: pip --no-index --target), run the parts, then
+#                                         #   network: pip --no-index --target), run the forward, then
 #                                         #   the service part, inside the time budget; JSON under
 #                                         #   $OUT/gpu-check/ (gpu.json, gpu_service.json)
 #   scripts/gpu_check.sh run --dry-run    # the same script on this CPU with tiny sizes (also:
@@ -23,8 +22,7 @@
 # the one the binary wheels are for), GPU_CHECK_WHEELS (space-separated distributions; default below),
 # PYTHON (python3; prepare: a Python with pip and this project's packages, e.g. .venv/bin/python),
 # OUT (results; default ./gpu-check-out), GPU_CHECK_SITE (/tmp/gpu-check-site), GPU_CHECK_BUDGET_S
-# (480: the whole run, start to end), GPU_CHECK_PARTS (forward; a comma list of benchmarks.gpu's parts),
-# GPU_CHECK_CPU_SECONDS_PER_STEP (the fit's CPU number, else the device's CPU measures it),
+# (480: the whole run, start to end),
 # GPU_CHECK_SERVICE (1; 0 leaves the service part out), GPU_CHECK_SERVICE_S (220: of the budget, kept for
 # the service part), GPU_CHECK_SERVICE_ARGS (more options for benchmarks.gpu_service, e.g. --shapes minilm).
 set -euo pipefail
@@ -80,9 +78,7 @@ cmd_prepare() {
     # For the device's Python and platform, not this machine's; --no-deps: the list is the closure.
     "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --implementation cp \
         --python-version "$DEVICE_PYTHON" "${platform_flags[@]}" -d "$CHECK_DIR/wheels" "${specs[@]}"
-    # The fit part's tokenizer and the recipe's training texts (no backbone package, no data there).
-    (cd "$ROOT" && "$PYTHON" -m benchmarks.gpu --write-assets "$CHECK_DIR/assets")
-    # The service part's documents: SQuAD dev paragraphs (no data root there).
+    # The tokenizer and the service part's documents, SQuAD dev paragraphs (no package, no data there).
     (cd "$ROOT" && "$PYTHON" -m benchmarks.gpu_service --write-assets "$CHECK_DIR/assets")
     local commit
     commit="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
@@ -144,7 +140,7 @@ except Exception as exc:  # no torch at all: say so, the benchmark then fails on
     found["cuda_available"] = False
 if phase == "installed":
     try:  # the code path the benchmark runs, imported from $SITE and the checkout
-        import benchmarks.gpu, benchmarks.gpu_forward, retention_torch.runner, training.fit  # noqa: F401
+        import benchmarks.gpu, benchmarks.gpu_forward, retention_torch.runner  # noqa: F401
         # the service part: our server's stack (carried) and the peer's (the image's)
         import benchmarks.gpu_service, service.api.app, service.backends.torch_backend, uvicorn  # noqa: F401
         import sentence_transformers  # noqa: F401
@@ -248,14 +244,8 @@ cmd_run() {
         export GIT_COMMIT
     fi
     image_check "$IMAGE" installed
-    local sizes=(--seq-lens "512,256" --batches "32,8,1" --fit-reserve-s 90)
-    if [[ "$DRY_RUN" == 1 ]]; then
-        sizes=(--dry-run --seq-lens "16,8" --batches "2,1" --fit-reserve-s 5)
-    fi
-    local cpu=()
-    if [[ -n "${GPU_CHECK_CPU_SECONDS_PER_STEP:-}" ]]; then
-        cpu=(--cpu-seconds-per-step "$GPU_CHECK_CPU_SECONDS_PER_STEP")
-    fi
+    local sizes=()
+    [[ "$DRY_RUN" == 1 ]] && sizes=(--dry-run)
     # The time guard: benchmarks.gpu adds no cell past --budget-s; timeout is the hard stop behind it.
     # The service part's seconds are kept out of it.
     local reserve=0
@@ -265,8 +255,7 @@ cmd_run() {
     echo "budget: ${left} s for the benchmark (of ${BUDGET_S} s; ${reserve} s kept for the service part)"
     local rc=0
     (cd "$ROOT" && timeout --signal=INT --kill-after=15 $((left + 40)) "$PYTHON" -m benchmarks.gpu \
-        --out "$out" --parts "${GPU_CHECK_PARTS:-forward}" "${sizes[@]}" --budget-s "$left" --assets "$CHECK_DIR/assets" \
-        --image-check "$IMAGE" "${cpu[@]}") 2>&1 | tee "$out/run.log" || rc=$?
+        --out "$out" "${sizes[@]}" --budget-s "$left" --image-check "$IMAGE") 2>&1 | tee "$out/run.log" || rc=$?
     [[ "$SERVICE" == 1 ]] && { service_part "$out" "$started" || rc=$((rc ? rc : 1)); }
     echo "gpu check: exit $rc after $((SECONDS - started)) s; results in $out"
     ls -l "$out"

@@ -1,5 +1,5 @@
 """The dependency direction of the packages: core ← training, core ← service, never training ↔ service;
-inside ``training/``, module imports form a DAG with the retention math at the bottom.
+inside ``training/``, module imports form a DAG with the retention math (selection, terms) at the bottom.
 
 Read from the source (every ``import`` statement, lazy ones inside functions and ``TYPE_CHECKING``
 blocks included), so a cycle hidden behind a function-level import fails here too.
@@ -26,9 +26,18 @@ FORBIDDEN = {
         "torch",
         "transformers",
         "retention_torch",
+        "retention_tasks",  # read by name from the one list of tasks (retention_core.tasks.task_packages)
     },
-    "service": {"training", "benchmarks", "tests", "torch", "transformers", "retention_torch"},
-    "training": {"service", "benchmarks", "tests"},
+    "service": {
+        "training",
+        "benchmarks",
+        "tests",
+        "torch",
+        "transformers",
+        "retention_torch",
+        "retention_tasks",
+    },
+    "training": {"service", "benchmarks", "tests", "retention_tasks"},
     # the GPU-shaped forward: torch and the core only (the service's torch backend and the export use it)
     "retention_torch": {
         "training",
@@ -169,6 +178,24 @@ def test_torch_is_imported_only_by_the_torch_backend_and_that_only_when_chosen()
     assert "service.backends.torch_backend" not in top_level
 
 
+# The batch client talks HTTP; its Ray engine runs the service's app in-process (the 'ray' extra).
+CLIENTS_FORBIDDEN = FORBIDDEN["service"] | {"onnxruntime"}  # what the service may not import, and a session
+RAY_ENGINE = REPO / "clients" / "ray_batch.py"
+
+
+def test_clients_talk_http_but_the_ray_engine() -> None:
+    """``clients/`` imports neither training nor torch nor onnxruntime; ``service`` only in the Ray engine
+    (``clients/ray_batch.py``), which ``clients.batch`` imports only inside its ``--engine ray`` branch."""
+    paths = sorted((REPO / "clients").rglob("*.py"))
+    assert [path for path in paths if imported_packages(path) & CLIENTS_FORBIDDEN] == []
+    assert [path for path in paths if "service" in imported_packages(path)] == [RAY_ENGINE]
+    batch = parse(REPO / "clients" / "batch.py")
+    top_level = {node.module for node in batch.body if isinstance(node, ast.ImportFrom) and node.module}
+    assert "clients.ray_batch" not in top_level and "clients.ray_batch" in imported_modules(
+        REPO / "clients" / "batch.py"
+    )
+
+
 def test_the_scanner_sees_lazy_imports(tmp_path: Path) -> None:
     """The check itself: a function-level import and ``__import__`` are both found."""
     source = tmp_path / "module.py"
@@ -179,8 +206,8 @@ def test_the_scanner_sees_lazy_imports(tmp_path: Path) -> None:
 
 
 def test_training_modules_import_without_cycles() -> None:
-    """``training/`` imports form a DAG: retention ← gates ← model ← objective ← fit ← __main__, export
-    and evaluation above the model. A cycle (the model importing the objective that imports the task
+    """``training/`` imports form a DAG: selection ← terms ← gates ← model ← objective ← fit ← __main__,
+    export and evaluation above the model. A cycle (the model importing the objective that imports the task
     registry that imports the model) fails here, whether it hides behind a lazy import or not."""
     graph = import_graph(REPO / "training", "training")
     assert "training.model" in graph and graph["training.objective"]  # the scanner read the package
@@ -188,8 +215,11 @@ def test_training_modules_import_without_cycles() -> None:
 
 
 def test_the_retention_math_imports_no_other_training_module() -> None:
-    """The bottom of the DAG: ``training/retention.py`` is the math and imports nothing of the package."""
-    assert import_graph(REPO / "training", "training")["training.retention"] == set()
+    """The bottom of the DAG: ``training/selection.py`` (the inference path) imports nothing of the
+    package, ``training/terms.py`` (the training terms) only the selection."""
+    graph = import_graph(REPO / "training", "training")
+    assert graph["training.selection"] == set()
+    assert graph["training.terms"] == {"training.selection"}
 
 
 def test_the_cycle_finder_sees_a_cycle_behind_lazy_imports(tmp_path: Path) -> None:
@@ -213,6 +243,7 @@ PACKAGES = (
     "training",
     "service",
     "retention_core",
+    "retention_tasks",
     "retention_torch",
     "clients",
     "benchmarks",
@@ -438,3 +469,92 @@ ABOVE_SHARED = (
 
 def test_the_shared_service_modules_import_nothing_above_them() -> None:
     assert reaching(SHARED, ABOVE_SHARED) == []
+
+
+# A task is one package (retention_tasks/<name>/, a test's tests/task_packages/<name>/) of three parts, each
+# held to its side: ``spec.py`` to the core alone, ``training.py`` never to the service, ``face.py`` never to
+# training. A part never imports another task part of the other side either (a spec no ``.training``).
+TASK_PACKAGE_ROOTS = (REPO / "retention_tasks", REPO / "tests" / "task_packages")
+PART_FORBIDS = {
+    "spec": FORBIDDEN[CORE] - {"tests", "retention_tasks"} | {"fastapi", "starlette"},
+    "training": {"service", "benchmarks", "clients", "fastapi", "starlette"},
+    "face": {"training", "benchmarks", "torch", "transformers", "retention_torch"},
+}
+PART_FORBIDS["codec"] = PART_FORBIDS["spec"]  # the request ↔ graph-row codec: core side, as its spec
+PART_FORBIDS["learn"] = PART_FORBIDS["training"]  # the task's training math: torch side, as its entry
+PART_NEVER_IMPORTS = {
+    "spec": ("training", "face", "learn"),
+    "codec": ("training", "face", "learn"),
+    "training": ("face",),
+    "learn": ("face",),
+    "face": ("training", "learn"),
+}
+# Files of each part at least: the four shipped tasks and the tests' toys (a toy may keep its codec in its
+# spec; the embedding task's training math is the generic training.embedding)
+PART_MINIMUM = {"spec": 6, "training": 6, "face": 6, "codec": 4, "learn": 3}
+
+
+def task_parts(part: str) -> list[Path]:
+    return sorted(path for root in TASK_PACKAGE_ROOTS for path in root.glob(f"*/{part}.py"))
+
+
+def part_violations(paths: list[Path], part: str) -> list[str]:
+    """``path imports x`` for every forbidden package or other-side task part a ``part`` file imports."""
+    found = []
+    for path in paths:
+        name = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+        bad = imported_packages(path) & PART_FORBIDS[part]
+        sides = {
+            m for m in imported_modules(path) if "." in m and m.rsplit(".", 1)[1] in PART_NEVER_IMPORTS[part]
+        }
+        found += [f"{name} imports {module}" for module in sorted(bad | sides)]
+    return found
+
+
+def test_each_part_of_a_task_package_keeps_to_its_side() -> None:
+    for part in PART_FORBIDS:
+        paths = task_parts(part)
+        assert len(paths) >= PART_MINIMUM[part], part
+        assert part_violations(paths, part) == [], part
+
+
+def test_the_part_check_sees_a_face_importing_training(tmp_path: Path) -> None:
+    """The check itself: a face importing the training side (lazily), a spec importing a face."""
+    face = tmp_path / "face.py"
+    face.write_text("def f():\n    from training.tasks import TrainingTask\n    return TrainingTask\n")
+    spec = tmp_path / "spec.py"
+    spec.write_text("from retention_tasks.qa.face import FACE\n")
+    assert part_violations([face], "face") == [f"{face} imports training"]
+    assert part_violations([spec], "spec") == [f"{spec} imports retention_tasks.qa.face"]
+
+
+# Every shipped task's spec imports where torch, training and the service cannot be imported (the core's
+# registry filled from the list, as a torch-free tool sees it); then, the service importable again, every
+# face too (as the serving image, which has no torch and no training, sees them).
+NO_TORCH_SPECS = """
+import sys
+
+ABSENT = {"torch", "transformers", "training", "service", "fastapi"}
+
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ABSENT:
+            raise ImportError(f"{name} is absent in this check")
+        return None
+
+sys.meta_path.insert(0, Absent())
+from retention_core.tasks import TASKS
+print(sorted(TASKS))
+ABSENT -= {"service", "fastapi"}
+from service.api.faces import FACES
+print(sorted(FACES))
+"""
+
+
+def test_the_registries_fill_with_torch_and_training_absent() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", NO_TORCH_SPECS], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    shipped = "['classification', 'embedding', 'qa', 'summarization']"
+    assert result.stdout.split("\n")[:2] == [shipped, shipped]

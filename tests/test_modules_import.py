@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("benchmarks", "experiments", "clients", "training", "service", "retention_core")
+PACKAGES = (
+    "benchmarks",
+    "experiments",
+    "clients",
+    "training",
+    "service",
+    "retention_core",
+    "retention_tasks",
+)
 # Locustfiles are not modules to import: locust runs them with their load's settings in the environment
 # (and gevent patches the standard library as they load). Each is named by the benchmark that runs it
 # under locust (``LOCUSTFILE``), and that benchmark's test runs it.

@@ -1,7 +1,9 @@
-"""A task of another shape than classification, added here in the test, runs the whole pipeline with no
-edit anywhere else: trained, exported (validated), evaluated with ranking metrics through the CLI, put in
-the results page's tables, served over HTTP by the real service, sent rows by the batch client and shown
-by the explorer page, each of which learns the task from a registry or from the served ``GET /models``.
+"""A task of another shape than classification, a package of the tests (``tests/task_packages/
+toy_rerank/``: its spec, training entry and face) put on the list of tasks (``$RETENTION_TASKS``) and
+nowhere else, runs the whole pipeline with no edit anywhere else: trained, exported (validated), evaluated
+with ranking metrics through the CLI, put in the results page's tables, served over HTTP by the real
+service, sent rows by the batch client, load-benchmarked and shown by the explorer page, each of which
+learns the task from a registry or from the served ``GET /models``. Off the list, it is nowhere.
 
 The toy task is a reranker: one query and several passages in, one relevance score per passage out. Each
 passage is one graph row ``[CLS] query [SEP] passage [SEP]`` (token type ids, the query protected), read
@@ -15,33 +17,33 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
-from pydantic import BaseModel, Field
+from fastapi.testclient import TestClient
 from selenium import webdriver
 from selenium.webdriver.common.by import By
-from tokenizers import Tokenizer
 
+from benchmarks import load as load_benchmark
 from benchmarks import report as report_module
+from benchmarks._http import wait_ready
 from clients import batch
 from clients.ray_batch import face_routes
 from clients.records import BatchConfig, served_routes, with_served_fields
-from retention_core.codecs.base import Encoded, Row, token_spans
-from retention_core.contract import BASE_INPUTS, KEPT_COUNTS, Manifest, TensorSpec
-from retention_core.metrics import RANKING_CUTOFF, gold_ranks, ranking_metrics
-from retention_core.tasks import CodecOptions, TaskSpec
-from retention_core.text import pad_token_id, plain_copy
+from retention_core.contract import Manifest
+from retention_core.tasks import TASKS, TASKS_VARIABLE
+from retention_core.text import pad_token_id
 from service.api import faces
-from service.api.faces import Answer, TaskFace, encode_each
-from service.api.schemas import ExplainOptions, Explanation, NonEmptyText, Usage
+from service.api.app import create_app
 from service.settings import Settings
 from tests.browser.conftest import browser  # noqa: F401  (the session's headless chromium)
 from tests.browser.test_explorer import (
@@ -52,212 +54,26 @@ from tests.browser.test_explorer import (
     set_rho,
     severe_console_entries,
 )
-from tests.service.conftest import running, served, settings_for
+from tests.service.conftest import SERVED_READY_S, running, served, settings_for
 from tests.service.test_metrics import value as metric_value
-from tests.test_toy_task import listed_pieces, module_dicts, resolve, short_run, task_registered
+from tests.task_packages import RERANK, RERANK_LABEL_FREE, listed
+from tests.task_packages.toy_rerank.face import MAX_PASSAGES, PATH, RerankResponse
+from tests.task_packages.toy_rerank.spec import SPEC, TASK
+from tests.task_packages.toy_rerank.training import DATASET, FOLDER, HEADLINE, METRICS
+from tests.test_toy_task import listed_pieces, module_dicts, resolve, short_run
 from tests.tiny import tiny_model, tiny_recipe, write_rows
 from training import evaluation as E
-from training import tasks as training_tasks
 from training.__main__ import main as training_main
 from training.__main__ import parser as training_parser
-from training.batch import Batch
-from training.data import Example
-from training.embedding import dense_targets
+from training.data import REGISTRY
 from training.fit import fit
 from training.model import RetentionModel
-from training.recipes import Recipe, RetrofitSpec
+from training.recipes import Recipe
 from training.retrofit import retrofit_recipe
+from training.tasks import TRAINING_TASKS
 
-TASK = "toy_rerank"
-DATASET = "toy_rerank_queries"
-PATH = "/toy_rerank"
 PASSAGES = 4  # per training and evaluation example
-MAX_PASSAGES = 8  # per request: the face's own item limit
-METRICS = (f"mrr@{RANKING_CUTOFF}", f"ndcg@{RANKING_CUTOFF}")
-HEADLINE = METRICS[1]
 WORDS = ["apple", "river", "stone", "cloud", "green", "house", "light", "music", "paper", "table"]
-SEGMENTS = ("query", "passages[{}]")  # explain: the request fields the offsets index
-
-
-# ---------------------------------------------------------------------- the codec (core side)
-class RerankCodec:
-    """``encode(query, *passages)``: one row per passage, the pair cut to ``max_length`` in the passage
-    (never in the query, which stays protected); ``decode``: one score per passage and the passages'
-    order by it."""
-
-    task = TASK
-
-    def __init__(self, tokenizer: Tokenizer, max_length: int) -> None:
-        self.tokenizer = tokenizer
-        self.whole = plain_copy(tokenizer)  # counts a pair's tokens before any cut
-        self.pair = plain_copy(tokenizer)
-        self.pair.enable_truncation(max_length, strategy="only_second")
-
-    def encode(self, query: str, *passages: str) -> Encoded:
-        encodings = [self.pair.encode(query, passage) for passage in passages]
-        input_tokens = sum(len(self.whole.encode(query, passage).ids) for passage in passages)
-        rows = [
-            Row(
-                input_ids=tuple(encoding.ids),
-                token_type_ids=tuple(encoding.type_ids),
-                protected=tuple(int(sequence != 1) for sequence in encoding.sequence_ids),  # 1 = not passage
-            )
-            for encoding in encodings
-        ]
-        return Encoded(
-            rows=rows,
-            input_tokens=input_tokens,
-            truncated=input_tokens > sum(len(row) for row in rows),
-            spans=lambda: [
-                token_spans(encoding, (SEGMENTS[0], SEGMENTS[1].format(i)))
-                for i, encoding in enumerate(encodings)
-            ],
-        )
-
-    def decode(self, encoded: Encoded, outputs: list[np.ndarray]) -> dict[str, Any]:
-        """``outputs[i]``: passage i's (1,) relevance."""
-        scores = [float(np.asarray(output).reshape(-1)[0]) for output in outputs]
-        return {"scores": scores, "ranking": sorted(range(len(scores)), key=lambda i: (-scores[i], i))}
-
-
-def make_codec(manifest: Manifest, tokenizer: Tokenizer, options: CodecOptions) -> RerankCodec:
-    return RerankCodec(tokenizer, manifest.max_length)
-
-
-def pair_row(ids: tuple[int, ...]) -> Row:
-    """A well-formed row of the graph: the first third the protected query."""
-    query = max(1, len(ids) // 3)
-    return Row(
-        ids, tuple(int(i >= query) for i in range(len(ids))), tuple(int(i < query) for i in range(len(ids)))
-    )
-
-
-SPEC = TaskSpec(
-    name=TASK,
-    head="sequence",
-    inputs=(
-        *BASE_INPUTS,
-        TensorSpec(name="token_type_ids", dtype="int64", axes=("batch", "sequence"), description="0 = query"),
-        TensorSpec(name="protected_mask", dtype="int64", axes=("batch", "sequence"), description="1 = kept"),
-    ),
-    outputs=(TensorSpec(name="relevance", dtype="float32", axes=("batch", "one")), KEPT_COUNTS),
-    make_codec=make_codec,
-    num_outputs=1,
-    example_row=pair_row,
-)
-
-
-# ---------------------------------------------------------------------- the HTTP face
-class RerankRequest(ExplainOptions):
-    """One query and the passages to rank for it."""
-
-    query: NonEmptyText
-    passages: Annotated[list[NonEmptyText], Field(min_length=1)]
-
-
-class RerankResponse(BaseModel):
-    model: str
-    scores: list[float] = Field(description="the relevance of each passage, in input order")
-    ranking: list[int] = Field(description="the passages' indices, most relevant first")
-    usage: Usage
-    explanations: list[Explanation] | None = None
-
-
-async def encode_query(codec: Any, body: RerankRequest) -> list[Encoded]:
-    """One input: the query with all its passages (a row each)."""
-    return await encode_each(codec, [(body.query, *body.passages)])
-
-
-def rerank_reply(answer: Answer[RerankRequest]) -> RerankResponse:
-    """The relevance of each passage to the query, and the passages ordered by it."""
-    (decoded,) = answer.served.decoded()
-    return RerankResponse(**answer.envelope, scores=decoded["scores"], ranking=decoded["ranking"])
-
-
-def passage_limit(settings: Settings) -> int:
-    return MAX_PASSAGES
-
-
-FACE = TaskFace(
-    task=TASK,
-    path=PATH,
-    request=RerankRequest,
-    response=RerankResponse,
-    fields=("query", "passages"),
-    count=lambda body: len(body.passages),
-    encode=encode_query,
-    respond=rerank_reply,
-    item_limit=passage_limit,
-)
-
-
-# ---------------------------------------------------------------------- the training entry
-def passages_of(example: Example) -> list[str]:
-    passages = example["passages"]
-    assert isinstance(passages, list)
-    return [str(passage) for passage in passages]
-
-
-def rerank_batch(examples: list[Example], tokenizer: Any, max_length: int) -> Batch:
-    """Every passage of every example, a row each (B·P rows); targets (B,) the gold passage."""
-    codec = E.task_codec(TASK, tokenizer, max_length, options=E.EVERY_WINDOW)
-    rows = [row for ex in examples for row in codec.encode(str(ex["query"]), *passages_of(ex)).rows]
-    feeds = E.rows_to_tensors(rows, pad_token_id(codec.tokenizer))
-    return Batch(
-        input_ids=feeds["input_ids"],
-        attention_mask=feeds["attention_mask"],
-        targets=torch.tensor([int(str(ex["gold"])) for ex in examples], dtype=torch.long),  # (B,)
-        protected=feeds["protected_mask"].bool(),
-        token_type_ids=feeds["token_type_ids"],
-    )
-
-
-def rerank_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """logits (B·P, 1) → each example's passages as classes, cross-entropy to the gold one."""
-    return F.cross_entropy(logits.reshape(len(batch.targets), -1), batch.targets)  # (B, P)
-
-
-def truncated_passages(encoded: Encoded, rho: float, min_kept: int = 0) -> tuple[Encoded, list[float]]:
-    """The truncation baseline: each row keeps its query and the first round(ρ · n) passage tokens."""
-    rows, kept = [], []
-    for row in encoded.rows:
-        assert row.protected is not None
-        positions = E.truncation_keep(row, np.array([flag == 0 for flag in row.protected]), rho, min_kept)
-        rows.append(E.sub_row(row, positions))
-        kept.append(len(positions) / len(row))
-    return Encoded(rows, encoded.input_tokens, encoded.truncated), kept
-
-
-def codec_loop(tokenizer: Any, max_length: int) -> E.CodecLoop:
-    codec = E.evaluation_codec(TASK, tokenizer, max_length)
-
-    def encode(example: Example) -> Encoded:
-        encoded: Encoded = codec.encode(str(example["query"]), *passages_of(example))
-        return encoded
-
-    def score(example: Example, encoded: Encoded, outputs: list[np.ndarray]) -> dict[str, float]:
-        scores = np.asarray([codec.decode(encoded, outputs)["scores"]])  # (1, P)
-        ranks = gold_ranks(scores, np.asarray([int(str(example["gold"]))]))  # (1,)
-        return {name: value / 100 for name, value in ranking_metrics(ranks).items() if name in METRICS}
-
-    return E.CodecLoop(encode, score, truncated_passages, pad_token_id(codec.tokenizer))
-
-
-def rerank_report(run: E.EvaluationRun, rhos: Any, methods: Any) -> E.Report:
-    EVALUATION.check_methods(methods)
-    results = E.codec_results(run, codec_loop(run.tokenizer, run.recipe.max_length), rhos, methods)
-    return {"task": TASK, "num_examples": len(run.examples), "metric": HEADLINE, "results": results}
-
-
-def rerank_curve(onnx_path: Path, tokenizer: Any, examples: list[Example], recipe: Any) -> E.Curve:
-    loop = codec_loop(tokenizer, recipe.max_length)
-    return E.codec_quality_curve(onnx_path, loop, examples, HEADLINE, recipe.evaluation)
-
-
-EVALUATION = E.codec_task_evaluation(rerank_report, METRICS, lambda dataset: HEADLINE, rerank_curve, HEADLINE)
-TRAINING = training_tasks.TrainingTask(
-    make_batch=rerank_batch, loss=rerank_loss, evaluation=EVALUATION, reference_dataset=DATASET
-)
 
 
 # ---------------------------------------------------------------------- fixtures
@@ -278,9 +94,10 @@ def examples(count: int, offset: int = 0) -> list[dict[str, object]]:
     return rows
 
 
-def rerank_registered(training: training_tasks.TrainingTask = TRAINING) -> AbstractContextManager[None]:
-    """The toy reranker in every registry a task needs (docs/architecture.md), removed afterwards."""
-    return task_registered(SPEC, training, FACE, DATASET, "toy_rerank")
+def rerank_registered(package: str = RERANK) -> AbstractContextManager[None]:
+    """The toy reranker's package on the list of tasks: in every registry a task needs
+    (docs/architecture.md), then, off the list, in none."""
+    return listed(package)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,11 +114,11 @@ class Built:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
     """Trained (training.fit), exported and evaluated through the CLI once for the module, with the task
-    registered only meanwhile: each test registers it again (``registered``)."""
+    listed only meanwhile: each test lists it again (``registered``)."""
     tmp_path = tmp_path_factory.mktemp("toy-rerank")
     root = tmp_path / "data"
     for split, offset in (("validation", 0), ("test", 3)):
-        write_rows(root / "toy_rerank" / f"{split}.jsonl.gz", examples(12, offset))
+        write_rows(root / FOLDER / f"{split}.jsonl.gz", examples(12, offset))
     with rerank_registered():
         model, hf_tokenizer = tiny_model(TASK, seed=5)
         recipe = short_run(tiny_recipe(TASK), root)
@@ -336,11 +153,11 @@ def test_a_reranker_takes_what_the_architecture_page_lists() -> None:
     """As the classification-shaped toy (tests/test_toy_task.py): exactly the listed registries gain the
     reranker's entry, no other registry of the project changes, all is gone again afterwards."""
     registries, _ = listed_pieces()
-    listed = {id(resolve(registry)) for registry in registries}
+    named = {id(resolve(registry)) for registry in registries}
     before = module_dicts()
     with rerank_registered():
         grown = {key: set(value) - keys for key, (_, value, keys) in before.items() if set(value) != keys}
-    assert set(grown) == listed, sorted(before[key][0] for key in grown)
+    assert set(grown) == named, sorted(before[key][0] for key in grown)
     assert all(len(added) == 1 and added <= {TASK, DATASET} for added in grown.values())
     assert all(set(value) == keys for _, value, keys in before.values())
 
@@ -501,11 +318,6 @@ def test_the_explorer_lists_runs_and_shows_the_reranker(
 
 
 # ---------------------------------------------------------------------- every task list reads a registry
-def toy_retrofit_recipe(model: str, profile: str) -> Recipe:
-    """A retrofit builder for the toy (the CLI offers a task that names one)."""
-    return tiny_recipe(TASK).model_copy(update={"retrofit": RetrofitSpec(pooling=None, normalize=False)})
-
-
 def retrofit_choices() -> set[str]:
     """The retrofit command's ``--task`` choices, read off the CLI's own parser."""
     root = training_parser()
@@ -518,9 +330,8 @@ def test_every_task_list_includes_a_task_registered_in_a_test(built: Built, tmp_
     """With the toy registered (here also able to retrofit), each list of tasks holds it, and without it
     none does: the CLI's retrofit choices, the results page's metrics and headline, /models' route and
     fields, the batch client's default fields (HTTP and Ray engines), the router's item limit."""
-    label_free = dataclasses.replace(TRAINING, teacher=dense_targets, retrofit_recipe=toy_retrofit_recipe)
     payload = {"task": TASK}
-    with rerank_registered(label_free):
+    with rerank_registered(RERANK_LABEL_FREE):
         assert TASK in retrofit_choices()
         assert retrofit_recipe("toy-model", TASK, tmp_path / "t.txt").task == TASK
         evaluation = report_module.task_evaluation(payload)
@@ -543,3 +354,80 @@ def test_every_task_list_includes_a_task_registered_in_a_test(built: Built, tmp_
         report_module.task_evaluation(payload)
     with pytest.raises(ValueError, match="nothing is served at /toy_rerank"):
         with_served_fields(cfg, face_routes())
+
+
+# ---------------------------------------------------------------------- the load benchmark
+@pytest.mark.integration  # a real uvicorn server
+def test_the_load_benchmark_drives_the_reranker(built: Built, registered: None, tmp_path: Path) -> None:
+    """``benchmarks.load --task toy_rerank``: its route and its bodies from the face registry (the face's
+    example body around each generated text), every request answered."""
+    assert load_benchmark.payload(TASK, "a text") == {"query": "a text", "passages": ["a text"]}
+    with served(settings_for(built.models_dir)) as url:
+        out = tmp_path / "load.json"
+        report = load_benchmark.main(
+            [url, "--out", str(out), "--task", TASK, "--quick", "--rhos", "1", "0.5"]
+        )
+    cells = report["results"]
+    assert report["task"] == TASK and {cell["rho"] for cell in cells} == {"1", "0.5"}
+    assert all(cell["sent"] > 0 and cell["ok"] == cell["sent"] and cell["errors"] == 0 for cell in cells)
+    assert all(cell["mean_work_fraction"] is not None for cell in cells)
+
+
+# ---------------------------------------------------------------------- off the list, nowhere
+def test_removing_the_entry_removes_it_everywhere(built: Built) -> None:
+    """Without its package on the list (here after other tests of this process listed it): no registry
+    holds the task or its dataset, no route serves it, /models does not list its model (a load error:
+    no task of that name) and the OpenAPI document has no trace of its bodies."""
+    with rerank_registered():
+        assert TASK in TASKS and TASK in TRAINING_TASKS and DATASET in REGISTRY and TASK in faces.FACES
+    assert TASK not in TASKS and TASK not in TRAINING_TASKS and TASK not in faces.FACES
+    assert DATASET not in REGISTRY
+    assert (
+        set(TASKS)
+        == set(TRAINING_TASKS)
+        == set(faces.FACES)
+        == {"classification", "qa", "summarization", "embedding"}
+    )
+    # Not ``running``: with its only model refused the app never becomes ready (no_models).
+    with TestClient(create_app(settings_for(built.models_dir))) as client:
+        # the repository loads in the background: wait until it has tried the directory (and refused it)
+        listing = wait_ready(
+            str(client.base_url),
+            SERVED_READY_S,
+            probe=lambda: client.get("/models"),
+            accept=lambda response: bool(response.json()["errors"]),
+            name="the refusal",
+        ).json()
+        refused = client.post(PATH, json={"query": QUERY, "passages": BODY_PASSAGES})
+        document = client.get("/openapi.json").json()
+    assert listing["models"] == [] and TASK in listing["errors"]["toy-rerank"]  # its directory's name
+    assert refused.status_code == 404
+    assert PATH not in document["paths"] and "RerankRequest" not in document["components"]["schemas"]
+
+
+FRESH_PROCESS = """
+from retention_core.tasks import TASKS
+from service.api.faces import FACES
+from training.data import REGISTRY
+from training.tasks import TRAINING_TASKS
+print(sorted(TASKS), sorted(TRAINING_TASKS), sorted(FACES), "toy_rerank_queries" in REGISTRY)
+"""
+
+
+def test_the_list_alone_decides_in_a_fresh_process() -> None:
+    """A process started with the package in ``$RETENTION_TASKS`` has the task in every registry, one
+    started without it in none: nothing but the list enables a task."""
+
+    def registries(env: dict[str, str]) -> str:
+        result = subprocess.run(
+            [sys.executable, "-c", FRESH_PROCESS], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    without = {name: value for name, value in os.environ.items() if name != TASKS_VARIABLE}
+    shipped = "['classification', 'embedding', 'qa', 'summarization']"
+    assert registries(without) == f"{shipped} {shipped} {shipped} False"
+    listed_tasks = "['classification', 'embedding', 'qa', 'summarization', 'toy_rerank']"
+    expected = f"{listed_tasks} {listed_tasks} {listed_tasks} True"
+    assert registries({**without, TASKS_VARIABLE: RERANK}) == expected

@@ -1,6 +1,7 @@
-"""A task added here, in the test, runs the whole pipeline with no edit to fit, export, the CLI, the
-runtime, the service or the test helpers: train → export (validated) → evaluate → served over HTTP by
-the real service (its own route, in /metrics under its task, in the OpenAPI document).
+"""A task package of the tests (``tests/task_packages/toy_parity/``), put on the list of tasks and
+nowhere else, runs the whole pipeline with no edit to fit, export, the CLI, the runtime, the service or
+the test helpers: train → export (validated) → evaluate → served over HTTP by the real service (its own
+route, in /metrics under its task, in the OpenAPI document).
 
 The toy task: is the first word of a text's token id even? Three labels ("even", "odd", "empty") so
 the head width follows the labels; its own codec; its own output name (``parity_logits``); its own
@@ -14,55 +15,32 @@ import json
 import re
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
-from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
 from benchmarks import report as report_module
-from retention_core import tasks as core_tasks
-from retention_core.codecs.base import Encoded, Row
-from retention_core.codecs.classification import ClassificationCodec
-from retention_core.contract import BASE_INPUTS, KEPT_COUNTS, Manifest, TensorSpec
-from retention_core.tasks import CodecOptions, TaskSpec
+from retention_core.contract import Manifest
+from retention_core.tasks import TaskRegistry
 from retention_core.text import pad_token_id
-from service.api import faces
-from service.api.faces import Answer, each_text, item_face
-from service.api.schemas import Explanation, TextsRequest, Usage
 from tests.service.conftest import running, settings_for
 from tests.service.test_metrics import value as metric_value
+from tests.task_packages import PARITY, listed
+from tests.task_packages.toy_parity.face import PATH, ParityResponse
+from tests.task_packages.toy_parity.spec import LABELS, TASK
+from tests.task_packages.toy_parity.training import DATASET, FOLDER
 from tests.tiny import tiny_model, tiny_recipe, write_rows
-from training import data
 from training import evaluation as E
-from training import tasks as training_tasks
 from training.__main__ import main as training_main
-from training.batch import Batch
-from training.data import Example
 from training.fit import LOG_FILE, fit
 
-TASK = "toy_parity"
-DATASET = "toy_parity_words"
-LABELS = ("even", "odd", "empty")
 WORDS = ["apple", "river", "stone", "cloud", "green", "house", "light", "music", "paper", "table"]
-
-
-class ParityCodec(ClassificationCodec):
-    """Its own rows: one per text, cut to the first ``max_length`` tokens with no [SEP] put back (the
-    head is all this task reads). The answer is the classification codec's: the most likely label."""
-
-    task = TASK
-
-    def encode(self, text: str) -> Encoded:
-        ids = self.tokenizer.encode(text).ids
-        row = Row(tuple(ids[: self.max_length]))
-        return Encoded(rows=[row], input_tokens=len(ids), truncated=len(ids) > self.max_length)
 
 
 def parity_label(text: str, tokenizer: Tokenizer) -> int:
@@ -70,116 +48,10 @@ def parity_label(text: str, tokenizer: Tokenizer) -> int:
     return LABELS.index("empty") if not ids else ids[0] % 2
 
 
-def make_codec(manifest: Manifest, tokenizer: Tokenizer, options: CodecOptions) -> ParityCodec:
-    return ParityCodec(tokenizer, manifest.max_length, list(manifest.labels))
-
-
-SPEC = TaskSpec(
-    name=TASK,
-    head="sequence",
-    inputs=BASE_INPUTS,
-    outputs=(TensorSpec(name="parity_logits", dtype="float32", axes=("batch", "labels")), KEPT_COUNTS),
-    make_codec=make_codec,
-)
-
-
-# ---------------------------------------------------------------------- the HTTP face
-PATH = "/toy_parity"
-
-
-class ParityRequest(TextsRequest):
-    """One text (``text``) or several (``texts``)."""
-
-
-class ParityResponse(BaseModel):
-    model: str
-    parities: list[str] = Field(description="the parity label of each text, in input order")
-    usage: Usage
-    explanations: list[Explanation] | None = None
-
-
-def parity_reply(answer: Answer[ParityRequest]) -> ParityResponse:
-    """The parity of each text's first word."""
-    return ParityResponse(**answer.envelope, parities=[item["label"] for item in answer.served.decoded()])
-
-
-FACE = item_face(TASK, PATH, (ParityRequest, ParityResponse), each_text, parity_reply)
-
-
-# ---------------------------------------------------------------------- the training entry
-def parity_batch(examples: list[Example], tokenizer: Any, max_length: int) -> Batch:
-    codec = E.task_codec(TASK, tokenizer, max_length, LABELS, E.EVERY_WINDOW)
-    rows = [row for example in examples for row in codec.encode(str(example["text"])).rows]
-    feeds = E.rows_to_tensors(rows, pad_token_id(codec.tokenizer))
-    targets = torch.tensor([int(str(example["label"])) for example in examples], dtype=torch.long)
-    return Batch(feeds["input_ids"], feeds["attention_mask"], targets)
-
-
-def parity_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-    return F.cross_entropy(logits, batch.targets)  # logits (B, 3)
-
-
-def codec_loop(tokenizer: Any, max_length: int) -> E.CodecLoop:
-    codec = E.evaluation_codec(TASK, tokenizer, max_length, LABELS)
-
-    def score(example: Example, encoded: Encoded, outputs: list[np.ndarray]) -> dict[str, float]:
-        correct = codec.decode(encoded, outputs)["label"] == LABELS[int(str(example["label"]))]
-        return {"accuracy": float(correct)}
-
-    def encode(example: Example) -> Encoded:
-        encoded: Encoded = codec.encode(str(example["text"]))
-        return encoded
-
-    return E.CodecLoop(encode, score, E.truncated_text, pad_token_id(codec.tokenizer))
-
-
-def parity_report(run: E.EvaluationRun, rhos: Sequence[float], methods: Sequence[str]) -> E.Report:
-    EVALUATION.check_methods(methods)
-    results = E.codec_results(run, codec_loop(run.tokenizer, run.recipe.max_length), rhos, methods)
-    return {"task": TASK, "num_examples": len(run.examples), "metric": "accuracy", "results": results}
-
-
-def parity_curve(onnx_path: Path, tokenizer: Any, examples: list[Example], recipe: Any) -> E.Curve:
-    loop = codec_loop(tokenizer, recipe.max_length)
-    return E.codec_quality_curve(onnx_path, loop, examples, "accuracy", recipe.evaluation)
-
-
-EVALUATION = E.codec_task_evaluation(parity_report, ("accuracy",), lambda dataset: "accuracy", parity_curve)
-TRAINING = training_tasks.TrainingTask(
-    make_batch=parity_batch, loss=parity_loss, evaluation=EVALUATION, reference_dataset=DATASET
-)
-
-
 # ---------------------------------------------------------------------- fixtures
 def examples(tokenizer: Tokenizer, count: int, offset: int = 0) -> list[dict[str, object]]:
     texts = [f"{WORDS[(i + offset) % len(WORDS)]} is word {i}" for i in range(count)]
     return [{"text": text, "label": parity_label(text, tokenizer)} for text in texts]
-
-
-@contextmanager
-def task_registered(
-    spec: TaskSpec,
-    training: training_tasks.TrainingTask,
-    face: faces.TaskFace[Any, Any],
-    dataset: str,
-    folder: str,
-) -> Iterator[None]:
-    """A task in every registry a task needs (docs/architecture.md), its dataset's splits under
-    ``folder``, removed again afterwards."""
-    core_tasks.register(spec)
-    training_tasks.register_training_task(spec.name, training)
-    data.REGISTRY[dataset] = {
-        split: data.SplitSource(f"{folder}/{split}.jsonl.gz", (dataset,), split)
-        for split in ("validation", "test")
-    }
-    faces.register_face(face)
-    try:
-        yield
-    finally:
-        faces.FACES.pop(spec.name, None)
-        core_tasks.TASKS.pop(spec.name, None)
-        training_tasks.TRAINING_TASKS.pop(spec.name, None)
-        data.REGISTRY.pop(dataset, None)
 
 
 def short_run(recipe: Any, data_root: Path) -> Any:
@@ -197,13 +69,13 @@ def short_run(recipe: Any, data_root: Path) -> Any:
 
 
 def toy_registered() -> AbstractContextManager[None]:
-    """The toy task in every registry a task needs, removed again afterwards."""
-    return task_registered(SPEC, TRAINING, FACE, DATASET, "toy")
+    """The toy task's package on the list of tasks: in every registry a task needs, then in none."""
+    return listed(PARITY)
 
 
 @pytest.fixture
 def toy_task(tmp_path: Path) -> Iterator[Path]:
-    """The toy task registered, and where its dataset goes on disk."""
+    """The toy task listed, and where its dataset goes on disk."""
     with toy_registered():
         yield tmp_path / "data"
 
@@ -214,7 +86,7 @@ def test_a_task_added_in_a_test_trains_exports_evaluates_and_is_served(
     model, hf_tokenizer = tiny_model(TASK, seed=3, labels=LABELS)
     tokenizer = hf_tokenizer.backend_tokenizer
     for split, offset in (("validation", 0), ("test", 3)):
-        write_rows(toy_task / "toy" / f"{split}.jsonl.gz", examples(tokenizer, 12, offset))
+        write_rows(toy_task / FOLDER / f"{split}.jsonl.gz", examples(tokenizer, 12, offset))
     recipe = short_run(tiny_recipe(TASK, labels=LABELS), toy_task)
     assert recipe.dataset.name == DATASET and recipe.labels == LABELS
 
@@ -341,7 +213,7 @@ def test_a_task_added_in_a_test_trains_exports_evaluates_and_is_served(
 # ---------------------------------------------------------------------- what adding a task takes
 ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 LIST_BEGIN, LIST_END = "<!-- adding-a-task: begin -->", "<!-- adding-a-task: end -->"
-PACKAGES = ("retention_core", "training", "service", "benchmarks")
+PACKAGES = ("retention_core", "retention_tasks", "training", "service", "benchmarks", "clients")
 
 
 def listed_pieces() -> tuple[list[str], list[str]]:
@@ -356,20 +228,22 @@ def resolve(dotted: str) -> Any:
     return getattr(importlib.import_module(module), attribute)
 
 
-def module_dicts() -> dict[int, tuple[str, dict[Any, Any], set[Any]]]:
-    """Every module-level dict of the project's loaded modules (by identity): a name, it, its keys now."""
-    found: dict[int, tuple[str, dict[Any, Any], set[Any]]] = {}
+def module_dicts() -> dict[int, tuple[str, Any, set[Any]]]:
+    """Every module-level dict and task registry of the project's loaded modules (by identity): a name,
+    it, its keys now (a registry's for the list of tasks now)."""
+    found: dict[int, tuple[str, Any, set[Any]]] = {}
     for name, module in list(sys.modules.items()):
         if name.split(".")[0] in PACKAGES and module is not None:
             for attribute, value in vars(module).items():
-                if type(value) is dict:
+                if type(value) is dict or isinstance(value, TaskRegistry):
                     found.setdefault(id(value), (f"{name}.{attribute}", value, set(value)))
     return found
 
 
 def test_adding_a_task_takes_what_the_architecture_page_lists() -> None:
-    """The toy task registers exactly the pieces docs/architecture.md lists: each listed registry gains
-    the toy's entry, no other registry of the project changes, and all is gone again afterwards."""
+    """The toy package on the list of tasks fills exactly the registries docs/architecture.md lists: each
+    gains the toy's entry, no other registry of the project changes, and all is gone again once the
+    package is off the list."""
     registries, functions = listed_pieces()
     assert registries and functions, "docs/architecture.md lists no registry or registration function"
     assert all(callable(resolve(function)) for function in functions)

@@ -1,4 +1,5 @@
 """Datasets: gzip JSON Lines from a local data root (default ``../shared/data``), else Hugging Face.
+Each task package names its own in its ``training.py`` (``DATASETS``), collected in ``REGISTRY``.
 
 Every split is a list of ``Example`` (a plain dict in the source's layout). Splits that the source
 lacks are carved deterministically by hashing a stable field (documented per dataset) so every run and
@@ -15,7 +16,9 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
+from retention_core.tasks import TaskRegistry
 from retention_core.text import normalize_whitespace
 from training.recipes import DatasetSpec
 
@@ -40,11 +43,11 @@ def _bucket(row: Example, key: str) -> int:
     return sha1_bucket(str(row[key]), HOLDOUT_BUCKETS)
 
 
-def _holdout(key: str) -> Callable[[Example], bool]:
+def holdout(key: str) -> Callable[[Example], bool]:
     return lambda row: _bucket(row, key) == 0
 
 
-def _not_holdout(key: str) -> Callable[[Example], bool]:
+def not_holdout(key: str) -> Callable[[Example], bool]:
     return lambda row: _bucket(row, key) != 0
 
 
@@ -77,61 +80,24 @@ def unique_texts(field: str) -> Callable[[list[Example]], list[Example]]:
     return reshape
 
 
-REGISTRY: dict[str, dict[str, SplitSource]] = {
-    # SST-2: GLUE validation (872) is the reported split; GLUE test has no labels.
-    "sst2": {
-        "train": SplitSource("sst2/train.jsonl.gz", ("glue", "sst2"), "train"),
-        "validation": SplitSource("sst2/validation.jsonl.gz", ("glue", "sst2"), "validation"),
-        "test": SplitSource("sst2/validation.jsonl.gz", ("glue", "sst2"), "validation"),
-    },
-    # IMDb: official 25k/25k; validation = 5% of train by sha1(text), removed from train.
-    "imdb": {
-        "train": SplitSource("imdb/train.jsonl.gz", ("imdb",), "train", _not_holdout("text")),
-        "validation": SplitSource("imdb/train.jsonl.gz", ("imdb",), "train", _holdout("text")),
-        "test": SplitSource("imdb/test.jsonl.gz", ("imdb",), "test"),
-    },
-    # SQuAD v1.1: 11,877-question train subset; validation = 5% of its questions by sha1(title) so
-    # articles do not leak; test = the full official dev set.
-    "squad": {
-        "train": SplitSource("squad/train_subset.jsonl.gz", ("squad",), "train", _not_holdout("title")),
-        "validation": SplitSource("squad/train_subset.jsonl.gz", ("squad",), "train", _holdout("title")),
-        "test": SplitSource("squad/validation.jsonl.gz", ("squad",), "validation"),
-    },
-    # SQuAD contexts as unlabeled texts (embedding retrofit): the distinct paragraphs of the SQuAD splits
-    # above (train / validation carved by sha1(title) as for "squad"; test = the official dev set's).
-    "squad_contexts": {
-        "train": SplitSource(
-            "squad/train_subset.jsonl.gz", ("squad",), "train", _not_holdout("title"), unique_texts("context")
-        ),
-        "validation": SplitSource(
-            "squad/train_subset.jsonl.gz", ("squad",), "train", _holdout("title"), unique_texts("context")
-        ),
-        "test": SplitSource(
-            "squad/validation.jsonl.gz", ("squad",), "validation", None, unique_texts("context")
-        ),
-    },
-    "scitldr_a": {
-        "train": SplitSource(
-            "summarization/scitldr_a/train.jsonl.gz", ("allenai/scitldr", "Abstract"), "train"
-        ),
-        "validation": SplitSource(
-            "summarization/scitldr_a/validation.jsonl.gz", ("allenai/scitldr", "Abstract"), "validation"
-        ),
-        "test": SplitSource("summarization/scitldr_a/test.jsonl.gz", ("allenai/scitldr", "Abstract"), "test"),
-    },
-    # BBC News Summary (no official split, local file only): duplicate documents removed (first row of
-    # each whitespace-normalised document kept), then sha1(id) % 20: 0 → validation, 1-2 → test, rest
-    # → train (``bbc_keep``).
-    "bbc_news": {
-        split: SplitSource(
-            "summarization/bbc_news_summary/all.jsonl.gz",
-            ("bbc_news_summary",),
-            "train",
-            lambda row, split=split: bbc_keep(row, split),  # type: ignore[misc]
-        )
-        for split in ("train", "validation", "test")
-    },
-}
+Sources = dict[str, SplitSource]  # split ("train", "validation", "test") → where its rows come from
+
+
+def local_splits(folder: str, dataset: str, splits: tuple[str, ...] = ("validation", "test")) -> Sources:
+    """A dataset of local files only, one per split: ``folder/<split>.jsonl.gz`` under the data root (a
+    test task's rows, written by the test)."""
+    return {split: SplitSource(f"{folder}/{split}.jsonl.gz", (dataset,), split) for split in splits}
+
+
+def dataset_entries(module: ModuleType) -> list[tuple[str, Sources]]:
+    """A task package's ``training.py``: its ``DATASETS`` (dataset name → its splits), none if it names
+    none (its recipes read a local text file)."""
+    datasets: dict[str, Sources] = getattr(module, "DATASETS", {})
+    return list(datasets.items())
+
+
+# dataset name → its splits, from every task package on the list (retention_core.tasks.task_packages)
+REGISTRY: TaskRegistry[Sources] = TaskRegistry("training", dataset_entries)
 
 
 DATA_ROOT_VARIABLE = "RETENTION_DATA_ROOT"
@@ -179,7 +145,7 @@ def text_file_split(path: Path, field: str, split: str) -> list[Example]:
     if not path.is_file():
         raise FileNotFoundError(f"text file {path} does not exist")
     rows = unique_texts("text")([{"text": text} for text in read_texts(path, field)])
-    keep = _not_holdout("text") if split == "train" else _holdout("text")
+    keep = not_holdout("text") if split == "train" else holdout("text")
     return [row for row in rows if keep(row)]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from training import retention as R
+from training import selection as S
 from training.export import OPSET, example_inputs
 from training.model import RetentionModel
 
@@ -27,7 +27,7 @@ class DenseClassificationGraph(nn.Module):
         hidden = backbone.embed(input_ids)  # (B, T, d)
         valid = attention_mask.bool()  # (B, T)
         positions = torch.arange(valid.shape[1], device=valid.device).unsqueeze(0).expand_as(valid)  # (B, T)
-        key_bias = backbone.layer_bias(R.attention_bias(valid, hidden.dtype), positions)  # (B, 1|H, 1|T, T)
+        key_bias = backbone.layer_bias(S.attention_bias(valid, hidden.dtype), positions)  # (B, 1|H, 1|T, T)
         for layer in backbone.views:
             hidden = layer(hidden, key_bias)
         return self.model.head(hidden[:, 0])

@@ -27,9 +27,10 @@ import torch
 from retention_core.codecs.base import Encoded, Row, TaskCodec, pad_rows
 from retention_core.contract import Manifest
 from retention_core.onnx import open_session
+from retention_core.schedule import keep_exponents
 from retention_core.tasks import CodecOptions, TaskSpec, task_spec
 from retention_core.text import backend_tokenizer
-from training import retention as R
+from training import selection as S
 from training.data import EVAL_SEED, Example
 from training.model import (
     RetentionModel,
@@ -235,7 +236,7 @@ def predict_rows(
             selector=selector,
         )
         num_real = feeds["attention_mask"].sum(1)  # (B,)
-        work = R.encoder_token_work(out.kept_counts, num_real, model.last_layer_queries)  # (B,)
+        work = S.encoder_token_work(out.kept_counts, num_real, model.last_layer_queries)  # (B,)
         kept = out.kept_counts[:, -1].to(torch.float32) / num_real.to(torch.float32)  # (B,)
         return out.logits, kept, work
 
@@ -244,8 +245,11 @@ def predict_rows(
 
 def exit_layers(model: RetentionModel, rho: float) -> int:
     """The layer count whose token-work (k / L) is nearest the learned schedule's at ``rho`` (its mean
-    keep fraction over the pruning points, floors aside), at least one layer."""
-    fractions = R.keep_fractions(torch.tensor([float(rho)]), model.num_points, model.config.schedule_power)
+    keep fraction over the pruning points, the pruning interval's groups included, floors aside), at
+    least one layer."""
+    config = model.config
+    exponents = keep_exponents(model.num_points, config.schedule_power, config.pruning_interval)  # (P,)
+    fractions = np.float32(rho) ** exponents  # (P,) float32, the graph's arithmetic
     return max(1, round(float(fractions.mean()) * model.num_points))
 
 

@@ -36,10 +36,10 @@ from retention_core.tasks import TaskSpec
 from retention_torch.forward import Head
 from retention_torch.runner import Runner
 from retention_torch.weights import from_state
-from training import retention as R
+from training import selection as R
 from training.encoders import POSITIONS_AFTER_PADDING, SOURCE_MODEL_IDS
 from training.fit import manifest_schedule
-from training.model import RetentionModel
+from training.model import BranchPaths, RetentionModel
 from training.recipes import Recipe
 
 OPSET = 17
@@ -70,7 +70,13 @@ class RetentionGraph(nn.Module):
     scattered back before the head.
     """
 
-    def __init__(self, model: RetentionModel, input_names: Sequence[str], unpruned: bool = False) -> None:
+    def __init__(
+        self,
+        model: RetentionModel,
+        input_names: Sequence[str],
+        unpruned: bool = False,
+        paths: BranchPaths = "by_batch",
+    ) -> None:
         super().__init__()
         unknown = set(input_names) - set(PRUNED_POSITIONAL) - set(PRUNED_KEYWORDS)
         if unknown:
@@ -80,6 +86,7 @@ class RetentionGraph(nn.Module):
         self.model = model
         self.input_names = tuple(input_names)
         self.unpruned = unpruned  # the all-ρ ≥ 1 branch: forward_unpruned (ρ and protected unused)
+        self.paths = paths  # a two-path model's choice of path(s) (``RetentionModel.forward_pruned``)
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         named = dict(zip(self.input_names, inputs, strict=True))
@@ -93,14 +100,18 @@ class RetentionGraph(nn.Module):
             for name, (keyword, convert) in PRUNED_KEYWORDS.items()
             if name in named
         }
-        out = self.model.forward_pruned(*(named[name] for name in PRUNED_POSITIONAL), **keywords)
+        out = self.model.forward_pruned(
+            *(named[name] for name in PRUNED_POSITIONAL), **keywords, paths=self.paths
+        )
         return out.logits, out.kept_counts, out.survival_depth
 
 
-def graph_for(model: RetentionModel, unpruned: bool = False) -> RetentionGraph:
+def graph_for(
+    model: RetentionModel, unpruned: bool = False, paths: BranchPaths = "by_batch"
+) -> RetentionGraph:
     """The graph of the model's task (``model.spec``, the registry entry it was built from)."""
     # eval() on the wrapper: the exporter restores the wrapper's mode on every child afterwards.
-    return RetentionGraph(model, [spec.name for spec in model.spec.inputs], unpruned).eval()
+    return RetentionGraph(model, [spec.name for spec in model.spec.inputs], unpruned, paths).eval()
 
 
 def dynamic_axes(task: TaskSpec) -> dict[str, dict[int, str]]:
@@ -111,14 +122,24 @@ def dynamic_axes(task: TaskSpec) -> dict[str, dict[int, str]]:
 
 def export_onnx(model: RetentionModel, path: Path, vocab_size: int) -> None:
     """The served graph: ``If`` every row asks ρ ≥ 1, the unpruned branch (the dense model's operators
-    and nothing else), else the pruned pass; both traced with the TorchScript exporter (it keeps the
-    data-dependent TopK k as a tensor) and joined by ``with_unpruned_branch``."""
+    and nothing else), else the pruned pass; each traced with the TorchScript exporter (it keeps the
+    data-dependent TopK k as a tensor) and joined by ``with_unpruned_branch``.
+
+    A model whose pruned branch has weights of its own (``pruned_backbone``) gets one more choice below
+    the first: ``If`` some row asks ρ ≥ 1 (a mixed batch), both paths over every row, each row taking
+    its own (``with_both_paths_branch``), else the copy's pruned pass alone. So ρ = 1 runs the original's
+    weights and operators only, and a batch at ρ < 1 pays for the copy's pruned pass only."""
     model = model.eval()
     with tempfile.TemporaryDirectory(prefix="export-") as tmp:
         pruned, unpruned = Path(tmp) / "pruned.onnx", Path(tmp) / "unpruned.onnx"
-        trace_onnx(graph_for(model), pruned, vocab_size)
+        trace_onnx(graph_for(model, paths="pruned"), pruned, vocab_size)
         trace_onnx(graph_for(model, unpruned=True), unpruned, vocab_size)
-        joined = with_unpruned_branch(onnx.load(str(pruned)), onnx.load(str(unpruned)))
+        below = onnx.load(str(pruned))
+        if model.pruned_backbone is not None:
+            both = Path(tmp) / "both.onnx"
+            trace_onnx(graph_for(model, paths="both"), both, vocab_size)
+            below = with_both_paths_branch(below, onnx.load(str(both)))
+        joined = with_unpruned_branch(below, onnx.load(str(unpruned)))
     onnx.save(joined, str(path))
 
 
@@ -142,47 +163,90 @@ UNPRUNED_SCOPE = "unpruned/"  # names inside the unpruned branch (values, nodes,
 PRUNED_SCOPE = "pruned/"  # the pruned branch's outputs (its inner names are the traced ones)
 
 
+@dataclass(frozen=True)
+class Choice:
+    """One ``If`` the export puts over two traced graphs: ``reduce``(rho) ≥ 1 picks ``then``; the names
+    of its values and nodes (unique in the whole model: a second choice nests in the first's branch)."""
+
+    reduce: str  # ReduceMin: every row asks ρ ≥ 1; ReduceMax: some row does
+    reduced: str
+    one: str
+    condition: str
+    node: str
+    then_scope: str  # the then branch's values, nodes, outputs and its own weights
+    else_outputs: str  # the else branch's outputs (its inner names are the traced ones)
+
+
+EVERY_ROW_DENSE = Choice(
+    "ReduceMin",
+    "rho_min",
+    "rho_one",
+    "every_rho_is_1",
+    "unpruned_if_every_rho_is_1",
+    UNPRUNED_SCOPE,
+    PRUNED_SCOPE,
+)
+SOME_ROW_DENSE = Choice(  # below EVERY_ROW_DENSE, in a model whose pruned branch has weights of its own
+    "ReduceMax", "rho_max", "rho_one_of_max", "some_rho_is_1", "both_paths_if_some_rho_is_1", "both/", "copy/"
+)
+CHOICES = {choice.node: choice for choice in (EVERY_ROW_DENSE, SOME_ROW_DENSE)}
+
+
 def with_unpruned_branch(pruned: Any, unpruned: Any) -> Any:
     """One model: ``If(ReduceMin(rho) ≥ 1, then=unpruned graph, else=pruned graph)``, the two traced
     graphs as its branches. Weights live once, in the outer graph: the unpruned branch reads the pruned
     graph's initializer of identical bytes where there is one (every weight of the dense model), its own
     otherwise. The outer graph keeps the pruned graph's inputs and outputs, names and types."""
+    return joined(EVERY_ROW_DENSE, unpruned, pruned)
+
+
+def with_both_paths_branch(pruned: Any, both: Any) -> Any:
+    """A two-path model's ρ < 1 side: ``If(ReduceMax(rho) ≥ 1, then=both paths, else=the copy's pruned
+    pass)``; weights once, as in ``with_unpruned_branch`` (the copy's are the outer graph's)."""
+    return joined(SOME_ROW_DENSE, both, pruned)
+
+
+def joined(choice: Choice, then: Any, otherwise: Any) -> Any:
+    """``If(choice.reduce(rho) ≥ 1, then, otherwise)`` as one model with ``otherwise``'s inputs, outputs
+    and initializers, plus ``then``'s initializers no ``otherwise`` initializer has the bytes of."""
     from onnx import helper
 
-    outer = pruned.graph
+    outer = otherwise.graph
     inputs = {graph_input.name for graph_input in outer.input}
     shared = {_initializer_key(init): init.name for init in outer.initializer}
     renames: dict[str, str] = {init.name: init.name for init in outer.initializer}
-    unpruned_renames: dict[str, str] = {}
+    then_renames: dict[str, str] = {}
     lifted = []
-    for init in unpruned.graph.initializer:
+    for init in then.graph.initializer:
         target = shared.get(_initializer_key(init))
         if target is None:
-            target = UNPRUNED_SCOPE + init.name
+            target = choice.then_scope + init.name
             copy = onnx.TensorProto()
             copy.CopyFrom(init)
             copy.name = target
             lifted.append(copy)
-        unpruned_renames[init.name] = target
+        then_renames[init.name] = target
     one = helper.make_tensor("one", onnx.TensorProto.FLOAT, [], [1.0])
     nodes = [
-        helper.make_node("ReduceMin", ["rho"], ["rho_min"], name="rho_min", keepdims=0),
-        helper.make_node("Constant", [], ["rho_one"], name="rho_one", value=one),
-        helper.make_node("GreaterOrEqual", ["rho_min", "rho_one"], ["every_rho_is_1"], name="every_rho_is_1"),
+        helper.make_node(choice.reduce, ["rho"], [choice.reduced], name=choice.reduced, keepdims=0),
+        helper.make_node("Constant", [], [choice.one], name=choice.one, value=one),
+        helper.make_node(
+            "GreaterOrEqual", [choice.reduced, choice.one], [choice.condition], name=choice.condition
+        ),
         helper.make_node(
             "If",
-            ["every_rho_is_1"],
+            [choice.condition],
             [output.name for output in outer.output],
-            name="unpruned_if_every_rho_is_1",
-            then_branch=_branch(unpruned.graph, inputs, unpruned_renames, UNPRUNED_SCOPE, UNPRUNED_SCOPE),
-            else_branch=_branch(outer, inputs, renames, "", PRUNED_SCOPE),
+            name=choice.node,
+            then_branch=_branch(then.graph, inputs, then_renames, choice.then_scope, choice.then_scope),
+            else_branch=_branch(outer, inputs, renames, "", choice.else_outputs),
         ),
     ]
     graph = helper.make_graph(
         nodes, outer.name, list(outer.input), list(outer.output), [*outer.initializer, *lifted]
     )
-    model = helper.make_model(graph, opset_imports=list(pruned.opset_import))
-    model.ir_version = pruned.ir_version
+    model = helper.make_model(graph, opset_imports=list(otherwise.opset_import))
+    model.ir_version = otherwise.ir_version
     return model
 
 
@@ -424,15 +488,20 @@ def quantize_int8(source: Path, target: Path) -> list[str]:
     cannot type inside If branches) and joined again. Returns the weight MatMuls kept fp32 for their
     outlying inputs (``outlying_matmuls``), in graph order: what makes this int8 differ from one that
     quantizes every weight."""
-    model = onnx.load(str(source))
+    int8, kept = quantized_branches(onnx.load(str(source)))
+    onnx.save(int8, str(target))
+    return kept
+
+
+def quantized_branches(model: Any) -> tuple[Any, list[str]]:
+    """``quantized_and_kept`` of each graph our ``If`` choices joined (a two-path model's nest too),
+    joined again the same way."""
     parts = unjoined(model)
     if parts is None:
-        int8, kept = quantized_and_kept(model)
-        onnx.save(int8, str(target))
-        return kept
-    (pruned, pruned_kept), (unpruned, unpruned_kept) = map(quantized_and_kept, parts)
-    onnx.save(with_unpruned_branch(pruned, unpruned), str(target))
-    return [*pruned_kept, *unpruned_kept]
+        return quantized_and_kept(model)
+    choice = CHOICES[next(node.name for node in model.graph.node if node.op_type == "If")]
+    (otherwise, otherwise_kept), (then, then_kept) = map(quantized_branches, parts)
+    return joined(choice, then, otherwise), [*otherwise_kept, *then_kept]
 
 
 def quantized(model: Any) -> Any:
@@ -564,13 +633,14 @@ def vocabulary_size(model: Any) -> int:
 
 
 def unjoined(model: Any) -> tuple[Any, Any] | None:
-    """The two standalone graphs ``with_unpruned_branch`` joined (pruned, unpruned), each with the outer
-    inputs, the outer outputs' names and the weights its nodes read; None for a graph without the If."""
+    """The two standalone graphs ``joined`` joined (else, then: pruned and unpruned for
+    ``with_unpruned_branch``), each with the outer inputs, the outer outputs' names and the weights its
+    nodes (and their branches) read; None for a graph without one of our ``If`` choices."""
     from onnx import helper
 
     outer = model.graph
     choices = [node for node in outer.node if node.op_type == "If"]
-    if len(choices) != 1:
+    if len(choices) != 1 or choices[0].name not in CHOICES:
         return None
     branches = {attribute.name: attribute.g for attribute in choices[0].attribute}
     weights = {init.name: init for init in outer.initializer}
@@ -585,7 +655,7 @@ def unjoined(model: Any) -> tuple[Any, Any] | None:
             copy.input[:] = [names.get(value, value) for value in node.input]
             copy.output[:] = [names.get(value, value) for value in node.output]
             nodes.append(copy)
-        read = {value for node in nodes for value in node.input}
+        read = {value for node in nodes for inner in all_nodes_of(node) for value in inner.input}
         graph = helper.make_graph(
             nodes,
             branch.name,
@@ -602,10 +672,15 @@ def unjoined(model: Any) -> tuple[Any, Any] | None:
 def all_nodes(graph: Any) -> Iterator[Any]:
     """Every node of ``graph`` and of the graphs its nodes hold (If branches), depth first."""
     for node in graph.node:
-        yield node
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from all_nodes(attribute.g)
+        yield from all_nodes_of(node)
+
+
+def all_nodes_of(node: Any) -> Iterator[Any]:
+    """``node`` and every node of the graphs it holds (an If's branches), depth first."""
+    yield node
+    for attribute in node.attribute:
+        if attribute.type == onnx.AttributeProto.GRAPH:
+            yield from all_nodes(attribute.g)
 
 
 def split_biased_attention(model: Any) -> Any:
@@ -759,13 +834,6 @@ def export_model(
         raise ValueError(
             f"recipe {recipe.name!r} is for task {recipe.task!r}, the model for {model.spec.name!r}"
         )
-    if model.pruned_backbone is not None:
-        # The graph's ρ < 1 branch would need the copy's weights and the ρ = 1 branch the original's,
-        # with mixed batches split between them: not built yet. Refuse rather than trace one of them.
-        raise ExportValidationError(
-            "this model's pruned branch has weights of its own (--pruned-branch copy): the two-path export "
-            "is not built yet; evaluate it with the torch pass (benchmarks.retrieval --graph torch)"
-        )
     model = model.eval()
     vocab_size = model.backbone.info_vocab_size
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -773,14 +841,22 @@ def export_model(
     try:
         export_onnx(model, staging / C.MODEL_FILE, vocab_size)
         validate_onnx(model, staging / C.MODEL_FILE, vocab_size)
-        torch_weights = export_torch_weights(model, staging, vocab_size)
+        # The torch backend's forward runs one set of encoder weights: a two-path model is served by
+        # onnxruntime only (no weights.safetensors; the torch backend refuses a directory without it).
+        two_paths = model.pruned_backbone is not None
+        torch_weights = None if two_paths else export_torch_weights(model, staging, vocab_size)
         variants = {"fp32": C.Variant(file=C.MODEL_FILE, precision="fp32")}
         if int8:
             quantize_int8(staging / C.MODEL_FILE, staging / C.INT8_MODEL_FILE)
             variants["int8"] = C.Variant(file=C.INT8_MODEL_FILE, precision="int8")
         save_serving_tokenizer(tokenizer, staging / C.TOKENIZER_FILE)
         manifest = build_manifest(model, recipe, name or recipe.name, variants, quality)
-        manifest = manifest.model_copy(update={"torch_weights": torch_weights})
+        manifest = manifest.model_copy(
+            update={
+                "torch_weights": torch_weights,
+                "pruned_branch": pruned_branch_info(model, staging, variants) if two_paths else None,
+            }
+        )
         if measure is not None:
             manifest = with_default_rho(measure(staging, manifest))  # the measured curve decides it
         manifest.write(staging)
@@ -791,6 +867,62 @@ def export_model(
         if staging.exists():  # failed before the swap, or holds the replaced model after it
             shutil.rmtree(staging)
     return manifest
+
+
+def pruned_branch_info(
+    model: RetentionModel, staging: Path, variants: dict[str, C.Variant]
+) -> C.PrunedBranch:
+    """What a two-path model costs beyond its original: the copy's parameters, and per variant the bytes
+    of the weights only the copy's pass reads (``copy_only_bytes``)."""
+    assert model.pruned_backbone is not None
+    return C.PrunedBranch(
+        parameters=sum(param.numel() for param in model.pruned_backbone.parameters()),
+        bytes={
+            name: copy_only_bytes(onnx.load(str(staging / variant.file)))
+            for name, variant in variants.items()
+        },
+    )
+
+
+def branch_reads(model: Any) -> tuple[set[str], set[str]] | None:
+    """(the initializers the copy's pruned pass reads, the scorers' excepted; those the ρ = 1 branch
+    reads) of a two-path graph, fp32 or int8; None for a one-path graph. Traced node names do not tell
+    the copy's operators from the original's (both are ``/layers.N/…``): the branches do."""
+    outer = {node.name: node for node in model.graph.node}.get(EVERY_ROW_DENSE.node)
+    if outer is None:
+        return None
+    unpruned, below = (branch_of(outer, key) for key in ("then_branch", "else_branch"))
+    inner = {node.name: node for node in below.node}.get(SOME_ROW_DENSE.node)
+    if inner is None:
+        return None
+    copy_pass = branch_of(inner, "else_branch")
+    copy_reads = {
+        value
+        for node in all_nodes(copy_pass)
+        if not node.name.startswith(FP32_NODE_SCOPES)
+        for value in node.input
+    }
+    return copy_reads, {value for node in all_nodes(unpruned) for value in node.input}
+
+
+def branch_of(node: Any, key: str) -> Any:
+    return next(attribute.g for attribute in node.attribute if attribute.name == key)
+
+
+def copy_only_bytes(model: Any) -> int:
+    """Bytes of the initializers the copy's pruned pass reads and the ρ = 1 branch does not: the copy's
+    weights (an initializer it shares by content with the original, a table training left as it was, is
+    stored once and not counted); 0 for a one-path graph."""
+    from onnx import numpy_helper
+
+    reads = branch_reads(model)
+    if reads is None:
+        return 0
+    copy_reads, original_reads = reads
+    weights = {init.name: init for init in model.graph.initializer}
+    return sum(
+        numpy_helper.to_array(weights[name]).nbytes for name in copy_reads - original_reads if name in weights
+    )
 
 
 def with_default_rho(manifest: C.Manifest) -> C.Manifest:

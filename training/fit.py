@@ -20,7 +20,7 @@ from tqdm import tqdm
 from retention_core import contract as C
 from retention_core.contract import Pooling
 from retention_core.tasks import task_spec
-from training import retention as R
+from training import terms as T
 from training.batch import Batch
 from training.data import Example, load_split, shuffled
 from training.encoders import EncoderBackbone, backbone_from_config, load_backbone, load_tokenizer
@@ -79,7 +79,7 @@ def retention_config(recipe: Recipe) -> RetentionConfig:
         scorer_size=spec.scorer_size,
         ema_decay=spec.ema_decay,
         pooling=head_pooling(recipe),
-        hard_concrete=R.HardConcrete(spec.gate_temperature, spec.gate_left, spec.gate_right),
+        hard_concrete=T.HardConcrete(spec.gate_temperature, spec.gate_left, spec.gate_right),
         **{name: getattr(spec, name) for name in SCHEDULE_FIELDS},
     )
 

@@ -3,7 +3,7 @@
 The gate kind (Hard-Concrete, the method; sigmoid, an ablation) and the per-row score shift that lets
 the budget set the counts. ``RetentionModel.forward_soft`` asks it at every pruning point and the
 objective (``training.objective``) builds it from the recipe, so it sits below both: the math it
-calls lives in ``training.retention``.
+calls lives in ``training.terms``.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from typing import Literal
 
 import torch
 
-from training import retention as R
+from training import terms as T
 from training.recipes import Recipe, ScoreShift
 
 GateKind = Literal["hard_concrete", "sigmoid"]
 # scores (B, T), candidate weights (B, T), rate (B,) → per-row shift (B, 1)
 ShiftFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-SHIFT_FUNCTIONS: dict[str, ShiftFunction] = {"quantile": R.quantile_shift, "calibrated": R.calibrated_shift}
+SHIFT_FUNCTIONS: dict[str, ShiftFunction] = {"quantile": T.quantile_shift, "calibrated": T.calibrated_shift}
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,8 @@ class SoftGates:
         other shifts keep the recorded runs' accounting (a share of the droppable tokens equal to the
         schedule)."""
         if self.score_shift == "calibrated":
-            fractions = R.candidate_keep_fractions(fractions, num_real, protected.sum(1))
-        return R.conditional_keep_rates(fractions)
+            fractions = T.candidate_keep_fractions(fractions, num_real, protected.sum(1))
+        return T.conditional_keep_rates(fractions)
 
     def shift(
         self, scores: torch.Tensor, alive: torch.Tensor, protected: torch.Tensor, rate: torch.Tensor
@@ -58,7 +58,7 @@ class SoftGates:
 
     def gate(
         self,
-        distribution: R.HardConcrete,
+        distribution: T.HardConcrete,
         log_alpha: torch.Tensor,
         open_prob: torch.Tensor,
         generator: torch.Generator | None,

@@ -24,19 +24,26 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import nn
 
 from retention_core.contract import Pooling
+from retention_core.schedule import SCHEDULE_DEFAULTS
 from retention_core.tasks import task_spec
-from training import retention as R
+from training import selection as S
+from training import terms as T
 from training.encoders import EncoderBackbone, LayerView
 from training.gates import SoftGates
 
 # Selector: (point index, next layer, hidden (B,T,d), valid (B,T), the layer's attention bias on those
 # slots (B,1,1,T) or (B,H,T,T)) → scores (B, T).
 Selector = Callable[[int, LayerView, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# Which path(s) ``forward_pruned`` runs on a model whose pruned branch has weights of its own: "by_batch"
+# decides from the batch (every row ρ ≥ 1: the original; none: the copy; mixed: both), "pruned" runs
+# the copy's pruned pass on every row, "both" runs both on every row (each row takes its own).
+BranchPaths = Literal["by_batch", "pruned", "both"]
 OPEN_GATE_PROBABILITY = 0.5  # open-gate ablation: a gate counts as open when P(z > 0) exceeds this
 METHOD_GATES = SoftGates()  # Hard-Concrete gates without a score shift
 CLS_POSITION = 0  # [CLS]: protected (default_protected), so it is slot 0 of every layer's kept tokens
@@ -49,24 +56,17 @@ class RetentionConfig:
 
     scorer_size: int = 32
     ema_decay: float = 0.9
-    schedule_power: float = 1.0
-    # Kept-token floor: every pruning point keeps at least min(min_kept_tokens, n_real) tokens
-    # (retention.floor_tokens). 0 = none, what every model trained before the floor existed assumed.
-    min_kept_tokens: int = 0
-    # Merge what each pruning point drops into its most similar kept token (retention.merge_dropped):
-    # sizes carried, proportional attention, size-weighted pooling. False = drop (the paper's pass).
-    merge_dropped: bool = False
-    # Share of each point's kept count reserved for the earliest tokens (retention.leading_span): 1 =
-    # truncation inside the schedule, 0 = the scorers choose every kept token.
-    leading_share: float = 0.0
-    # Select at every k-th pruning point only (retention.is_pruning_point): the points between keep
-    # every token, so their scorers, selection and merge are skipped (and left out of the export).
-    # A selection setting like the leading share: the scorers train at every point.
-    pruning_interval: int = 1
+    # The schedule's settings (retention_core.schedule.ScheduleSettings: defaults, bounds and meaning
+    # declared there once; power is schedule_power here, as in the recipe).
+    schedule_power: float = SCHEDULE_DEFAULTS.power
+    min_kept_tokens: int = SCHEDULE_DEFAULTS.min_kept_tokens
+    merge_dropped: bool = SCHEDULE_DEFAULTS.merge_dropped
+    leading_share: float = SCHEDULE_DEFAULTS.leading_share
+    pruning_interval: int = SCHEDULE_DEFAULTS.pruning_interval
     # What a pooled head (embedding) pools: the retrofitted model's own sentence-transformers pooling
     # (training.fit.head_pooling). Ignored by the other heads.
     pooling: Pooling = "mean"
-    hard_concrete: R.HardConcrete = field(default_factory=R.HardConcrete)
+    hard_concrete: T.HardConcrete = field(default_factory=T.HardConcrete)
 
 
 @dataclass
@@ -114,7 +114,7 @@ class EvaluationProbe:
     """
 
     def __init__(
-        self, gates: R.HardConcrete, open_gate_prior: torch.Tensor | None, length: int | None
+        self, gates: T.HardConcrete, open_gate_prior: torch.Tensor | None, length: int | None
     ) -> None:
         self.gates = gates
         self.open_gate_prior = open_gate_prior
@@ -207,7 +207,7 @@ class RetentionModel(nn.Module):
         self.config = config or RetentionConfig()
         width = backbone.info.hidden_size
         self.scorers = nn.ModuleList(
-            R.RetentionScorer(width, self.config.scorer_size, self.config.ema_decay)
+            S.RetentionScorer(width, self.config.scorer_size, self.config.ema_decay)
             for _ in range(backbone.info.num_layers)
         )
         self.head: nn.Module
@@ -269,16 +269,19 @@ class RetentionModel(nn.Module):
 
     def keep_fractions(self, rho: torch.Tensor, num_real: torch.Tensor) -> torch.Tensor:
         """The schedule's share of real tokens alive entering each layer, floor included: (B,), (B,) →
-        (B, P)."""
-        fractions = R.keep_fractions(rho, self.num_points, self.config.schedule_power)  # (B, P)
-        return R.floored_fractions(fractions, num_real, self.config.min_kept_tokens)
+        (B, P), the pruning interval's groups included: what the soft pass and the open-gate ablation aim
+        at, the counts the graph keeps (the graph's torch arithmetic, ``retention_core.schedule.
+        keep_fractions`` in numpy; tests/test_schedule_agreement.py holds them together)."""
+        config = self.config
+        fractions = S.keep_fractions(rho, self.num_points, config.schedule_power, config.pruning_interval)
+        return T.floored_fractions(fractions, num_real, self.config.min_kept_tokens)
 
     def keep_counts(
         self, rho: torch.Tensor, num_real: torch.Tensor, num_protected: torch.Tensor
     ) -> torch.Tensor:
         """Tokens kept entering each layer under this model's schedule and floor: (B,) × 3 → (B, P).
         The one place the pruned pass and the equal-work baselines get their budgets from."""
-        return R.keep_counts(
+        return S.keep_counts(
             rho,
             num_real,
             num_protected,
@@ -333,8 +336,8 @@ class RetentionModel(nn.Module):
             expected.append(prob_product.sum(1))
             key_bias = torch.where(
                 valid[:, None, None, :],
-                R.soft_attention_bias(gate_product),
-                torch.full_like(gate_product[:, None, None, :], R.MASKED_ATTENTION_BIAS),
+                T.soft_attention_bias(gate_product),
+                torch.full_like(gate_product[:, None, None, :], S.MASKED_ATTENTION_BIAS),
             )  # (B, 1, 1, T)
             if relative is not None:
                 key_bias = key_bias + relative  # (B, H, T, T)
@@ -362,13 +365,17 @@ class RetentionModel(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         *,
         selector: Selector | None = None,
+        paths: BranchPaths = "by_batch",
     ) -> PrunedOutput:
         """Physically pruned pass (what export traces). input_ids/attention_mask (B, T), rho (B,) →
         logits, kept counts (B, P). ``selector`` replaces the learned scorers (random / attention
-        baselines)."""
+        baselines). ``paths`` matters only to a model whose pruned branch has weights of its own (the
+        export traces each choice of ``_branched_pass`` as a graph of its own)."""
         inputs = PrunedInputs(input_ids, attention_mask, rho, protected, token_type_ids)
-        if self.pruned_backbone is None:
+        if self.pruned_backbone is None or paths == "pruned":
             return self._pruned_pass(inputs, selector, None)
+        if paths == "both":
+            return self._both_paths(inputs, selector)
         return self._branched_pass(inputs, selector)
 
     def _branched_pass(self, inputs: PrunedInputs, selector: Selector | None) -> PrunedOutput:
@@ -378,9 +385,15 @@ class RetentionModel(nn.Module):
         dense = inputs.rho >= 1.0  # (B,)
         if bool(dense.all()):
             return self.forward_unpruned(inputs.input_ids, inputs.attention_mask, inputs.token_type_ids)
-        out = self._pruned_pass(inputs, selector, None)
         if not bool(dense.any()):
-            return out
+            return self._pruned_pass(inputs, selector, None)
+        return self._both_paths(inputs, selector)
+
+    def _both_paths(self, inputs: PrunedInputs, selector: Selector | None) -> PrunedOutput:
+        """Both paths over every row, each row keeping its own: the original's output where ρ ≥ 1, the
+        copy's pruned pass elsewhere (a mixed batch; the graph's branch for one, with no Python choice)."""
+        dense = inputs.rho >= 1.0  # (B,)
+        out = self._pruned_pass(inputs, selector, None)
         original = self.forward_unpruned(inputs.input_ids, inputs.attention_mask, inputs.token_type_ids)
         rows = dense.view(-1, *([1] * (out.logits.dim() - 1)))  # (B, 1) or (B, 1, 1)
         # kept counts and survival depth: a ρ ≥ 1 row keeps every token in both passes
@@ -406,7 +419,7 @@ class RetentionModel(nn.Module):
         prior = None
         if open_gates:
             fractions = self.keep_fractions(inputs.rho, inputs.attention_mask.sum(1))  # (B, P)
-            prior = distribution.log_alpha_for_rate(R.conditional_keep_rates(fractions))  # (B, P)
+            prior = distribution.log_alpha_for_rate(T.conditional_keep_rates(fractions))  # (B, P)
         length = inputs.input_ids.shape[1] if record_survivors else None
         probe = EvaluationProbe(distribution, prior, length)
         out = self._pruned_pass(inputs, selector, probe)
@@ -433,19 +446,19 @@ class RetentionModel(nn.Module):
         interval = self.config.pruning_interval
         key_bias = torch.empty(0)  # set at point 0, which always selects
         for point, layer in enumerate(encoder.views):
-            if R.is_pruning_point(point, interval):
+            if S.is_pruning_point(point, interval):
                 hidden, sizes, valid, protected, positions = self._select(
                     point, layer, hidden, sizes, valid, protected, positions, counts, selector, probe
                 )
                 key_bias = encoder.layer_bias(
-                    R.proportional_bias(valid, sizes, hidden.dtype)
+                    S.proportional_bias(valid, sizes, hidden.dtype)
                     if merge
-                    else R.attention_bias(valid, hidden.dtype),
+                    else S.attention_bias(valid, hidden.dtype),
                     positions,
                 )  # (B, 1, 1, K); (B, H, K, K) with the survivors' relative positions
             elif probe is not None:  # inside a group: the same survivors enter this layer
                 probe.after_selection(positions, valid)
-            depth = R.add_layer_survivors(depth, positions, valid)
+            depth = S.add_layer_survivors(depth, positions, valid)
             is_last = point == self.num_points - 1
             hidden = layer(hidden, key_bias, self.last_layer_queries if is_last else None)
             if restore:
@@ -477,20 +490,20 @@ class RetentionModel(nn.Module):
         if selector is None:
             raw = self.scorers[point](hidden, valid)  # (B, T)
         else:
-            entering = self.pruned_encoder.layer_bias(R.attention_bias(valid, hidden.dtype), positions)
+            entering = self.pruned_encoder.layer_bias(S.attention_bias(valid, hidden.dtype), positions)
             raw = selector(point, layer, hidden, valid, entering)  # (B, T)
         if probe is not None:
             probe.before_selection(point, raw, valid, protected, counts)
         chosen = protected
         if self.config.leading_share > 0.0:
-            chosen = protected | R.leading_span(positions, counts[:, point], self.config.leading_share)
-        index, valid = R.select_top_tokens(R.masked_scores(raw, valid, chosen), counts[:, point])
+            chosen = protected | S.leading_span(positions, counts[:, point], self.config.leading_share)
+        index, valid = S.select_top_tokens(S.masked_scores(raw, valid, chosen), counts[:, point])
         if self.config.merge_dropped:
-            hidden, sizes = R.merge_dropped(hidden, sizes, index, valid)  # (B, K, d), (B, K)
+            hidden, sizes = S.merge_dropped(hidden, sizes, index, valid)  # (B, K, d), (B, K)
         else:
-            hidden = R.gather_tokens(hidden, index)  # (B, K, d)
-        protected = R.gather_tokens(protected, index)  # (B, K)
-        positions = R.gather_tokens(positions, index)  # (B, K)
+            hidden = S.gather_tokens(hidden, index)  # (B, K, d)
+        protected = S.gather_tokens(protected, index)  # (B, K)
+        positions = S.gather_tokens(positions, index)  # (B, K)
         if probe is not None:
             probe.after_selection(positions, valid)
         return hidden, sizes, valid, protected, positions
@@ -508,7 +521,7 @@ class RetentionModel(nn.Module):
         valid = attention_mask.bool()  # (B, T)
         embedded = self.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
         # (B, 1, 1, T): every layer sees every token; (B, H, T, T) with a relative-position bias
-        bias = self.backbone.layer_bias(R.attention_bias(valid, embedded.dtype), _original_positions(valid))
+        bias = self.backbone.layer_bias(S.attention_bias(valid, embedded.dtype), _original_positions(valid))
         key_mask = None if self.backbone.has_position_bias else attention_mask  # a mask alone: the 2-D form
         hidden = embedded
         for point, layer in enumerate(self.backbone.views):
@@ -559,7 +572,7 @@ def random_selector(generator: torch.Generator) -> Selector:
     def select(
         point: int, layer: LayerView, hidden: torch.Tensor, valid: torch.Tensor, bias: torch.Tensor
     ) -> torch.Tensor:
-        return R.random_scores(valid, generator)
+        return S.random_scores(valid, generator)
 
     return select
 
@@ -585,7 +598,7 @@ def attention_selector() -> Selector:
         point: int, layer: LayerView, hidden: torch.Tensor, valid: torch.Tensor, bias: torch.Tensor
     ) -> torch.Tensor:
         probs = layer.attention_probs(hidden, bias)  # (B, H, T, T)
-        return R.attention_received(probs, valid)  # (B, T)
+        return S.attention_received(probs, valid)  # (B, T)
 
     return select
 
@@ -604,7 +617,7 @@ def layer_exit(
     valid = attention_mask.bool()  # (B, T)
     hidden = model.backbone.embed(input_ids, token_type_ids)  # (B, T, d)
     # every token kept: one bias for every layer
-    bias = model.backbone.layer_bias(R.attention_bias(valid, hidden.dtype), _original_positions(valid))
+    bias = model.backbone.layer_bias(S.attention_bias(valid, hidden.dtype), _original_positions(valid))
     for layer in model.backbone.views[:num_layers]:
         hidden = layer(hidden, bias)
     return model.head_output(hidden, valid)

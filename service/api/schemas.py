@@ -114,10 +114,6 @@ class TextsRequest(ExplainOptions):
         return [self.text] if self.text is not None else list(self.texts or [])
 
 
-class ClassifyRequest(TextsRequest):
-    pass
-
-
 class EmbedRequest(TextsRequest):
     normalize: bool | None = Field(
         default=None,
@@ -158,68 +154,6 @@ class OpenAIEmbeddingRequest(InferenceOptions):
 
     def texts(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else list(self.input)
-
-
-class QAItem(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    question: NonEmptyText
-    context: NonEmptyText
-
-
-class QARequest(ExplainOptions):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "oneOf": [
-                {"required": ["question", "context"], "not": {"required": ["items"]}},
-                {
-                    "required": ["items"],
-                    "not": {"anyOf": [{"required": ["question"]}, {"required": ["context"]}]},
-                },
-            ]
-        },
-    )
-    question: Omittable[NonEmptyText] = None
-    context: Omittable[NonEmptyText] = None
-    items: Omittable[Annotated[list[QAItem], Field(min_length=1)]] = Field(
-        default=None, description="several (question, context)"
-    )
-
-    @model_validator(mode="after")
-    def one_input(self) -> QARequest:
-        single = self.question is not None or self.context is not None
-        if single == (self.items is not None):
-            raise ValueError("send either 'question' and 'context', or 'items'")
-        if single and (self.question is None or self.context is None):
-            raise ValueError("'question' and 'context' go together")
-        return self
-
-    def pairs(self) -> list[QAItem]:
-        if self.items is not None:
-            return list(self.items)
-        return [QAItem(question=self.question or "", context=self.context or "")]
-
-
-class SummarizeRequest(ExplainOptions):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "oneOf": [{"required": ["text"]}, {"required": ["sentences"]}],
-            "not": {"required": ["max_sentences", "ratio"]},
-        },
-    )
-    text: Omittable[NonEmptyText] = None
-    sentences: Omittable[NonEmptyTexts] = None
-    max_sentences: Omittable[SentenceCount] = None
-    ratio: Omittable[Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]] = None
-
-    @model_validator(mode="after")
-    def one_input(self) -> SummarizeRequest:
-        if (self.text is None) == (self.sentences is None):
-            raise ValueError("send exactly one of 'text' or 'sentences'")
-        if self.max_sentences is not None and self.ratio is not None:
-            raise ValueError("send at most one of 'max_sentences' or 'ratio'")
-        return self
 
 
 class Usage(BaseModel):
@@ -289,20 +223,6 @@ EXPLANATIONS_FIELD = Field(
 )
 
 
-class ClassificationResult(BaseModel):
-    label: str
-    scores: dict[str, float]
-
-
-class ClassifyResponse(BaseModel):
-    model: str
-    label: str | None = Field(default=None, description="single 'text' requests only")
-    scores: dict[str, float] | None = Field(default=None, description="single 'text' requests only")
-    results: list[ClassificationResult]
-    usage: Usage
-    explanations: list[Explanation] | None = EXPLANATIONS_FIELD
-
-
 class EmbedResponse(BaseModel):
     model: str
     embedding: list[float] | None = Field(default=None, description="single 'text' requests only")
@@ -331,40 +251,6 @@ class OpenAIEmbeddingResponse(BaseModel):
     usage: OpenAIUsage
 
 
-class QAResult(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    answer: str
-    start: int = Field(description="character offset of the answer in the context")
-    end: int = Field(description="character offset just past the answer")
-    score: float
-
-
-class QAResponse(BaseModel):
-    model: str
-    answer: str | None = None
-    start: int | None = None
-    end: int | None = None
-    score: float | None = None
-    results: list[QAResult]
-    usage: Usage
-    explanations: list[Explanation] | None = EXPLANATIONS_FIELD
-
-
-class SelectedSentence(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    index: int = Field(description="position of the sentence in the document")
-    text: str
-    score: float
-
-
-class SummarizeResponse(BaseModel):
-    model: str
-    summary: str
-    sentences: list[SelectedSentence] = Field(description="selected sentences in document order")
-    usage: Usage
-    explanations: list[Explanation] | None = EXPLANATIONS_FIELD
-
-
 class ModelSummary(BaseModel):
     name: str
     task: str
@@ -379,6 +265,12 @@ class ModelSummary(BaseModel):
     providers: list[str]
     backend: str = Field(default="onnxruntime", description="what runs it: onnxruntime or torch")
     device: str = Field(default="cpu", description="where it runs: cpu, cuda:0")
+    pruned_branch_bytes: int | None = Field(
+        default=None,
+        description="bytes of the weights only rho < 1 runs, in the served variant (a two-path model: "
+        "rho = 1 runs the original weights, rho < 1 a copy trained to work on fewer tokens); null: one set "
+        "of weights serves every rho",
+    )
     is_default: bool
     explain: bool = Field(
         default=False, description="its graph reports survival depth: explain=true is served"
@@ -405,6 +297,15 @@ class ModelList(BaseModel):
 class ModelDetail(BaseModel):
     summary: ModelSummary
     manifest: dict[str, Any] = Field(description="manifest.json, including the quality-vs-rho curve")
+
+
+class ScheduleCurve(BaseModel):
+    """``GET /models/{name}/schedule``: the fraction of dense encoder token-work one row of ``length`` real
+    tokens does at each ρ of ``rho``, as the model's graph keeps it (``retention_core.schedule``)."""
+
+    length: int
+    rho: list[float]
+    token_work: list[float]
 
 
 class ReloadResponse(BaseModel):

@@ -81,6 +81,11 @@ class TorchBackend:
 def open_torch(directory: Path, manifest: Manifest, spec: TaskSpec, settings: Settings) -> TorchBackend:
     label = directory.name
     described = manifest.torch_weights
+    if manifest.pruned_branch is not None:
+        raise ModelLoadError(
+            f"{label}: its rho < 1 path runs weights of its own (a two-path model), which the torch "
+            "backend does not run; serve it with RETENTION_BACKEND=onnxruntime"
+        )
     if described is None:
         raise ModelLoadError(
             f"{label}: no torch weights (exported before the torch backend existed); re-export it or "

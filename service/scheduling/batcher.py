@@ -25,6 +25,7 @@ import time
 from collections import deque
 
 from retention_core.codecs.base import Row
+from retention_core.contract import DENSE_RHO
 from retention_core.shapes import bucket
 from service.errors import (
     DeadlineExceeded,
@@ -42,7 +43,7 @@ from service.scheduling.delivery import Delivery
 from service.scheduling.execution import RowsOutOfMemory, RunStats, execute, ort_thread
 from service.scheduling.jobs import Job, RowResult, Slice
 from service.scheduling.learning import ModelCosts
-from service.scheduling.planner import plan_runs, shape_length
+from service.scheduling.planner import plan_path_runs, plan_runs, shape_length
 from service.serving import AutoBudget, InferenceResult
 from service.settings import Settings
 
@@ -424,11 +425,16 @@ class Batcher:
         jobs = [piece.job for piece in slices]
         lengths = [self.shape_of(len(row)) for row in rows]
         buckets = self.model.backend.buckets
-        runs = plan_runs(
+        plan = (
+            plan_runs
+            if self.model.manifest.pruned_branch is None
+            else functools.partial(plan_path_runs, dense_rows=[rho >= DENSE_RHO for rho in rhos])
+        )
+        runs = plan(
             lengths,
-            self.settings.max_batch_tokens,
-            self.costs.run_overhead_tokens(rhos),
-            None if buckets is None else buckets.batch,
+            max_tokens=self.settings.max_batch_tokens,
+            run_overhead_tokens=self.costs.run_overhead_tokens(rhos),
+            batch_buckets=None if buckets is None else buckets.batch,
         )
         start = time.monotonic()
         name = self.model.name

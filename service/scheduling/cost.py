@@ -25,7 +25,7 @@ from typing import Protocol
 import numpy as np
 
 from retention_core.contract import Schedule
-from retention_core.schedule import keep_exponents
+from retention_core.schedule import mean_kept_fraction
 
 
 class KeptFraction(Protocol):
@@ -36,15 +36,10 @@ class KeptFraction(Protocol):
 
 
 def schedule_fraction(schedule: Schedule, rho: float, length: int = 0) -> float:
-    """Mean kept fraction over the schedule's points at ``rho`` (``frac_p = rho^(((g+1)/G)^power)`` for
-    point p in group g = p // k of G = ceil(P / k), k the pruning interval; k = 1: one group per point):
-    the share of a row's token-work its pruned layers do. A row of ``length`` real tokens keeps at least
-    min(min_kept_tokens, length) of them at every point (the kept-token floor), so a short row costs the
-    same at every rho: lowering rho buys nothing there."""
-    points = schedule.num_points
-    least = min(schedule.min_kept_tokens, length) / length if length > 0 else 0.0
-    exponents = keep_exponents(points, schedule.power, schedule.pruning_interval, np.float64).tolist()
-    return sum(max(rho**exponent, least) for exponent in exponents) / points
+    """The share of a row's token-work its pruned layers do at ``rho``: the mean kept fraction over the
+    schedule's points, the kept-token floor applied for a row of ``length`` real tokens (0: unknown, no
+    floor). The schedule's own statement, ``retention_core.schedule.mean_kept_fraction``."""
+    return mean_kept_fraction(schedule, rho, length)
 
 
 def runs_for(tokens: float, max_batch_tokens: int) -> int:

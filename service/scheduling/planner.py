@@ -57,6 +57,27 @@ def plan_runs(
     return runs_from_cuts(order, cut)
 
 
+def plan_path_runs(
+    lengths: list[int],
+    dense_rows: list[bool],
+    max_tokens: int,
+    run_overhead_tokens: float = 0.0,
+    batch_buckets: Sequence[int] | None = None,
+) -> list[list[int]]:
+    """``plan_runs`` for a two-path model (its ρ < 1 path runs weights of its own): rows at ρ ≥ 1
+    (``dense_rows``) and rows below never share a run, because the graph runs both paths over every row
+    of a run that mixes them (each row then takes its own), twice the work of either. Each side is
+    planned on its own; the dense side's runs come first."""
+    runs: list[list[int]] = []
+    for side in (
+        [i for i, dense in enumerate(dense_rows) if dense],
+        [i for i, dense in enumerate(dense_rows) if not dense],
+    ):
+        planned = plan_runs([lengths[i] for i in side], max_tokens, run_overhead_tokens, batch_buckets)
+        runs += [[side[j] for j in run] for run in planned]
+    return runs
+
+
 def _plan_bucketed(
     lengths: list[int], max_tokens: int, run_overhead_tokens: float, buckets: tuple[int, ...]
 ) -> list[list[int]]:

@@ -169,11 +169,18 @@ function fieldValues() {
   return values;
 }
 
-function requestBody(task, rho) {
-  if (!(task in RESULT_TITLES)) return { ...fieldValues(), rho, explain: true };
-  const text = $("text").value;
-  if (task === "qa") return { question: $("question").value, context: text, rho, explain: true };
-  return { text, rho, explain: true };
+// The body is built from the input fields the server lists for the route (GET /models), for every task:
+// a field with a box of the dedicated views (text, question, context) reads that box, any other the
+// generic form's. No table of bodies per task here.
+const FIELD_BOXES = { text: "text", context: "text", question: "question" };
+
+function requestBody(rho) {
+  const generic = fieldValues();
+  const values = {};
+  for (const name of state.model.fields) {
+    values[name] = name in generic ? generic[name] : $(FIELD_BOXES[name]).value;
+  }
+  return { ...values, rho, explain: true };
 }
 
 async function run() {
@@ -188,7 +195,7 @@ async function run() {
   const rho = Number($("rho").value);
   // Relative to the page, as every call here (a server behind a path prefix works unchanged).
   const path = `${state.model.route.replace(/^\//, "")}?model=${encodeURIComponent(state.model.name)}`;
-  const request = requestBody(task, rho);
+  const request = requestBody(rho);
   const begin = performance.now();
   try {
     const body = await api(path, request);
@@ -445,28 +452,28 @@ function qualityCurve(manifest) {
   return manifest.quality || (variant && variant.quality) || null;
 }
 
-// Fraction of dense token-work of one row of n real tokens at ρ, as the graph's schedule keeps them
-// (retention_core.usage.token_work with [CLS] protected).
-function scheduleWork(schedule, n, rho) {
-  const points = schedule.num_points;
-  const interval = schedule.pruning_interval || 1; // groups of layers that share one selection
-  const groups = Math.ceil(points / interval);
-  const lower = Math.max(1, Math.min(schedule.min_kept_tokens || 0, n));
-  let work = 0;
-  for (let p = 0; p < points; p++) {
-    const fraction = Math.pow(rho, Math.pow((Math.floor(p / interval) + 1) / groups, schedule.power));
-    let count = Math.min(Math.max(Math.floor(fraction * n + 0.5), lower), n);
-    if (p === points - 1 && schedule.last_layer_queries) count = schedule.last_layer_queries;
-    work += count;
-  }
-  return work / (n * points);
+// Token-work of one row of n real tokens against ρ, as the model's graph keeps them: asked of the server
+// (GET /models/{name}/schedule, retention_core.schedule), which holds the one statement of the schedule.
+// Kept per model and length; the chart is drawn again when a curve arrives.
+const workCurves = new Map();
+
+function workCurve(name, length) {
+  const key = `${name}\n${length}`;
+  if (workCurves.has(key)) return workCurves.get(key);
+  workCurves.set(key, null); // asked: drawn when it comes
+  api(`models/${encodeURIComponent(name)}/schedule?length=${length}`)
+    .then((curve) => {
+      workCurves.set(key, curve);
+      if (state.model && state.model.name === name) drawCharts();
+    })
+    .catch(() => workCurves.delete(key)); // asked again at the next draw
+  return null;
 }
 
 function drawCharts() {
   const manifest = state.manifest;
   if (!manifest) return;
   const rho = Number($("rho").value);
-  const grid = Array.from({ length: 20 }, (_, i) => (i + 1) / 20);
 
   const quality = qualityCurve(manifest);
   const qualityPoints = quality ? quality.points.map((p) => ({ x: p.rho, y: p.value })) : [];
@@ -484,11 +491,12 @@ function drawCharts() {
 
   const last = state.last;
   const tokens = last ? Math.max(2, Math.round(last.body.usage.processed_tokens / last.body.usage.rows)) : 128;
-  const workPoints = grid.map((x) => ({ x, y: scheduleWork(manifest.schedule, tokens, x) }));
+  const curve = state.model ? workCurve(state.model.name, tokens) : null;
+  const workPoints = curve ? curve.rho.map((x, i) => ({ x, y: curve.token_work[i] })) : [];
   const measured = last ? { x: last.body.usage.rho_effective, y: last.body.usage.token_work_fraction } : null;
   lineChart($("work-chart"), workPoints, "token-work / dense", rho, measured);
   $("work-caption").textContent =
-    `encoder token-work vs ρ for a row of ${tokens} tokens (the manifest's schedule)` +
+    `encoder token-work vs ρ for a row of ${tokens} tokens (the model's schedule, from the server)` +
     (measured ? "; dot: this request, as the server reported it" : "");
 }
 

@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks import embedding_graphs, encoder_speed
-from experiments import embed_speed
+from benchmarks import embed_speed, embedding_graphs, encoder_speed
 from training.encoders import load_tokenizer
 from training.tiny import TINY_LAYERS, TINY_TOKENIZER
 
@@ -46,7 +45,7 @@ def test_quick_embed_speed_measures_every_variant_against_the_fused_peer(tmp_pat
         assert all(rows[name]["theoretical_flop_ratio"] is None for name in ("peer-fused", "peer-onnx"))
     assert payload["targets"] == []  # the targets are at 256 tokens; quick mode runs 32
     assert payload["machine"]["cores"] >= 1 and payload["command"].startswith(
-        "python -m experiments.embed_speed"
+        "python -m benchmarks.embed_speed"
     )
     header = f"Fused attention operators: dense peer 2, ours {fusion['ours_attention_fused']}"
     assert out.with_suffix(".md").read_text().startswith(header)

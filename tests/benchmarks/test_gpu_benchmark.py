@@ -1,5 +1,6 @@
-"""The GPU benchmark's dry run end to end (real torch, real onnxruntime sessions, a real fit), what it
-writes for a machine without the backbone package or the data, and the wheel pieces a device carries."""
+"""The GPU benchmark's dry run end to end (the real serving forward), the fit study's dry run (a real
+fit) and what it writes for a machine without the backbone package or the data, and the wheel pieces a
+device carries."""
 
 from __future__ import annotations
 
@@ -17,50 +18,26 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu, report
+from experiments import gpu_fit
 from tests.tiny import write_squad_paragraphs
 
 REPO = Path(__file__).resolve().parents[2]
 WHEEL_SCRIPT = REPO / "scripts" / "gpu_wheel.sh"
-PARTS = ("torch", "onnxruntime", "fit")
 BLOB_BYTES = 2 * 2**20 + 12345  # a piece of 1 MiB each: three pieces, the last one short
 
 
-def test_dry_run_measures_every_part_on_the_cpu_and_claims_no_gpu(tmp_path: Path) -> None:
+def test_dry_run_measures_the_forward_on_the_cpu_and_claims_no_gpu(tmp_path: Path) -> None:
     gpu.main(["--dry-run", "--out", str(tmp_path)])
     payload = json.loads((tmp_path / gpu.RESULT_FILE).read_text())
     assert payload["dry_run"] is True and payload["device"] == gpu.DRY_RUN_DEVICE
     assert payload["command"] == f"python -m benchmarks.gpu --dry-run --out {tmp_path}"
     assert payload["machine"]["cores"] >= 1 and "torch" in payload["versions"]
-    assert all(payload[part]["status"] == gpu.MEASURED for part in PARTS)
+    assert payload["forward"]["status"] == gpu.MEASURED
 
-    cells = payload["torch"]["cells"] + payload["onnxruntime"]["cells"]
-    torch_variants = {(c["variant"], c["precision"]) for c in payload["torch"]["cells"]}
-    rhos = [f"{rho:g}" for rho in gpu.RHOS]
-    assert torch_variants == {
-        (variant, precision)
-        for precision in ("fp32", "bf16-autocast")
-        for variant in (gpu.DENSE_TORCH, *(f"retention@{rho}" for rho in rhos))
-    }
-    assert {c["variant"] for c in payload["onnxruntime"]["cells"]} == {
-        gpu.DENSE_ONNX,
-        *(f"retention-onnx@{rho}" for rho in rhos),
-    }
-    assert all(c["sequences_per_second"] > 0 and c["speedup_vs_dense"] > 0 for c in cells)
-    assert all((c["batch"], c["seq_len"]) == (gpu.DRY.batches[0], gpu.DRY.seq_len) for c in cells)
+    cells = payload["forward"]["cells"]
+    assert cells and all(c["sequences_per_second"] > 0 for c in cells)
     # Nothing here is a GPU number: every cell says so and device memory is explicitly null.
-    assert {c["device"] for c in cells} == {gpu.DRY_RUN_DEVICE}
-    assert all(c["peak_memory_bytes"] is None and c["activation_memory_bytes"] is None for c in cells)
-
-    parity = payload["onnxruntime"]["parity"]
-    assert {(check["graph"], check["rho"]) for check in parity} == {
-        ("dense", None),
-        *(("pruned", rho) for rho in gpu.RHOS),
-    }
-    assert all(check["within_tolerance"] and check["max_abs_diff"] <= gpu.PARITY_ATOL for check in parity)
-
-    fit = payload["fit"]
-    assert fit["device"] == gpu.DRY_RUN_DEVICE and fit["steps"] == gpu.DRY.fit_steps
-    assert fit["device_seconds_per_step"] > 0 and fit["cpu_seconds_per_step"] > 0
+    assert all(c["peak_memory_bytes"] is None and not c["cuda_graph"] for c in cells)
     table = (tmp_path / "gpu.md").read_text()
     assert f"Device: {gpu.DRY_RUN_DEVICE} (no GPU number here)" in table and "GPU:" not in table
     assert_report_shows(tmp_path)
@@ -77,12 +54,20 @@ def assert_report_shows(out: Path) -> None:
         shutil.copy(out / name, results / "bench" / name)
     section = "\n".join(report.gpu_section(results, plots))
     assert section.startswith("## GPU\n") and "# The GPU path" not in section
-    assert f"Device: {gpu.DRY_RUN_DEVICE}" in section and "| torch | retention@0.5 | fp32 |" in section
+    assert f"Device: {gpu.DRY_RUN_DEVICE}" in section and "The serving forward (retention_torch)" in section
+
+
+def test_the_fit_study_dry_run_fits_on_the_cpu_twice(tmp_path: Path) -> None:
+    gpu_fit.main(["--dry-run", "--out", str(tmp_path)])
+    fit = json.loads((tmp_path / gpu_fit.RESULT_FILE).read_text())["fit"]
+    assert fit["device"] == gpu_fit.DRY_RUN_DEVICE and fit["steps"] == 3
+    assert fit["device_seconds_per_step"] > 0 and fit["cpu_seconds_per_step"] > 0
+    assert "s/step on the CPU" in (tmp_path / "gpu_fit.md").read_text()
 
 
 def test_a_passed_cpu_number_is_used_and_said_to_be_passed_in(tmp_path: Path) -> None:
-    plan = gpu.make_plan(gpu.parse(["--dry-run", "--out", str(tmp_path), "--cpu-seconds-per-step", "2"]))
-    fit = gpu.measure_fit(plan)
+    args = ["--dry-run", "--out", str(tmp_path), "--cpu-seconds-per-step", "2"]
+    fit = gpu_fit.measure_fit(gpu_fit.make_plan(gpu_fit.parse(args)))
     assert fit["cpu_seconds_per_step"] == 2.0 and fit["cpu_source"].startswith("passed in")
 
 
@@ -92,21 +77,9 @@ def test_without_a_gpu_only_the_dry_run_runs(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     with pytest.raises(SystemExit, match="no CUDA device"):
-        gpu.make_plan(gpu.parse(["--out", str(tmp_path)]))
-
-
-def test_without_a_cuda_provider_the_onnxruntime_part_says_skipped(tmp_path: Path) -> None:
-    import onnxruntime as ort
-
-    from retention_core.onnx import CUDA_PROVIDER
-
-    if CUDA_PROVIDER in ort.get_available_providers():
-        pytest.skip("this onnxruntime has the CUDA provider")
-    dry = gpu.make_plan(gpu.parse(["--dry-run", "--out", str(tmp_path)]))
-    on_gpu = replace(dry, dry_run=False, device="cuda")  # what a GPU machine with the CPU wheel runs
-    model, _ = gpu.build_model(dry)
-    result = gpu.measure_onnxruntime(model, on_gpu, tmp_path)
-    assert result == {"status": gpu.ORT_SKIPPED, "parity": [], "cells": []}
+        gpu.main(["--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="no CUDA device"):
+        gpu_fit.make_plan(gpu_fit.parse(["--out", str(tmp_path)]))
 
 
 def without_backbone_package(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,9 +91,9 @@ def test_without_the_backbone_package_the_device_measures_the_minilm_shape(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     without_backbone_package(monkeypatch)
-    backbone, source = gpu.minilm_backbone()
+    backbone, source = gpu_fit.minilm_backbone()
     info = backbone.info
-    shape = gpu.MINILM_SHAPE
+    shape = gpu_fit.MINILM_SHAPE
     assert (info.hidden_size, info.num_layers, info.num_heads, info.intermediate_size) == (
         shape["hidden_size"],
         shape["num_hidden_layers"],
@@ -134,22 +107,24 @@ def test_written_assets_feed_the_fit_without_the_package_or_the_data_root(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import training.data
+    from benchmarks.gpu_service import tokenizer_for
     from training.fit import training_rows
 
     # A data root in ../shared/data's layout, made here: the recipe's SQuAD train file, 40 articles.
     root = write_squad_paragraphs(tmp_path / "data")
     monkeypatch.setattr(training.data, "default_data_root", lambda: root)
     assets = tmp_path / "assets"
-    gpu.main(["--write-assets", str(assets)])
+    gpu_fit.main(["--write-assets", str(assets)])
     without_backbone_package(monkeypatch)
-    plan = gpu.make_plan(gpu.parse(["--dry-run", "--out", str(tmp_path), "--assets", str(assets)]))
-    recipe = gpu.fit_recipe(replace(plan, dry_run=False))  # the device's recipe: texts from the assets
-    assert recipe.dataset.root == str(assets / gpu.DATA_DIR)
+    args = ["--dry-run", "--out", str(tmp_path), "--assets", str(assets)]
+    plan = gpu_fit.make_plan(gpu_fit.parse(args))
+    recipe = gpu_fit.fit_recipe(replace(plan, dry_run=False))  # the device's recipe: texts from the assets
+    assert recipe.dataset.root == str(assets / gpu_fit.DATA_DIR)
     assert len(training_rows(recipe)) > recipe.batch_size
-    tokenizer = gpu.fit_tokenizer(recipe.backbone, assets)  # the saved copy
+    tokenizer = tokenizer_for(assets)  # the saved copy
     assert tokenizer("a question")["input_ids"][0] == tokenizer.cls_token_id
     with pytest.raises(FileNotFoundError, match="--write-assets"):
-        gpu.fit_tokenizer(recipe.backbone, None)
+        tokenizer_for(None)
 
 
 # ------------------------------------------------------------------------------- scripts/gpu_wheel.sh

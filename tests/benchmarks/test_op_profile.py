@@ -28,10 +28,10 @@ def test_quick_profile_names_the_fused_operators_of_both_graphs(tmp_path: Path) 
             row["kernel_milliseconds_per_call"] + row["outside_kernels_milliseconds_per_call"]
         )
 
-    def operators(variant: str) -> set[str]:
+    def operator_names(variant: str) -> set[str]:
         return {op["operator"] for op in profiles[variant]["operators"]}
 
     # ρ < 1 runs the selection; ρ = 1 takes the unpruned branch, which has none (as the peer)
-    assert "TopK" in operators("ours@0.5")
-    assert "TopK" not in operators("ours@1") and "TopK" not in operators("peer-fused")
+    assert "TopK" in operator_names("ours@0.5")
+    assert "TopK" not in operator_names("ours@1") and "TopK" not in operator_names("peer-fused")
     assert "ours@0.5" in out.with_suffix(".md").read_text()

@@ -141,6 +141,10 @@ def test_two_rhos_change_the_shading_and_the_token_work(
     assert min(pruned_depths) < LAYERS and pruned_depths != dense_depths
     assert pruned_work < dense_work
     assert "saved" in browser.find_element(By.ID, "usage").text
+    # the token-work curve comes from the server (GET /models/{name}/schedule), one dot per rho of its grid
+    wait_for(
+        browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#work-chart circle.dot")) == 20, "the curve"
+    )
     marker = browser.find_element(By.CSS_SELECTOR, "#work-chart line.marker")
     assert float(marker.get_attribute("data-rho") or 0) == pytest.approx(0.2)
     assert browser.find_elements(By.CSS_SELECTOR, "#work-chart circle.measured")

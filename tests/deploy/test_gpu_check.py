@@ -1,5 +1,5 @@
 """scripts/gpu_check.sh end to end on this CPU: ``prepare`` (real wheels for this Python, the real
-tokenizer, fit texts and SQuAD dev paragraphs, checksums) into a temporary folder, then ``run --dry-run``:
+tokenizer and SQuAD dev paragraphs, checksums) into a temporary folder, then ``run --dry-run``:
 the device call's script itself, with tiny sizes, installing the carried wheels with pip --no-index, its
 forward part and then its service part (both real servers, real HTTP). And the carried list against the
 device image: the service part's imports succeed where only the carried wheels and the image's own
@@ -13,8 +13,6 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from benchmarks import gpu, gpu_forward, gpu_service
 from tests.tiny import write_rows, write_squad_paragraphs
@@ -39,9 +37,9 @@ def script(command: list[str], env: dict[str, str], timeout: float) -> subproces
 def test_prepare_then_a_dry_run_writes_the_cells_and_the_image_check(tmp_path: Path) -> None:
     from training.data import DATA_ROOT_VARIABLE
 
-    # prepare copies the fit recipe's texts from the data root: one in ../shared/data's layout, made here
+    # prepare copies the service part's documents from the data root (../shared/data's layout, made here):
+    # SQuAD dev paragraphs past the selection's 32-token floor
     data_root = write_squad_paragraphs(tmp_path / "data")
-    # and the service part's documents from SQuAD dev (paragraphs past the selection's 32-token floor)
     dev = [
         {"question": "?", "context": f"Paragraph {i}: " + "rivers carry stones to the sea. " * 8}
         for i in range(6)
@@ -64,7 +62,9 @@ def test_prepare_then_a_dry_run_writes_the_cells_and_the_image_check(tmp_path: P
     assert f'carry: ["{check_dir}"]' in prepared.stdout  # outside the checkout: the absolute path
     manifest = json.loads((check_dir / "manifest.json").read_text())
     assert manifest["device_python"] == python and len(manifest["wheels"]) == 2
-    assert (check_dir / "assets" / gpu.TOKENIZER_DIR).is_dir() and (check_dir / "SHA256SUMS").is_file()
+    assert (check_dir / "assets" / gpu_service.TOKENIZER_DIR).is_dir() and (
+        check_dir / "SHA256SUMS"
+    ).is_file()
     paragraphs = json.loads((check_dir / "assets" / gpu_service.PARAGRAPHS_FILE).read_text())
     assert sorted(paragraphs) == sorted(row["context"] for row in dev)
     assert (check_dir / "wheels").is_dir() and all(name.endswith(".whl") for name in manifest["wheels"])
@@ -80,11 +80,7 @@ def test_prepare_then_a_dry_run_writes_the_cells_and_the_image_check(tmp_path: P
     installed = {path.name.split("-")[0] for path in site.glob("*.dist-info")}
     assert installed == {"annotated_types", "typing_inspection"}
 
-    assert payload["dry_run"] is True and payload["parts"] == ["forward"]
-    assert (
-        payload["onnxruntime"]["status"] == gpu.NOT_SELECTED
-        and payload["torch"]["status"] == gpu.NOT_SELECTED
-    )
+    assert payload["dry_run"] is True
     forward = payload["forward"]
     assert forward["status"] == gpu.MEASURED and forward["skipped_for_time"] == forward["failed_cells"] == []
     cells = forward["cells"]
@@ -119,19 +115,8 @@ def test_prepare_then_a_dry_run_writes_the_cells_and_the_image_check(tmp_path: P
 
 
 def test_the_time_guard_adds_no_cell_past_the_budget(tmp_path: Path) -> None:
-    args = ["--dry-run", "--out", str(tmp_path), "--parts", "torch", "--budget-s", "0", "--batches", "1"]
-    plan = gpu.make_plan(gpu.parse(args))
-    model, _ = gpu.build_model(plan)
-    result = gpu.measure_torch(model, plan)
-    assert result["cells"] == [] and result["skipped_for_time"] == [
-        f"{precision} 1 × {gpu.DRY.seq_len}" for precision in ("fp32", "bf16-autocast")
-    ]
-    assert gpu.measure_fit(plan) == {"status": gpu.OUT_OF_TIME}
-
-
-def test_unknown_parts_are_refused() -> None:
-    with pytest.raises(SystemExit):
-        gpu.parse(["--dry-run", "--out", "x", "--parts", "torch,gpu"])
+    forward = gpu.measure_forward(dry_run=True, budget_s=0)
+    assert forward["cells"] == [] and forward["skipped_for_time"]
 
 
 # The device image's packages (the machine's 'cuda' image, as its lender listed them on 2026-11-17):

@@ -20,7 +20,7 @@ from service.runtime import load_model
 from service.scheduling.batcher import Batcher
 from service.scheduling.delivery import Delivery
 from service.scheduling.jobs import Job, RowResult, Slice
-from service.scheduling.planner import plan_runs, shape_length
+from service.scheduling.planner import plan_path_runs, plan_runs, shape_length
 from service.serving import InferenceResult
 from tests.service.conftest import blocked_inference, running, server_of, settings_for, wait_until
 
@@ -75,6 +75,18 @@ def test_plan_runs_is_optimal_among_cuts_of_the_sorted_rows() -> None:
             if all(len(run) == 1 or len(run) * max(lengths[i] for i in run) <= budget for run in plan):
                 best = min(best, padded_cost(plan, lengths, overhead))
         assert padded_cost(runs, lengths, overhead) == pytest.approx(best)
+
+
+def test_a_two_path_models_runs_never_mix_dense_rows_with_pruned_ones() -> None:
+    lengths = [30, 400, 32, 390, 31, 35]
+    dense = [True, False, False, True, True, False]
+    for buckets in (None, (1, 2, 4, 8)):
+        runs = plan_path_runs(
+            lengths, dense, max_tokens=8192, run_overhead_tokens=5000.0, batch_buckets=buckets
+        )
+        assert sorted(i for run in runs for i in run) == list(range(len(lengths)))
+        assert [{dense[i] for i in run} for run in runs] == [{True}, {False}]  # one run per side, dense first
+    assert len(plan_runs(lengths, max_tokens=8192, run_overhead_tokens=5000.0)) == 1  # one path: one run
 
 
 def test_shape_length_rounds_up_to_the_multiple_but_not_past_max_length() -> None:

@@ -27,7 +27,7 @@ from service.backends.torch_backend import TorchBackend
 from service.runtime import load_model
 from service.scheduling.planner import plan_runs
 from tests.service.conftest import running, settings_for
-from training import retention as R
+from training import selection as R
 from training.export import example_inputs, export_model
 from training.model import RetentionConfig
 from training.tiny import tiny_model, tiny_recipe

@@ -92,7 +92,7 @@ def test_bbc_split_is_deduplicated_and_deterministic() -> None:
 
 
 def test_reference_sentences_split_where_glued() -> None:
-    from training.summarization import references, summary_sentences
+    from retention_tasks.summarization.learn import references, summary_sentences
 
     glued = "Sales rose to $10.9bn.For the year, the U.S. firm gained.J. Smith agreed!“Yes,” he said."
     assert summary_sentences(glued) == [

@@ -16,12 +16,12 @@ from sentence_transformers import SentenceTransformer
 from tokenizers import Tokenizer
 
 from retention_core.codecs.base import pad_rows
-from retention_core.codecs.embedding import EmbeddingCodec
 from retention_core.contract import MODEL_FILE, EmbeddingInfo, Manifest
 from retention_core.onnx import open_session
 from retention_core.text import pad_token_id
+from retention_tasks.embedding.codec import EmbeddingCodec
 from tests.tasks.test_embedding import TEXTS, served_vectors, write_sentence_transformer
-from training import retention as R
+from training import selection as R
 from training.__main__ import main as training_main
 from training.batch import Batch
 from training.embedding import embedding_loss

@@ -16,14 +16,14 @@ from sentence_transformers import SentenceTransformer
 from tokenizers import Tokenizer
 from transformers import BertModel
 
-from retention_core.codecs.embedding import EmbeddingCodec
 from retention_core.contract import MODEL_FILE, Manifest
 from retention_core.onnx import open_session
 from retention_core.tasks import task_spec
 from retention_core.text import pad_token_id, plain_copy
+from retention_tasks.embedding.codec import EmbeddingCodec
 from tests.tasks.rows import CAFE, NORMANS
 from tests.tiny import TINY_MAX_LENGTH, tiny_model, tiny_recipe, write_rows
-from training import retention as R
+from training import selection as R
 from training.__main__ import main as training_main
 from training.data import text_file_split
 from training.encoders import load_backbone

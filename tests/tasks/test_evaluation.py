@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 
+from retention_tasks.qa import learn as qa
+from retention_tasks.summarization import learn as summarization
 from service.runtime import load_model
 from tests.service.conftest import settings_for
 from tests.tasks.rows import NORMANS
 from tests.tiny import build_tiny_model_dir, tiny_model, tiny_recipe
-from training import qa, summarization
 from training.evaluation import EvaluationRun
 from training.tasks import TRAINING_TASKS, training_task
 

@@ -13,10 +13,10 @@ from tokenizers import Tokenizer
 
 from retention_core import contract as C
 from retention_core.codecs.base import Encoded, pad_rows
-from retention_core.codecs.qa import QACodec
-from retention_core.codecs.summarization import SummarizationCodec
 from retention_core.tasks import task_spec
 from retention_core.text import pad_token_id
+from retention_tasks.qa.codec import QACodec
+from retention_tasks.summarization.codec import SummarizationCodec
 from tests.tasks.rows import BBC_ROWS, SCITLDR_ROWS, SQUAD_ROWS
 from tests.tiny import build_tiny_model_dir, tiny_model
 
@@ -121,10 +121,10 @@ def with_evaluation(recipe: Any, rhos: tuple[float, ...], batch_size: int) -> An
 
 
 def test_qa_train_export_serve_round_trip(tmp_path: Path) -> None:
+    from retention_tasks.qa.learn import evaluate, onnx_quality_curve
     from training.evaluation import EvaluationRun, exit_layers, markdown_table
     from training.export import export_model
     from training.fit import LOG_FILE, load_run
-    from training.qa import evaluate, onnx_quality_curve
 
     model, recipe, tokenizer = tiny_fit("qa", SQUAD_ROWS, tmp_path / "run")
     log = (tmp_path / "run" / LOG_FILE).read_text().splitlines()
@@ -182,9 +182,9 @@ def test_qa_train_export_serve_round_trip(tmp_path: Path) -> None:
 def test_summarization_train_export_round_trip(
     tmp_path: Path, rows: list[dict[str, object]], dataset: str
 ) -> None:
+    from retention_tasks.summarization.learn import evaluate, onnx_quality_curve
     from training.evaluation import EvaluationRun
     from training.export import export_model
-    from training.summarization import evaluate, onnx_quality_curve
 
     model, recipe, tokenizer = tiny_fit("summarization", rows, tmp_path / "run", dataset)
     export_model(model, recipe, tokenizer, tmp_path / "model")

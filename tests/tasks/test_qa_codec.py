@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from retention_core.codecs.base import Encoded, pad_rows
-from retention_core.codecs.qa import NO_ANSWER, QACodec
+from retention_tasks.qa.codec import NO_ANSWER, QACodec
 
 CONTEXT = (
     "The Normans were the people who in the 10th and 11th centuries gave their name to Normandy, "

@@ -16,7 +16,7 @@ from retention_core.tasks import task_spec
 from tests.tiny import TINY_LAYERS, build_tiny_model_dir, tiny_model
 from training.export import ExportValidationError, example_inputs, graph_for, validate_onnx
 from training.model import PrunedInputs
-from training.retention import RetentionScorer
+from training.selection import RetentionScorer
 from training.speed import SPEED_REPEATS, SPEED_RHOS, measure_speed
 
 TASKS = ("classification", "qa", "summarization", "embedding")

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from retention_core.codecs.base import pad_rows
-from retention_core.codecs.qa import QACodec
 from retention_core.tasks import task_spec
+from retention_tasks.qa.codec import QACodec
 from tests.tiny import tiny_model
-from training import retention as R
+from training import selection as R
 from training.model import RetentionModel, random_selector
 from training.tiny import tiny_config
 

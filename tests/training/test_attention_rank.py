@@ -12,7 +12,7 @@ import torch
 
 from tests.tiny import tiny_model, tiny_recipe
 from tests.training.test_qa_stage import TEACHER, qa_batch, runs, stage_recipe, stage_state  # noqa: F401 (fixture)
-from training import retention as R
+from training import selection as R
 from training.fit import StepSchedule, train_step
 from training.objective import Objective
 from training.recipes import ObjectiveSpec, Recipe

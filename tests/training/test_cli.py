@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from retention_core.contract import Manifest
+from retention_tasks.classification.learn import evaluate_classification, markdown_table
 from tests.tiny import tiny_model, tiny_recipe, write_rows
 from training.__main__ import main as training_main
-from training.classification import evaluate_classification, markdown_table
 from training.evaluation import EvaluationRun
 from training.fit import save_run
 
@@ -112,7 +112,7 @@ def test_every_task_refuses_a_misspelt_method_at_the_cli(tmp_path: Path) -> None
 
 def test_merged_evaluation_and_its_report(tmp_path: Path) -> None:
     from benchmarks import report
-    from training.classification import EVALUATION, report_of
+    from retention_tasks.classification.learn import EVALUATION, report_of
     from training.evaluation import write_report
 
     run = tiny_evaluation_run()

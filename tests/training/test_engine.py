@@ -11,7 +11,8 @@ from transformers import AutoModel, BertConfig, DistilBertConfig, RobertaConfig
 
 from retention_core.contract import Manifest
 from tests.tiny import build_tiny_model_dir, tiny_model, tiny_recipe
-from training import retention as R
+from training import selection as S
+from training import terms as T
 from training.encoders import EncoderBackbone
 from training.export import ExportValidationError, export_model, validate_onnx
 from training.gates import GateKind, SoftGates
@@ -230,7 +231,7 @@ def test_kept_counts_follow_the_schedule_in_the_engine() -> None:
     rho = torch.tensor([0.3, 0.5, 1.0])
     with torch.no_grad():
         out = model.forward_pruned(ids, mask, rho)
-    expected = R.keep_counts(
+    expected = S.keep_counts(
         rho, mask.sum(1), torch.ones(3, dtype=torch.long), model.num_points, model.config.schedule_power
     )
     assert out.kept_counts.tolist() == expected.tolist()
@@ -439,11 +440,11 @@ def test_batch_moves_every_tensor() -> None:
 
 def test_budgets_and_random_scores_are_drawn_on_the_generator_device() -> None:
     generator = torch.Generator().manual_seed(0)
-    rho = R.sample_rho(5, 0.2, 1.0, generator)
+    rho = T.sample_rho(5, 0.2, 1.0, generator)
     assert rho.device == generator.device and ((rho >= 0.2) & (rho <= 1.0)).all()
     valid = torch.ones(2, 7, dtype=torch.bool)
-    assert R.random_scores(valid, torch.Generator().manual_seed(1)).shape == (2, 7)
-    assert R.random_scores(valid).device == valid.device
+    assert S.random_scores(valid, torch.Generator().manual_seed(1)).shape == (2, 7)
+    assert S.random_scores(valid).device == valid.device
 
 
 def test_fit_uses_the_cores_it_may_run_on() -> None:
@@ -457,7 +458,7 @@ def test_fit_uses_the_cores_it_may_run_on() -> None:
 
 
 def test_answer_span_mask_marks_the_gold_tokens_of_each_window() -> None:
-    from training.qa import answer_span_mask
+    from retention_tasks.qa.learn import answer_span_mask
 
     _, tokenizer, recipe, objective = _objective_setup("qa")
     batch = objective.task.make_batch(QA_ROWS, tokenizer, recipe.max_length)

@@ -15,10 +15,10 @@ import torch
 from retention_core.codecs.base import Row
 from retention_core.contract import Manifest, Schedule
 from retention_core.onnx import open_session
+from retention_tasks.classification.learn import evaluate_classification
 from tests.tiny import tiny_model, tiny_recipe, write_rows
-from training import retention as R
+from training import selection as S
 from training.__main__ import main as training_main
-from training.classification import evaluate_classification
 from training.evaluation import CODEC_METHODS, EvaluationRun, truncation_keep
 from training.export import graph_for
 from training.fit import RECIPE_FILE, load_run, save_run, with_min_kept_tokens, with_schedule
@@ -208,6 +208,6 @@ def test_soft_pass_targets_follow_the_floor_and_are_unchanged_without_one() -> N
         bare = model.forward_soft(feeds["input_ids"], feeds["attention_mask"], feeds["rho"])
         with_min_kept_tokens(model, tiny_recipe(), 16)
         floored = model.forward_soft(feeds["input_ids"], feeds["attention_mask"], feeds["rho"])
-    reference = R.keep_fractions(feeds["rho"], 2, 1.0) * torch.tensor([[SHORT], [LONG]])  # tiny: 2 points
+    reference = S.keep_fractions(feeds["rho"], 2, 1.0) * torch.tensor([[SHORT], [LONG]])  # tiny: 2 points
     assert torch.equal(bare.target_kept, reference)  # floor 0: the objective's targets as before, bit for bit
     torch.testing.assert_close(floored.target_kept, torch.tensor([[4.0, 4.0], [0.2**0.5 * LONG, 16.0]]))

@@ -12,7 +12,7 @@ import torch
 
 from retention_core.contract import MODEL_FILE
 from retention_core.onnx import open_session
-from training import retention as R
+from training import selection as R
 from training.batch import Batch
 from training.export import export_model
 from training.model import leading_selector

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from tests.tiny import tiny_model, tiny_recipe
 from training.fit import LOG_FILE, WEIGHTS_FILE, fit
-from training.retention import RetentionScorer
+from training.selection import RetentionScorer
 
 ROWS = [{"text": f"a {'good' if i % 2 else 'bad'} movie number {i}", "label": i % 2} for i in range(16)]
 

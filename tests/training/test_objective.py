@@ -120,7 +120,8 @@ def test_train_step_is_a_function_of_the_state_and_the_batch() -> None:
 
 
 def test_the_exported_pass_takes_only_model_inputs_and_a_baseline_selector() -> None:
-    """export traces forward_pruned: evaluation options (open gates, survivors) live elsewhere."""
+    """export traces forward_pruned: evaluation options (open gates, survivors) live elsewhere; ``paths``
+    is the export's choice of a two-path model's branch (each traced as a graph of its own)."""
     parameters = list(inspect.signature(RetentionModel.forward_pruned).parameters)
     assert parameters == [
         "self",
@@ -130,6 +131,7 @@ def test_the_exported_pass_takes_only_model_inputs_and_a_baseline_selector() -> 
         "protected",
         "token_type_ids",
         "selector",
+        "paths",
     ]
 
 

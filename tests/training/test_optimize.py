@@ -12,7 +12,7 @@ import torch
 from benchmarks.embedding_graphs import tiny_checkpoint
 from retention_core.onnx import open_session
 from tests.tiny import TINY_LAYERS
-from training import retention as R
+from training import selection as R
 from training.optimize import (
     PEER_INPUTS,
     AttentionFusionError,

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from benchmarks.flops import EncoderShape, dense_macs, flop_ratio, pruned_macs
+from retention_tasks.classification.learn import truncate, truncated_lengths
 from tests.tiny import write_rows
-from training.classification import truncate, truncated_lengths
 from training.data import load_split
 from training.fit import lr_multiplier
 from training.recipes import DatasetSpec, Recipe, load_recipe, recipe_chain

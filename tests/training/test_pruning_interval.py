@@ -16,7 +16,7 @@ from retention_core.contract import Manifest, Schedule
 from retention_core.onnx import open_session
 from service.scheduling.cost import schedule_fraction
 from tests.tiny import tiny_model, tiny_recipe
-from training import retention as R
+from training import selection as S
 from training.__main__ import main as training_main
 from training.encoders import backbone_from_config, load_tokenizer
 from training.export import example_inputs, export_onnx, graph_for, validate_onnx
@@ -41,17 +41,17 @@ def deep_tiny(family: str, interval: int, merge: bool = True) -> RetentionModel:
 def test_interval_one_is_the_per_layer_schedule() -> None:
     rho = torch.tensor([0.3, 0.5, 1.0])
     expected = rho.unsqueeze(-1) ** ((torch.arange(1, 7) / 6.0) ** 2.0)  # (B, P)
-    assert torch.equal(R.keep_fractions(rho, 6, 2.0), expected)
-    assert torch.equal(R.keep_fractions(rho, 6, 2.0, interval=1), expected)
+    assert torch.equal(S.keep_fractions(rho, 6, 2.0), expected)
+    assert torch.equal(S.keep_fractions(rho, 6, 2.0, interval=1), expected)
 
 
 def test_groups_keep_one_fraction_and_end_at_rho() -> None:
     rho = torch.tensor([0.3])
-    fractions = R.keep_fractions(rho, LAYERS, interval=2)[0]  # (P,): groups {0, 1}, {2, 3}, {4}
+    fractions = S.keep_fractions(rho, LAYERS, interval=2)[0]  # (P,): groups {0, 1}, {2, 3}, {4}
     third = 0.3 ** (1 / 3)
     torch.testing.assert_close(fractions, torch.tensor([third, third, third**2, third**2, 0.3]))
-    assert [R.is_pruning_point(p, 2) for p in range(LAYERS)] == [True, False, True, False, True]
-    counts = R.keep_counts(rho, torch.tensor([40]), torch.tensor([1]), LAYERS, interval=2)[0]
+    assert [S.is_pruning_point(p, 2) for p in range(LAYERS)] == [True, False, True, False, True]
+    counts = S.keep_counts(rho, torch.tensor([40]), torch.tensor([1]), LAYERS, interval=2)[0]
     assert counts.tolist() == [27, 27, 18, 18, 12]  # round(40·0.3^(g/3)): a skipped point keeps its group's
 
 
@@ -66,7 +66,7 @@ def test_skipping_a_point_equals_selecting_every_token_there(
     inputs = (example["input_ids"], example["attention_mask"], example["rho"])
     with torch.no_grad():
         skipped = model.forward_pruned(*inputs)
-        monkeypatch.setattr(R, "is_pruning_point", lambda point, interval: True)
+        monkeypatch.setattr(S, "is_pruning_point", lambda point, interval: True)
         selected = model.forward_pruned(*inputs)
     assert torch.equal(skipped.kept_counts, selected.kept_counts)
     assert torch.equal(skipped.survival_depth, selected.survival_depth)
@@ -96,7 +96,7 @@ def test_the_exported_graph_leaves_out_the_skipped_points_and_equals_torch(
     export_onnx(grouped, tmp_path / "grouped.onnx", vocab)
     report = validate_onnx(grouped, tmp_path / "grouped.onnx", vocab)  # raises on any mismatch
     assert report.cases > 0 and report.max_abs_diff <= 1e-4
-    selecting = len([p for p in range(LAYERS) if R.is_pruning_point(p, 2)])
+    selecting = len([p for p in range(LAYERS) if S.is_pruning_point(p, 2)])
     per_point = topk_nodes(tmp_path / "every.onnx") // LAYERS
     assert per_point >= 1 and topk_nodes(tmp_path / "grouped.onnx") == per_point * selecting
     example = example_inputs(3, LENGTH, vocab, (0.3, 1.0, 0.6), seed=5)
@@ -129,6 +129,6 @@ def test_the_service_costs_a_row_with_the_grouped_schedule() -> None:
         schedule = Schedule(num_points=LAYERS, pruning_interval=interval)
         for rho in (0.3, 0.6, 1.0):
             rhos = torch.tensor([rho], dtype=torch.float64)
-            expected = float(R.keep_fractions(rhos, LAYERS, interval=interval).mean())
+            expected = float(S.keep_fractions(rhos, LAYERS, interval=interval).mean())
             assert schedule_fraction(schedule, rho) == pytest.approx(expected, abs=1e-12)
     assert Schedule(num_points=LAYERS).pruning_interval == 1  # directories exported before it

@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from retention_tasks.qa.learn import qa_distill
 from tests.tasks.rows import SQUAD_ROWS
 from tests.tiny import tiny_model, tiny_recipe
 from training.batch import Batch
@@ -26,7 +27,6 @@ from training.fit import (
     train_step,
 )
 from training.objective import Objective
-from training.qa import qa_distill
 from training.recipes import ObjectiveSpec, Recipe, RetentionSpec, RetentionStageSpec, RhoSpec, load_recipe
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,14 +10,15 @@ import torch
 
 from retention_core.contract import Backbone, Manifest, Schedule
 from retention_core.usage import token_work
-from training import retention as R
+from training import selection as S
+from training import terms as T
 
 
 # ----------------------------------------------------------------------------- schedule
 @pytest.mark.parametrize("power", [0.5, 1.0, 2.0])
 def test_keep_fractions_end_at_rho_and_never_increase(power: float) -> None:
     rho = torch.tensor([0.1, 0.3, 0.5, 0.77, 1.0])
-    fractions = R.keep_fractions(rho, num_points=6, power=power)  # (B, P)
+    fractions = S.keep_fractions(rho, num_points=6, power=power)  # (B, P)
     assert fractions.shape == (5, 6)
     torch.testing.assert_close(fractions[:, -1], rho)
     assert torch.all(fractions[:, 1:] <= fractions[:, :-1] + 1e-7)
@@ -26,8 +27,8 @@ def test_keep_fractions_end_at_rho_and_never_increase(power: float) -> None:
 
 def test_front_loaded_schedule_prunes_earlier() -> None:
     rho = torch.tensor([0.3])
-    geometric = R.keep_fractions(rho, 6, power=1.0)
-    front = R.keep_fractions(rho, 6, power=0.5)
+    geometric = S.keep_fractions(rho, 6, power=1.0)
+    front = S.keep_fractions(rho, 6, power=0.5)
     assert torch.all(front[:, :-1] < geometric[:, :-1])
     assert math.isclose(geometric[0, 0].item(), 0.3 ** (1 / 6), rel_tol=1e-6)
 
@@ -36,7 +37,7 @@ def test_keep_counts_round_and_respect_bounds() -> None:
     rho = torch.tensor([0.3, 0.3, 0.01, 1.0])
     num_real = torch.tensor([10, 100, 50, 7])
     protected = torch.tensor([1, 1, 5, 1])
-    counts = R.keep_counts(rho, num_real, protected, num_points=4, power=1.0)  # (B, P)
+    counts = S.keep_counts(rho, num_real, protected, num_points=4, power=1.0)  # (B, P)
     assert counts[0, -1].item() == 3 and counts[1, -1].item() == 30  # round(ρ·n)
     assert counts[2].min().item() == 5  # never below the protected tokens
     assert counts[3].tolist() == [7, 7, 7, 7]  # ρ = 1 keeps everything
@@ -49,9 +50,9 @@ def test_keep_counts_floor_runs_short_rows_dense_and_holds_long_rows_at_the_floo
     rho = torch.tensor([0.3, 0.3, 0.3, 0.2, 0.9])
     num_real = torch.tensor([4, 16, 40, 200, 40])
     protected = torch.ones(5, dtype=torch.long)
-    bare = R.keep_counts(rho, num_real, protected, num_points=6, power=0.5)  # (B, P)
+    bare = S.keep_counts(rho, num_real, protected, num_points=6, power=0.5)  # (B, P)
     assert bare[0, -1].item() == 1  # the defect: one token of four reaches the last layer
-    floored = R.keep_counts(rho, num_real, protected, num_points=6, power=0.5, min_kept=16)  # (B, P)
+    floored = S.keep_counts(rho, num_real, protected, num_points=6, power=0.5, min_kept=16)  # (B, P)
     assert floored[0].tolist() == [4] * 6 and floored[1].tolist() == [16] * 6  # at or under: dense
     assert floored[2].min().item() == 16 and floored[2, -1].item() == 16  # round(0.3·40) = 12 → 16
     torch.testing.assert_close(floored[3], bare[3])  # 40 of 200 at ρ = 0.2: the floor never binds
@@ -66,18 +67,18 @@ def test_keep_counts_floor_zero_is_the_schedule_without_a_floor() -> None:
     rho = torch.rand(64, generator=generator).clamp(min=0.05)  # (B,)
     num_real = torch.randint(1, 300, (64,), generator=generator)  # (B,)
     protected = torch.randint(1, 20, (64,), generator=generator).clamp(max=num_real)  # (B,)
-    floor_zero = R.keep_counts(rho, num_real, protected, 6, 0.5, min_kept=0)
-    assert torch.equal(floor_zero, R.keep_counts(rho, num_real, protected, 6, 0.5))
-    floored = R.keep_counts(rho, num_real, protected, 6, 0.5, min_kept=16)
-    assert torch.equal(floored, torch.maximum(floor_zero, R.floor_tokens(num_real, 16).unsqueeze(-1)))
+    floor_zero = S.keep_counts(rho, num_real, protected, 6, 0.5, min_kept=0)
+    assert torch.equal(floor_zero, S.keep_counts(rho, num_real, protected, 6, 0.5))
+    floored = S.keep_counts(rho, num_real, protected, 6, 0.5, min_kept=16)
+    assert torch.equal(floored, torch.maximum(floor_zero, S.floor_tokens(num_real, 16).unsqueeze(-1)))
 
 
 def test_floored_fractions_are_the_counts_targets_and_bit_identical_at_floor_zero() -> None:
     rho = torch.tensor([0.3, 0.3, 0.5])
     num_real = torch.tensor([4, 40, 400])
-    fractions = R.keep_fractions(rho, 6, 0.5)  # (B, P)
-    assert R.floored_fractions(fractions, num_real, 0) is fractions  # the reference objective untouched
-    floored = R.floored_fractions(fractions, num_real, 16)
+    fractions = S.keep_fractions(rho, 6, 0.5)  # (B, P)
+    assert T.floored_fractions(fractions, num_real, 0) is fractions  # the reference objective untouched
+    floored = T.floored_fractions(fractions, num_real, 16)
     torch.testing.assert_close(floored[0], torch.ones(6))  # 4 tokens under a floor of 16: all kept
     torch.testing.assert_close(floored[1, -1], torch.tensor(0.4))  # 16 / 40 beats ρ = 0.3
     torch.testing.assert_close(floored[2], fractions[2])  # 200 of 400 ≫ 16
@@ -85,8 +86,8 @@ def test_floored_fractions_are_the_counts_targets_and_bit_identical_at_floor_zer
 
 
 def test_conditional_rates_multiply_back_to_fractions() -> None:
-    fractions = R.keep_fractions(torch.tensor([0.2, 0.6]), 5, 1.0)
-    rates = R.conditional_keep_rates(fractions)
+    fractions = S.keep_fractions(torch.tensor([0.2, 0.6]), 5, 1.0)
+    rates = T.conditional_keep_rates(fractions)
     torch.testing.assert_close(torch.cumprod(rates, dim=1), fractions)
 
 
@@ -94,17 +95,17 @@ def test_candidate_fractions_count_protected_tokens_against_the_budget() -> None
     fractions = torch.tensor([[0.8, 0.5, 0.2], [0.8, 0.5, 0.2], [1.0, 1.0, 1.0]])  # (B, P)
     num_real = torch.tensor([100, 100, 10])
     num_protected = torch.tensor([0, 20, 10])  # the last row has nothing to drop
-    shares = R.candidate_keep_fractions(fractions, num_real, num_protected)
+    shares = T.candidate_keep_fractions(fractions, num_real, num_protected)
     torch.testing.assert_close(shares[0], fractions[0])
     torch.testing.assert_close(shares[1], torch.tensor([0.75, 0.375, 0.0]))  # (80−20)/80, (50−20)/80, 0
     torch.testing.assert_close(shares[2], torch.ones(3))
-    rates = R.conditional_keep_rates(shares)
+    rates = T.conditional_keep_rates(shares)
     assert torch.isfinite(rates).all() and rates[1, 2] == 0.0
 
 
 # ----------------------------------------------------------------------------- gates
 def test_hard_concrete_statistics_match_expected_l0() -> None:
-    gate = R.HardConcrete()
+    gate = T.HardConcrete()
     generator = torch.Generator().manual_seed(0)
     for log_alpha_value in (-2.0, 0.0, 1.5):
         log_alpha = torch.full((200_000,), log_alpha_value)
@@ -119,7 +120,7 @@ def test_hard_concrete_statistics_match_expected_l0() -> None:
 
 
 def test_hard_concrete_deterministic_gate_and_prior() -> None:
-    gate = R.HardConcrete()
+    gate = T.HardConcrete()
     assert gate.deterministic(torch.tensor(10.0)).item() == 1.0
     assert gate.deterministic(torch.tensor(-10.0)).item() == 0.0
     rate = torch.tensor([0.1, 0.5, 0.9])
@@ -131,39 +132,39 @@ def test_lambda_rises_when_over_budget_and_stays_non_negative() -> None:
     lam = torch.zeros(3)
     over = torch.tensor([0.2, 0.0, -0.3])
     for _ in range(5):
-        lam = R.dual_ascent(lam, over, lr=1e-2)
+        lam = T.dual_ascent(lam, over, lr=1e-2)
     assert lam[0].item() == pytest.approx(0.01)
     assert lam[1].item() == 0.0 and lam[2].item() == 0.0  # projected at 0
-    lam = R.dual_ascent(torch.tensor([0.5]), torch.tensor([-1.0]), lr=0.1)
+    lam = T.dual_ascent(torch.tensor([0.5]), torch.tensor([-1.0]), lr=0.1)
     assert lam.item() == pytest.approx(0.4)  # falls when under budget
 
 
 def test_two_sided_lambda_goes_negative_and_pushes_an_under_budget_point_back_up() -> None:
     under = torch.tensor([-0.3])
-    lam = R.dual_ascent(torch.zeros(1), under, lr=0.1, two_sided=True)
+    lam = T.dual_ascent(torch.zeros(1), under, lr=0.1, two_sided=True)
     assert lam.item() == pytest.approx(-0.03)
     keep_logit = torch.zeros(1, requires_grad=True)
     gap = torch.sigmoid(keep_logit) - 0.8  # expected kept 0.5 against a target of 0.8
-    R.lagrangian_penalty(gap, lam).backward()
+    T.lagrangian_penalty(gap, lam).backward()
     assert keep_logit.grad is not None and keep_logit.grad.item() < 0  # descent raises the keep rate
 
 
 def test_budget_gap_is_normalised_by_real_tokens() -> None:
     expected = torch.tensor([[6.0, 4.0], [20.0, 10.0]])
     target = torch.tensor([[5.0, 3.0], [10.0, 10.0]])
-    gap = R.budget_gap(expected, target, torch.tensor([10, 20]))
+    gap = T.budget_gap(expected, target, torch.tensor([10, 20]))
     torch.testing.assert_close(gap, torch.tensor([(0.1 + 0.5) / 2, (0.1 + 0.0) / 2]))
 
 
 def test_penalty_gradient_pushes_expected_count_down_when_lambda_positive() -> None:
     expected = torch.tensor([[8.0]], requires_grad=True)
-    gap = R.budget_gap(expected, torch.tensor([[5.0]]), torch.tensor([10]))
-    R.lagrangian_penalty(gap, torch.tensor([1.0])).backward()
+    gap = T.budget_gap(expected, torch.tensor([[5.0]]), torch.tensor([10]))
+    T.lagrangian_penalty(gap, torch.tensor([1.0])).backward()
     assert expected.grad is not None and expected.grad.item() > 0
 
 
 # ----------------------------------------------------------------------------- scorer
-def _naive_scores(scorer: R.RetentionScorer, hidden: torch.Tensor) -> torch.Tensor:
+def _naive_scores(scorer: S.RetentionScorer, hidden: torch.Tensor) -> torch.Tensor:
     """Per-token loop of the paper's recurrence, for reference."""
     batch, seq_len, width = hidden.shape
     summary = torch.zeros(batch, width)
@@ -177,7 +178,7 @@ def _naive_scores(scorer: R.RetentionScorer, hidden: torch.Tensor) -> torch.Tens
 
 def test_scorer_matches_the_recurrence_without_a_loop() -> None:
     torch.manual_seed(0)
-    scorer = R.RetentionScorer(hidden_size=16, scorer_size=8, ema_decay=0.8)
+    scorer = S.RetentionScorer(hidden_size=16, scorer_size=8, ema_decay=0.8)
     hidden = torch.randn(3, 11, 16)
     valid = torch.ones(3, 11, dtype=torch.bool)
     torch.testing.assert_close(scorer(hidden, valid), _naive_scores(scorer, hidden), atol=1e-5, rtol=1e-5)
@@ -185,7 +186,7 @@ def test_scorer_matches_the_recurrence_without_a_loop() -> None:
 
 def test_scorer_summary_is_causal() -> None:
     torch.manual_seed(0)
-    scorer = R.RetentionScorer(hidden_size=8, scorer_size=4)
+    scorer = S.RetentionScorer(hidden_size=8, scorer_size=4)
     hidden = torch.randn(1, 6, 8)
     valid = torch.ones(1, 6, dtype=torch.bool)
     changed = hidden.clone()
@@ -203,8 +204,8 @@ def test_select_top_tokens_invariants() -> None:
         protected = (torch.arange(seq_len) == 0).unsqueeze(0) & valid
         scores = torch.randn(batch, seq_len, generator=generator)
         rho = torch.rand(batch, generator=generator).clamp(min=0.05)
-        counts = R.keep_counts(rho, lengths, protected.sum(1), 1)[:, 0]
-        index, kept = R.select_top_tokens(R.masked_scores(scores, valid, protected), counts)
+        counts = S.keep_counts(rho, lengths, protected.sum(1), 1)[:, 0]
+        index, kept = S.select_top_tokens(S.masked_scores(scores, valid, protected), counts)
         assert torch.equal(kept.sum(1), counts)  # kept counts follow the schedule
         for row in range(batch):
             positions = index[row][kept[row]]
@@ -218,18 +219,18 @@ def test_select_top_tokens_invariants() -> None:
 def test_gather_tokens_shapes() -> None:
     values = torch.arange(2 * 5 * 3, dtype=torch.float32).view(2, 5, 3)
     index = torch.tensor([[0, 2], [1, 4]])
-    gathered = R.gather_tokens(values, index)
+    gathered = S.gather_tokens(values, index)
     assert gathered.shape == (2, 2, 3)
     torch.testing.assert_close(gathered[1, 1], values[1, 4])
-    assert R.gather_tokens(torch.arange(10).view(2, 5), index).tolist() == [[0, 2], [6, 9]]
+    assert S.gather_tokens(torch.arange(10).view(2, 5), index).tolist() == [[0, 2], [6, 9]]
 
 
 def test_encoder_token_work_counts_last_layer_queries() -> None:
     counts = torch.tensor([[10, 10, 10], [5, 3, 2]])
     num_real = torch.tensor([10, 10])
-    work = R.encoder_token_work(counts, num_real, last_layer_queries=None)
+    work = S.encoder_token_work(counts, num_real, last_layer_queries=None)
     torch.testing.assert_close(work, torch.tensor([1.0, 10 / 30]))
-    cls_only = R.encoder_token_work(counts, num_real, last_layer_queries=1)
+    cls_only = S.encoder_token_work(counts, num_real, last_layer_queries=1)
     torch.testing.assert_close(cls_only, torch.tensor([21 / 30, 9 / 30]))
 
 
@@ -261,7 +262,7 @@ def test_encoder_token_work_is_the_serving_definition_per_row(last_layer_queries
     num_real = torch.randint(1, 60, (16,), generator=generator)  # (B,)
     fractions = torch.rand(16, 6, generator=generator).sort(dim=1, descending=True).values  # (B, P)
     counts = (fractions * num_real.unsqueeze(-1)).ceil().to(torch.long)  # (B, P) non-increasing, ≥ 1
-    per_row = R.encoder_token_work(counts, num_real, last_layer_queries)  # (B,)
+    per_row = S.encoder_token_work(counts, num_real, last_layer_queries)  # (B,)
     manifest = _manifest(6, last_layer_queries)
     for row in range(16):
         served = token_work(manifest, [int(num_real[row])], counts[row : row + 1].numpy())
@@ -294,9 +295,9 @@ def test_calibrated_shift_keeps_the_budget_in_expectation(rate: float, spread: f
         kept = (weights * torch.sigmoid(scores - shift + logit_rate)).sum(1)
         return kept / weights.sum(1)  # (B,)
 
-    calibrated = expected_share(R.calibrated_shift(scores, weights, rates))
+    calibrated = expected_share(T.calibrated_shift(scores, weights, rates))
     torch.testing.assert_close(calibrated, rates, atol=1e-4, rtol=0.0)
-    quantile = expected_share(R.quantile_shift(scores, weights, rates))
+    quantile = expected_share(T.quantile_shift(scores, weights, rates))
     if rate != 0.5:  # the quantile shift misses the budget for unsaturated scores (its docstring)
         assert (quantile - rates).abs().mean() > 0.02
 
@@ -304,14 +305,14 @@ def test_calibrated_shift_keeps_the_budget_in_expectation(rate: float, spread: f
 def test_quantile_shift_is_the_weighted_quantile_of_the_candidates() -> None:
     scores = torch.tensor([[4.0, 1.0, 3.0, 2.0, 9.0]])
     weights = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])  # the last token is protected: no weight
-    assert R.quantile_shift(scores, weights, torch.tensor([0.5])).item() == 3.0
+    assert T.quantile_shift(scores, weights, torch.tensor([0.5])).item() == 3.0
     half_alive = torch.tensor([[0.5, 1.0, 0.5, 1.0, 0.0]])  # 4 and 3 half-dropped already
-    assert R.quantile_shift(scores, half_alive, torch.tensor([0.5])).item() == 2.0
+    assert T.quantile_shift(scores, half_alive, torch.tensor([0.5])).item() == 2.0
 
 
 def test_salient_keep_loss_is_the_mean_negative_log_gate_of_the_salient_tokens() -> None:
     open_prob = torch.tensor([[[0.5, 0.9, 0.2], [0.25, 0.8, 0.1]]])  # (B=1, P=2, T=3)
     salient = torch.tensor([[True, False, False]])  # (B, T)
     expected = -(math.log(0.5) + math.log(0.25)) / 2
-    assert R.salient_keep_loss(open_prob, salient).item() == pytest.approx(expected)
-    assert R.salient_keep_loss(open_prob, torch.zeros_like(salient)).item() == 0.0
+    assert T.salient_keep_loss(open_prob, salient).item() == pytest.approx(expected)
+    assert T.salient_keep_loss(open_prob, torch.zeros_like(salient)).item() == 0.0

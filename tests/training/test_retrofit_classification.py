@@ -17,10 +17,10 @@ from transformers import BertForSequenceClassification
 
 from retention_core.contract import MODEL_FILE, Manifest
 from retention_core.onnx import open_session
+from retention_tasks.classification.learn import AGREEMENT_METRIC, as_rows
 from tests.tasks.test_embedding import write_sentence_transformer
 from tests.tiny import write_rows
 from training.__main__ import main as training_main
-from training.classification import AGREEMENT_METRIC, as_rows
 from training.data import read_jsonl_gz
 from training.encoders import load_backbone, load_tokenizer
 from training.evaluation import onnx_predict_rows

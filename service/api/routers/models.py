@@ -1,16 +1,19 @@
-"""GET /models, GET /models/{name}"""
+"""GET /models, GET /models/{name}, GET /models/{name}/schedule"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
+from retention_core.schedule import token_work_curve
 from service.api.deps import ServerDep, SettingsDep
 from service.api.faces import FACES
 from service.api.routers.common import ERROR_RESPONSES
-from service.api.schemas import ModelDetail, ModelList, ModelSummary
+from service.api.schemas import ModelDetail, ModelList, ModelSummary, ScheduleCurve
 from service.serving import ServedModel, ServerState
 
 router = APIRouter(prefix="/models", tags=["models"])
+SCHEDULE_GRID = tuple(step / 20 for step in range(1, 21))  # the rho values GET /models/{name}/schedule gives
+MAX_SCHEDULE_LENGTH = 1_000_000
 
 
 def summarize_model(model: ServedModel, state: ServerState) -> ModelSummary:
@@ -31,6 +34,9 @@ def summarize_model(model: ServedModel, state: ServerState) -> ModelSummary:
         providers=list(model.providers),
         backend=model.backend_kind,
         device=model.device,
+        pruned_branch_bytes=None
+        if manifest.pruned_branch is None
+        else manifest.pruned_branch.bytes.get(model.precision),
         is_default=is_default,
         explain=model.explains,
         route=None if face is None else face.path,
@@ -56,4 +62,20 @@ async def get_model(name: str, server: ServerDep) -> ModelDetail:
     model = server.get(name)
     return ModelDetail(
         summary=summarize_model(model, server.state()), manifest=model.manifest.model_dump(mode="json")
+    )
+
+
+@router.get(
+    "/{name}/schedule",
+    response_model=ScheduleCurve,
+    responses={401: ERROR_RESPONSES[401], 404: ERROR_RESPONSES[404]},
+)
+async def get_schedule(
+    name: str, server: ServerDep, length: int = Query(default=128, ge=1, le=MAX_SCHEDULE_LENGTH)
+) -> ScheduleCurve:
+    """Token-work of one row of ``length`` tokens against rho under the model's schedule (what the
+    explorer page draws; the formula stays on the server, ``retention_core.schedule.token_work_curve``)."""
+    schedule = server.get(name).manifest.schedule
+    return ScheduleCurve(
+        length=length, rho=list(SCHEDULE_GRID), token_work=token_work_curve(schedule, length, SCHEDULE_GRID)
     )

@@ -1,0 +1,36 @@
+"""The torch side of embeddings: its batches, loss (to the original model's dense vectors) and evaluation
+(``training/embedding.py``), its retrofit recipe, and its dataset."""
+
+from __future__ import annotations
+
+from retention_tasks.embedding.spec import SPEC
+from training import embedding
+from training.data import SplitSource, holdout, not_holdout, unique_texts
+from training.retrofit_recipes import embedding_recipe
+from training.tasks import TrainingTask
+
+__all__ = ["DATASETS", "SPEC", "TRAINING"]
+
+TRAINING = TrainingTask(
+    make_batch=embedding.embedding_batch,
+    loss=embedding.embedding_loss,
+    evaluation=embedding.EVALUATION,
+    reference_dataset="squad_contexts",
+    teacher=embedding.dense_targets,
+    retrofit_recipe=embedding_recipe,
+)
+
+CONTEXTS = unique_texts("context")
+DATASETS = {
+    # SQuAD contexts as unlabeled texts (embedding retrofit): the distinct paragraphs of the SQuAD splits
+    # (train / validation carved by sha1(title) as for qa's "squad"; test = the official dev set's).
+    "squad_contexts": {
+        "train": SplitSource(
+            "squad/train_subset.jsonl.gz", ("squad",), "train", not_holdout("title"), CONTEXTS
+        ),
+        "validation": SplitSource(
+            "squad/train_subset.jsonl.gz", ("squad",), "train", holdout("title"), CONTEXTS
+        ),
+        "test": SplitSource("squad/validation.jsonl.gz", ("squad",), "validation", None, CONTEXTS),
+    },
+}

@@ -1,0 +1,159 @@
+"""The two-path export (issue 56): a model whose pruned branch has weights of its own is one ONNX graph
+in which ρ = 1 runs the original's weights and operators only (its outputs are the original export's, bit
+for bit), a batch at ρ < 1 runs the copy's pruned pass only, and a mixed batch runs both with each row
+taking its own; the manifest and ``GET /models`` state what the copy costs; int8 quantizes both paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import numpy_helper
+
+from retention_core.contract import INT8_MODEL_FILE, MANIFEST_FILE, MODEL_FILE, Manifest
+from service.backends.base import ModelLoadError
+from service.backends.torch_backend import open_torch
+from service.settings import Settings
+from tests.service.conftest import running, settings_for
+from tests.tiny import tiny_recipe
+from tests.training.test_pruned_branch import branched, perturb
+from training.export import all_nodes, branch_of, branch_reads, copy_only_bytes, export_model
+from training.model import RetentionModel
+
+TASKS = ("embedding", "classification", "qa")  # a pooled, a sequence and a token head
+FULL, HALF = 1.0, 0.5
+# int8 activations have one dynamic scale per tensor, so a row's output moves with its batch's other rows
+INT8_BATCH_TOLERANCE = 3e-2
+
+
+def feeds(session: ort.InferenceSession, rhos: list[float], seed: int = 0) -> dict[str, np.ndarray]:
+    """Ragged rows of random ids for every input the graph takes (token types and protected masks zero
+    but for the QA question's first tokens)."""
+    rng = np.random.default_rng(seed)
+    batch, length = len(rhos), 16
+    mask = np.ones((batch, length), np.int64)
+    mask[1, 11:] = 0
+    ids = rng.integers(5, 1000, (batch, length)).astype(np.int64) * mask
+    values = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "rho": np.array(rhos, np.float32),
+        "token_type_ids": np.zeros_like(mask),
+        "protected_mask": np.zeros_like(mask),
+    }
+    values["protected_mask"][:, :3] = 1
+    return {graph_input.name: values[graph_input.name] for graph_input in session.get_inputs()}
+
+
+def exported(tmp_path: Path, task: str) -> tuple[RetentionModel, Path, Path]:
+    """(the two-path model, its directory, the frozen original's directory): both with int8."""
+    original, model = branched(task)
+    perturb(model)
+    original_dir, two_path_dir = tmp_path / "original", tmp_path / "served" / "two-path"
+    export_model(original, tiny_recipe(task), tokenizer_of(), original_dir, int8=True)
+    export_model(model, tiny_recipe(task, name="two-path"), tokenizer_of(), two_path_dir, int8=True)
+    return model, two_path_dir, original_dir
+
+
+def tokenizer_of():
+    from training.tiny import tiny_model
+
+    return tiny_model("embedding")[1]
+
+
+def outputs(directory: Path, file: str, rhos: list[float]) -> list[np.ndarray]:
+    session = ort.InferenceSession(str(directory / file), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds(session, rhos))
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_rho_1_is_the_original_export_and_rho_below_1_runs_the_copy(tmp_path: Path, task: str) -> None:
+    _, two_path, original = exported(tmp_path, task)
+    for file in (MODEL_FILE, INT8_MODEL_FILE):
+        # ρ = 1: the original's graph, bit for bit, in fp32 and in int8
+        for mine, theirs in zip(
+            outputs(two_path, file, [FULL] * 3), outputs(original, file, [FULL] * 3), strict=True
+        ):
+            assert np.array_equal(mine, theirs), file
+        # ρ < 1: the copy's weights (the outputs move), the same schedule (kept counts equal)
+        mine_half, theirs_half = outputs(two_path, file, [HALF] * 3), outputs(original, file, [HALF] * 3)
+        assert not np.allclose(mine_half[0], theirs_half[0], atol=1e-3), file
+        assert np.array_equal(mine_half[1], theirs_half[1]), file
+        # a mixed batch: each row its own path, as in a batch of its own kind (fp32 exactly; int8 within
+        # its dynamic activation scales, one per tensor, which a batch's other rows move)
+        mixed = outputs(two_path, file, [FULL, HALF, HALF])
+        tolerance = INT8_BATCH_TOLERANCE if file == INT8_MODEL_FILE else 1e-5
+        np.testing.assert_allclose(mixed[0][0], outputs(two_path, file, [FULL] * 3)[0][0], atol=tolerance)
+        np.testing.assert_allclose(mixed[0][1:], mine_half[0][1:], atol=tolerance)
+
+
+def test_the_graph_nests_both_paths_below_the_unpruned_choice_and_int8_quantizes_the_copy(
+    tmp_path: Path,
+) -> None:
+    _, two_path, _ = exported(tmp_path, "embedding")
+    for file, quantized in ((MODEL_FILE, False), (INT8_MODEL_FILE, True)):
+        model = onnx.load(str(two_path / file))
+        (outer,) = [node for node in model.graph.node if node.op_type == "If"]
+        assert outer.name == "unpruned_if_every_rho_is_1"
+        (inner,) = [node for node in branch_of(outer, "else_branch").node if node.op_type == "If"]
+        assert inner.name == "both_paths_if_some_rho_is_1"
+        copy_ops = {node.op_type for node in all_nodes(branch_of(inner, "else_branch"))}
+        assert bool(copy_ops & {"MatMulInteger", "DynamicQuantizeMatMul"}) == quantized, copy_ops
+        # the copy's pass alone reads none of the original encoder's weights (the perturbed copy shares
+        # no weight with it; tensors equal by content are stored once: the tracer's scalars, int8's
+        # all-zero zero points)
+        reads = branch_reads(model)
+        assert reads is not None
+        weights = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+        shared = [name for name in reads[0] & reads[1] if name in weights]
+        assert all(weights[name].size <= 1 or not weights[name].any() for name in shared), shared
+
+
+def test_manifest_and_models_state_what_the_copy_costs(tmp_path: Path) -> None:
+    model, two_path, original = exported(tmp_path, "embedding")
+    manifest = Manifest.read(two_path)
+    assert model.pruned_backbone is not None
+    assert manifest.pruned_branch is not None
+    parameters = sum(param.numel() for param in model.pruned_backbone.parameters())
+    assert manifest.pruned_branch.parameters == parameters
+    fp32, int8 = manifest.pruned_branch.bytes["fp32"], manifest.pruned_branch.bytes["int8"]
+    # every weight of the perturbed copy is its own; the traced graph holds them as fp32 initializers
+    assert fp32 == parameters * 4
+    assert 0 < int8 < fp32
+    assert copy_only_bytes(onnx.load(str(original / MODEL_FILE))) == 0
+    # a one-path manifest does not carry the field at all: its bytes are what they were before it existed
+    assert "pruned_branch" not in json.loads((original / MANIFEST_FILE).read_text())
+    assert manifest.torch_weights is None  # the torch backend runs one set of weights
+    with pytest.raises(ModelLoadError, match="two-path model"):
+        open_torch(two_path, manifest, model.spec, Settings())
+
+    with running(settings_for(two_path.parent, precision="int8")) as (_, client):
+        summary = client.get("/models").json()["models"][0]
+        detail = client.get("/models/two-path").json()["manifest"]
+        vector = client.post("/v1/embeddings", json={"input": ["a plain sentence"], "rho": 0.5})
+    assert summary["pruned_branch_bytes"] == int8
+    assert detail["pruned_branch"] == {"parameters": parameters, "bytes": {"fp32": fp32, "int8": int8}}
+    assert vector.status_code == 200, vector.text
+
+
+def test_the_tiny_models_agree_with_torch_in_every_branch(tmp_path: Path) -> None:
+    """The export's own validation ran (uniform and mixed ρ); here the served fp32 graph against the
+    torch model directly, per branch."""
+    model, two_path, _ = exported(tmp_path, "embedding")
+    session = ort.InferenceSession(str(two_path / MODEL_FILE), providers=["CPUExecutionProvider"])
+    for rhos in ([FULL] * 3, [HALF] * 3, [FULL, 0.3, HALF]):
+        values = feeds(session, rhos)
+        with torch.no_grad():
+            expected = model.forward_pruned(
+                torch.from_numpy(values["input_ids"]),
+                torch.from_numpy(values["attention_mask"]),
+                torch.from_numpy(values["rho"]),
+            )
+        got = session.run(None, values)
+        np.testing.assert_allclose(got[0], expected.logits.numpy(), atol=1e-5)
+        assert np.array_equal(got[1], expected.kept_counts.numpy())

@@ -1,9 +1,9 @@
 """Overload benchmark: open-loop arrivals (locust) at multiples of fixed rho=1's capacity for four
 policies (``auto``, ``rho1``, ``rho_min``, ``tei_cap``: rho=1 with a TEI-style concurrency cap), each
 against its own ``python -m service`` on loopback. Per (policy, rate): goodput, p50/p99 of the accepted,
-shed ratio, errors, mean rho, RSS, idle latency after. ``--clients`` sets what clients do with a 429
-(``none``, ``polite``: wait Retry-After, ``impolite``: retry after ``--retry-delay``); ``--soak-seconds``
-adds a long run per policy reporting RSS growth.
+shed ratio, errors, mean rho, RSS, idle latency after; ``--soak-seconds`` adds a long run per policy
+reporting RSS growth. (Clients that retry a 429, polite or not, and ``--server-env``: the finished
+retry-storm study's, ``git show 91c46ac:benchmarks/overload.py``.)
 
     python -m benchmarks.overload --models-dir models --model <classification model> \
         --out results/bench/overload.json --plot docs/plots/overload.png    # + overload.md
@@ -36,12 +36,9 @@ from benchmarks._http import serving
 from benchmarks.harness import cli, figure, fmt, label_axes, percentile, publish
 from benchmarks.load import make_texts
 from service.api.faces import FACES
-from service.settings import Settings
 
 LOCUSTFILE = Path(__file__).with_name("overload_locust.py")
 MULTIPLES = (0.5, 1.0, 2.0, 5.0, 10.0)
-# --clients: what a client does with a 429 (benchmarks/overload_locust.py's OVERLOAD_RETRY)
-CLIENTS = ("none", "polite", "impolite")
 READY_TIMEOUT_S = 300.0  # a server loading its model on shared cores
 
 
@@ -78,9 +75,6 @@ class Cell:
     offered_rps: float
     seconds: float
     round: int = 0  # --rounds: every round runs every policy once more (a fresh server), interleaved
-    clients: str = "none"  # what its clients do with a 429 (CLIENTS)
-    arrivals: int = 0  # clients that arrived (first attempts)
-    attempts_rps: float = 0.0  # attempts (first sends and retries) per second of arrivals
     sent: int = 0
     ok: int = 0
     shed: int = 0  # 429
@@ -105,48 +99,12 @@ class Cell:
     send_lag_p99_ms: float | None = None  # how late the generator sent (scheduled -> sent)
     # Where the accepted requests' time went: in the batcher (queue + inference, the part admission
     # predicts) and outside it (client, HTTP, tokenizing, decoding): latency minus the batcher's part.
-    loadavg_1m: float | None = None  # the machine's 1-minute load average as the cell ended (shared cores)
     batcher_p50_ms: float | None = None
     batcher_p99_ms: float | None = None
     outside_p50_ms: float | None = None
     outside_p99_ms: float | None = None
-    # The server's event loop during the cell (retention_event_loop_lag_seconds: how late a 100 ms timer
-    # ran): the p99 bucket's upper bound and the share of probes later than 100 ms.
-    loop_lag_p99_ms: float | None = None
-    loop_lag_over_100ms: float | None = None
-    queue_over_prediction_p50_ms: float | None = None  # queue time minus admission's predicted wait
-    queue_over_prediction_p99_ms: float | None = None
-
-
-LOOP_LAG = "retention_event_loop_lag_seconds"
-
-
-def loop_lag_buckets(url: str) -> dict[float, float]:
-    """The server's event-loop lag histogram now: cumulative count per upper bound (inf included)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(f"{url}/metrics", timeout=30).text
-    for family in text_string_to_metric_families(text):
-        if family.name == LOOP_LAG:
-            return {
-                float(sample.labels["le"]): sample.value
-                for sample in family.samples
-                if sample.name == f"{LOOP_LAG}_bucket"
-            }
-    return {}
-
-
-def loop_lag_summary(
-    before: dict[float, float], after: dict[float, float]
-) -> tuple[float | None, float | None]:
-    """(p99 bucket bound in ms, share of probes over 100 ms) of the probes between two scrapes."""
-    delta = {bound: after[bound] - before.get(bound, 0.0) for bound in sorted(after)}
-    total = delta.get(float("inf"), 0.0)
-    if total <= 0:
-        return None, None
-    p99 = next(bound for bound, count in delta.items() if count >= 0.99 * total)
-    over = 1.0 - delta.get(0.1, total) / total
-    return 1000 * p99, over
+    # (the retry-storm study's event-loop lag, load average and queue-over-prediction columns:
+    # git show 91c46ac:benchmarks/overload.py)
 
 
 def pinned(command: list[str], cpus: list[int] | None) -> list[str]:
@@ -202,21 +160,12 @@ class RssSampler:
 
 @dataclass(frozen=True)
 class Load:
-    """One locust run: ``open`` arrivals at ``rate``/s, or a ``closed`` loop of ``concurrency`` clients;
-    ``retry``: what a client does with a 429 (``none``, ``polite`` or seconds), giving up ``give_up_s``
-    after its arrival."""
+    """One locust run: ``open`` arrivals at ``rate``/s, or a ``closed`` loop of ``concurrency`` clients."""
 
     mode: str
     seconds: float
     rate: float = 0.0
     concurrency: int = 0
-    retry: str = "none"
-    give_up_s: float = 0.0
-
-
-def retry_mode(clients: str, delay: float) -> str:
-    """OVERLOAD_RETRY of a client population."""
-    return {"none": "none", "polite": "polite"}.get(clients, f"{delay:g}")
 
 
 def drive(
@@ -241,10 +190,7 @@ def drive(
         "OVERLOAD_OUT": str(out),
         "OVERLOAD_BODIES": str(bodies),
         "OVERLOAD_GRACE_S": str(grace),
-        "OVERLOAD_RETRY": load.retry,
-        "OVERLOAD_GIVE_UP_S": str(load.give_up_s),
     }
-    grace += load.give_up_s if load.retry != "none" else 0.0  # retries go on after the last arrival
     locust = Path(sys.executable).with_name("locust")
     command = [
         str(locust) if locust.exists() else "locust",
@@ -261,8 +207,6 @@ def drive(
 def summarize(cell: Cell, records: list[dict[str, Any]]) -> Cell:
     accepted = [r for r in records if r["status"] == 200]
     cell.sent = len(records)
-    cell.arrivals = sum("attempt" not in r for r in records)
-    cell.attempts_rps = cell.sent / cell.seconds
     cell.ok = len(accepted)
     cell.shed = sum(r["status"] == 429 for r in records)
     cell.server_errors = sum(r["status"] >= 500 for r in records)
@@ -283,11 +227,6 @@ def summarize(cell: Cell, records: list[dict[str, Any]]) -> Cell:
             outside = [r["latency_s"] - b for r, b in zip(split, batcher, strict=True)]
             cell.batcher_p50_ms, cell.batcher_p99_ms = (1000 * percentile(batcher, q) for q in (0.5, 0.99))
             cell.outside_p50_ms, cell.outside_p99_ms = (1000 * percentile(outside, q) for q in (0.5, 0.99))
-            # admission's error: the queue time an accepted request had beyond what admission predicted
-            late = [r["queue_s"] - r.get("predicted_wait_s", 0.0) for r in split]
-            cell.queue_over_prediction_p50_ms, cell.queue_over_prediction_p99_ms = (
-                1000 * percentile(late, q) for q in (0.5, 0.99)
-            )
     for record in accepted:
         reason = str(record.get("rho_reason"))
         cell.reasons[reason] = cell.reasons.get(reason, 0) + 1
@@ -313,7 +252,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     texts = make_texts(args.texts, args.min_words, args.max_words, args.seed)
     endpoint = FACES[args.task].path
     extra = {"RETENTION_DEFAULT_MODELS": json.dumps({args.task: args.model})} if args.model else {}
-    extra.update(dict(item.split("=", 1) for item in args.server_env))
     if not args.arena:
         extra["RETENTION_CPU_MEM_ARENA"] = "false"
     cells: list[Cell] = []
@@ -329,23 +267,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for round_index, policy in itertools.product(range(args.rounds), chosen):
             path = f"{endpoint}?rho={policy.rho}"
             with server(args.models_dir, policy, extra, workdir, args.server_cpus) as (url, pid):
-                for multiple, clients in itertools.product(args.multiples, args.clients):
-                    cell = Cell(
-                        policy.name, multiple, multiple * capacity, args.seconds, round_index, clients
-                    )
-                    lag_before = loop_lag_buckets(url)
+                for multiple in args.multiples:
+                    cell = Cell(policy.name, multiple, multiple * capacity, args.seconds, round_index)
                     with RssSampler(pid) as rss:
                         cell.rss_start_mib = rss.mib()
-                        retry = retry_mode(clients, args.retry_delay)
-                        load = Load(
-                            "open", args.seconds, cell.offered_rps, retry=retry, give_up_s=args.give_up_s
-                        )
+                        load = Load("open", args.seconds, cell.offered_rps)
                         records = drive(url, path, load, bodies, args.grace, workdir, args.client_cpus)
                     summarize(cell, records)
-                    cell.loop_lag_p99_ms, cell.loop_lag_over_100ms = loop_lag_summary(
-                        lag_before, loop_lag_buckets(url)
-                    )
-                    cell.loadavg_1m = os.getloadavg()[0]
                     cell.rss_peak_mib, cell.rss_end_mib = max(rss.samples), rss.samples[-1]
                     idle_body = FACES[args.task].example_body(texts[0])
                     cell.idle_after_p50_ms = idle_latency_ms(url, path, idle_body)
@@ -366,11 +294,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "arena": args.arena,
         "tei_max_concurrent": args.tei_max_concurrent,
         "texts": {"count": args.texts, "min_words": args.min_words, "max_words": args.max_words},
-        "clients": args.clients,
-        "auto_latency_target_s": float(extra.get("RETENTION_AUTO_LATENCY_TARGET_S", DEFAULT_TARGET_S)),
-        "retry_delay_s": args.retry_delay,
-        "give_up_s": args.give_up_s,
-        "server_env": args.server_env,
         "results": [asdict(cell) for cell in cells],
         "soak": soaks,
     }
@@ -415,8 +338,7 @@ def soak(
 def summary_line(cell: Cell) -> str:
     return " ".join(
         [
-            f"{cell.policy:8s} x{cell.multiple:<4g} {cell.clients:8s} offered {cell.offered_rps:7.1f}/s",
-            f"attempts {cell.attempts_rps:7.1f}/s",
+            f"{cell.policy:8s} x{cell.multiple:<4g} offered {cell.offered_rps:7.1f}/s",
             f"goodput {cell.goodput_rps:7.1f}/s (answered {cell.answered_rps:.1f}/s)",
             f"p50 {fmt(cell.p50_ms)} ms p99 {fmt(cell.p99_ms)} ms",
             f"shed {cell.shed_ratio:.2f} 5xx {cell.server_errors} rho {fmt(cell.mean_rho, 2)}",
@@ -424,9 +346,6 @@ def summary_line(cell: Cell) -> str:
             f"client lag p99 {fmt(cell.send_lag_p99_ms)} ms",
             f"batcher p50/p99 {fmt(cell.batcher_p50_ms)}/{fmt(cell.batcher_p99_ms)} ms",
             f"outside p50/p99 {fmt(cell.outside_p50_ms)}/{fmt(cell.outside_p99_ms)} ms",
-            f"loop lag p99 {fmt(cell.loop_lag_p99_ms)} ms (>100 ms {fmt(cell.loop_lag_over_100ms, 3)})",
-            f"queue - predicted p50/p99 {fmt(cell.queue_over_prediction_p50_ms)}/"
-            f"{fmt(cell.queue_over_prediction_p99_ms)} ms",
         ]
     )
 
@@ -442,25 +361,20 @@ def markdown(report: dict[str, Any]) -> str:
         "Goodput: 200s answered while the arrivals lasted, per second; answered: every 200 per second of",
         "arrivals, including the answers a still-full queue gives after the last send.",
         "",
-        "Clients: what a client does with a 429 (none: gives up; polite: waits its Retry-After; impolite:"
-        f" retries {report.get('retry_delay_s', 0.05):g} s later); attempts /s: first sends and retries.",
-        "",
-        "| policy | x capacity | clients | offered /s | attempts /s | goodput /s | answered /s | p50 ms |"
-        " p99 ms | shed | 5xx | other | mean rho | RSS peak MiB | idle after ms | client lag p99 ms |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| policy | x capacity | offered /s | goodput /s | answered /s | p50 ms | p99 ms | shed | 5xx |"
+        " other | mean rho | RSS peak MiB | idle after ms | client lag p99 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in report["results"]:
         lines.append(
-            f"| {c['policy']} | {c['multiple']:g} | {c.get('clients', 'none')} | {c['offered_rps']:.1f} | "
-            f"{fmt(c.get('attempts_rps'))} | {c['goodput_rps']:.1f} | {fmt(c.get('answered_rps'))} | "
+            f"| {c['policy']} | {c['multiple']:g} | {c['offered_rps']:.1f} | "
+            f"{c['goodput_rps']:.1f} | {fmt(c.get('answered_rps'))} | "
             f"{fmt(c['p50_ms'])} | {fmt(c['p99_ms'])} | {c['shed_ratio']:.2f} | {c['server_errors']} | "
             f"{c['other']} | {fmt(c['mean_rho'], 2)} | {c['rss_peak_mib']:.0f} | "
             f"{fmt(c['idle_after_p50_ms'])} | {fmt(c['send_lag_p99_ms'])} |"
         )
     if report.get("rounds", 1) > 1:
         lines += ["", *rounds_table(report["results"])]
-    if {"polite", "impolite"} <= set(report.get("clients", [])):
-        lines += ["", *impolite_targets(report, report.get("auto_latency_target_s", DEFAULT_TARGET_S))]
     for s in report["soak"]:
         lines += [
             "",
@@ -469,46 +383,6 @@ def markdown(report: dict[str, Any]) -> str:
             f"peak {s['rss_peak_mib']:.0f} MiB",
         ]
     return "\n".join(lines) + "\n"
-
-
-# The targets for clients that ignore Retry-After (docs/service.md, "Overload with clients that ignore
-# Retry-After"): rho=auto keeps this share of its goodput with polite clients at the same offered load,
-# and its accepted p99 within this multiple of its target.
-IMPOLITE_GOODPUT_SHARE = 0.8
-DEFAULT_TARGET_S: float = Settings.model_fields["auto_latency_target_s"].default
-P99_TARGET_MULTIPLE = 2.0
-
-
-def impolite_targets(report: dict[str, Any], target_s: float) -> list[str]:
-    """Per offered load: rho=auto with impolite clients against the targets (goodput vs polite clients
-    and vs fixed rho = min_rho, accepted p99 vs ``target_s``, zero 5xx), as markdown lines."""
-    cells = {(c["policy"], c["multiple"], c.get("clients", "none")): c for c in report["results"]}
-    lines = [
-        f"Targets with impolite clients (rho=auto, latency target {1000 * target_s:.0f} ms):",
-        "",
-        "| x capacity | auto goodput impolite / polite | ≥ 80%? | rho_min goodput impolite |"
-        " auto ≥ rho_min? | auto p99 ms | ≤ 2× target? | 5xx (all policies) |",
-        "|---:|---:|---|---:|---|---:|---|---:|",
-    ]
-    for multiple in sorted({c["multiple"] for c in report["results"]}):
-        rude, polite = cells.get(("auto", multiple, "impolite")), cells.get(("auto", multiple, "polite"))
-        floor = cells.get(("rho_min", multiple, "impolite"))
-        if rude is None or polite is None:
-            continue
-        share = rude["goodput_rps"] / polite["goodput_rps"] if polite["goodput_rps"] else 0.0
-        p99 = rude["p99_ms"]
-        errors = sum(c["server_errors"] for c in report["results"] if c["multiple"] == multiple)
-        floor_goodput = floor["goodput_rps"] if floor is not None else None
-        beats = (
-            "-" if floor_goodput is None else ("yes" if rude["goodput_rps"] >= floor_goodput else "**no**")
-        )
-        in_target = p99 is not None and p99 <= P99_TARGET_MULTIPLE * 1000 * target_s
-        lines.append(
-            f"| {multiple:g} | {rude['goodput_rps']:.1f} / {polite['goodput_rps']:.1f} = {100 * share:.0f}% "
-            f"| {'yes' if share >= IMPOLITE_GOODPUT_SHARE else '**no**'} | {fmt(floor_goodput)} | {beats} "
-            f"| {fmt(p99, 0)} | {'yes' if in_target else '**no**'} | {errors} |"
-        )
-    return lines
 
 
 def across_rounds(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -589,14 +463,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--plot", type=Path, help="the plot's path (default: --out with .png)")
     parser.add_argument("--policies", nargs="+", default=["auto", "rho1", "rho_min", "tei_cap"])
     parser.add_argument("--multiples", nargs="+", type=float, default=list(MULTIPLES))
-    parser.add_argument(
-        "--clients", nargs="+", choices=CLIENTS, default=["none"], help="what clients do with a 429"
-    )
-    parser.add_argument("--retry-delay", type=float, default=0.05, help="impolite clients' retry delay (s)")
-    parser.add_argument("--give-up-s", type=float, default=10.0, help="a retrying client gives up after this")
-    parser.add_argument(
-        "--server-env", nargs="*", default=[], metavar="KEY=VALUE", help="extra server settings (RETENTION_*)"
-    )
     parser.add_argument("--seconds", type=float, default=20.0, help="arrivals per cell")
     parser.add_argument("--rounds", type=int, default=1, help="every policy this many times, interleaved")
     parser.add_argument("--grace", type=float, default=35.0, help="wait this long for the last answers")

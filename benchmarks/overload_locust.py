@@ -9,14 +9,8 @@ One locust user drives the whole load:
   (no coordinated omission).
 - ``OVERLOAD_MODE=closed``: ``OVERLOAD_CONCURRENCY`` greenlets send back to back (capacity probe).
 
-``OVERLOAD_RETRY`` says what a client does with a 429 (open loop only): ``none`` (gives up at once),
-``polite`` (waits its ``Retry-After``, then sends again), or a number of seconds (waits that long,
-ignoring ``Retry-After``: the retry storm of hand-written loops and impatient SDKs). A retrying client
-gives up ``OVERLOAD_GIVE_UP_S`` after its arrival.
-
-Every attempt becomes one JSON line in ``OVERLOAD_OUT``: its offset, latency (the first attempt's
-from the scheduled arrival, a retry's from its send), status, Retry-After, served rho and rho_reason,
-the arrival it belongs to and its attempt number. Bodies: ``OVERLOAD_BODIES`` (a JSON file: a list
+Every request becomes one JSON line in ``OVERLOAD_OUT``: its offset, latency (from the scheduled
+arrival), status, Retry-After, served rho and rho_reason. Bodies: ``OVERLOAD_BODIES`` (a JSON file: a list
 of request bodies), sent in turn to ``OVERLOAD_PATH`` (path and query, e.g. ``/classify?rho=auto``).
 """
 
@@ -38,20 +32,6 @@ PATH = os.environ.get("OVERLOAD_PATH", "/classify?rho=1")
 OUT = os.environ.get("OVERLOAD_OUT", "overload.jsonl")
 BODIES: list[dict[str, Any]] = json.loads(open(os.environ["OVERLOAD_BODIES"]).read())  # noqa: SIM115
 GRACE_S = float(os.environ.get("OVERLOAD_GRACE_S", "35"))  # wait this long for answers after the last send
-RETRY = os.environ.get("OVERLOAD_RETRY", "none")  # none | polite | <seconds>
-GIVE_UP_S = float(os.environ.get("OVERLOAD_GIVE_UP_S", "10"))
-
-
-def retry_delay(retry_after: str | None) -> float | None:
-    """Seconds to wait before sending again after a 429, or None: give up."""
-    if RETRY == "none":
-        return None
-    if RETRY == "polite":
-        try:
-            return float(retry_after or 1)
-        except ValueError:
-            return 1.0
-    return float(RETRY)
 
 
 class Driver(FastHttpUser):
@@ -60,23 +40,8 @@ class Driver(FastHttpUser):
     network_timeout = 60.0
     connection_timeout = 10.0
 
-    def arrival(self, index: int, scheduled: float, origin: float, sink: list[dict[str, Any]]) -> None:
-        """One client: its first attempt at ``scheduled``, then its retries (``OVERLOAD_RETRY``)."""
-        attempt, start = 0, scheduled
-        while True:
-            record = self.one(index, start, origin, sink, attempt)
-            delay = retry_delay(record.get("retry_after")) if record["status"] == 429 else None
-            if delay is None or time.monotonic() + delay - scheduled > GIVE_UP_S:
-                return
-            gevent.sleep(delay)
-            attempt, start = attempt + 1, time.monotonic()
-
-    def one(
-        self, index: int, scheduled: float, origin: float, sink: list[dict[str, Any]], attempt: int = 0
-    ) -> dict[str, Any]:
+    def one(self, index: int, scheduled: float, origin: float, sink: list[dict[str, Any]]) -> None:
         record: dict[str, Any] = {"at_s": scheduled - origin, "send_lag_s": time.monotonic() - scheduled}
-        if attempt:
-            record.update(arrival=index, attempt=attempt)
         try:
             with self.client.post(
                 PATH, json=BODIES[index % len(BODIES)], name=PATH, catch_response=True
@@ -91,12 +56,10 @@ class Driver(FastHttpUser):
                     # the batcher's share of the latency (the rest: HTTP, tokenizing, decoding, the client)
                     record["queue_s"] = float(response.headers.get("x-queue-time") or 0.0)
                     record["inference_s"] = float(response.headers.get("x-inference-time") or 0.0)
-                    record["predicted_wait_s"] = float(response.headers.get("x-predicted-wait") or 0.0)
                 response.success()  # 429s are an outcome here, not a locust failure
         except Exception as exc:  # connection refused / reset: recorded as status 0
             record.update(status=0, latency_s=time.monotonic() - scheduled, error=type(exc).__name__)
         sink.append(record)
-        return record
 
     @task
     def drive(self) -> None:
@@ -110,13 +73,13 @@ class Driver(FastHttpUser):
                 if scheduled - origin >= SECONDS:
                     break
                 gevent.sleep(max(0.0, scheduled - time.monotonic()))
-                greenlets.append(gevent.spawn(self.arrival, index, scheduled, origin, sink))
+                greenlets.append(gevent.spawn(self.one, index, scheduled, origin, sink))
                 index += 1
         else:
             greenlets = [
                 gevent.spawn(self.closed_loop, worker, origin, sink) for worker in range(CONCURRENCY)
             ]
-        gevent.joinall(greenlets, timeout=SECONDS + GRACE_S + (GIVE_UP_S if RETRY != "none" else 0.0))
+        gevent.joinall(greenlets, timeout=SECONDS + GRACE_S)
         with open(OUT, "w", encoding="utf-8") as out:
             for record in sink:
                 out.write(json.dumps(record) + "\n")

@@ -74,11 +74,11 @@ WORK_TOLERANCE = 0.02  # token-work rounding when matching a layer exit to a ρ
 
 
 def schedule_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The schedule settings the command line overrides (None: the run's own)."""
+    """The schedule settings the command line overrides (None: the run's own). The studies' other
+    overrides (``--schedule-power``, ``--merge``) and ``--baselines-from``: ``git show
+    91c46ac:benchmarks/retrieval.py``."""
     return {
         "min_kept_tokens": args.min_kept_tokens,
-        "merge_dropped": args.merge,
-        "schedule_power": args.schedule_power,
         "leading_share": args.leading_share,
         "pruning_interval": args.pruning_interval,
     }
@@ -277,7 +277,7 @@ def retrieval_benchmark(
     """The ρ grid of ``main``'s options (``args``) on ``dataset``'s file at ``data_path``."""
     run_dir, limit_queries, methods, rhos = args.run_dir, args.limit_queries, args.methods, args.rhos
     cache_dir, paired_run, layer_exits, graph = args.cache_dir, args.paired_with, args.layer_exits, args.graph
-    baselines_from, max_length, limit_documents = args.baselines_from, args.max_length, args.limit_documents
+    max_length, limit_documents = args.max_length, args.limit_documents
     schedule = schedule_overrides(args)
     import torch
 
@@ -299,8 +299,8 @@ def retrieval_benchmark(
     if graph == "torch":
         encoder = Encoder(model, tokenizer, recipe.max_length)
     else:
-        if workdir is None or baselines_from is not None or paired_run is not None or layer_exits:
-            raise ValueError(f"--graph {graph}: one run, no --baselines-from / --paired-with / --layer-exits")
+        if workdir is None or paired_run is not None or layer_exits:
+            raise ValueError(f"--graph {graph}: one run, no --paired-with / --layer-exits")
         encoder = onnx_encoder(model, tokenizer, recipe.max_length, graph, workdir)
     store = store_of(encoder)
     query_rhos = list(rhos) if args.query_rhos is None else list(args.query_rhos)
@@ -308,8 +308,6 @@ def retrieval_benchmark(
     own_methods: tuple[str, ...] = (LEARNED,)
     if graph == "onnx-int8":  # every int8 cell (queries int8 too) is paired with the fp32 model's search
         baseline_store, own_methods = store_of(Encoder(model, tokenizer, recipe.max_length)), ONNX_METHODS
-    if baselines_from is not None:
-        baseline_store = run_store(baselines_from)
     results = retrieval_grid(store, data, methods, rhos, query_rhos, layer_exits, baseline_store, own_methods)
     paired: dict[str, Any] = {}
     if paired_run is not None:
@@ -321,7 +319,6 @@ def retrieval_benchmark(
         "document_subset": "all" if limit_documents is None else f"the first {limit_documents} in file order",
         "max_length": recipe.max_length,
         "min_kept_tokens": recipe.retention.min_kept_tokens,
-        "baselines_from": None if baselines_from is None else str(baselines_from),
         "merge_dropped": bool(model.config.merge_dropped),
         "leading_share": model.config.leading_share,
         "pruning_interval": model.config.pruning_interval,
@@ -389,15 +386,6 @@ def markdown(payload: dict[str, Any]) -> str:
             "('original'); 'dense' is the int8 graph at ρ = 1. int8 at ρ = 1 minus fp32: "
             f"{paired['difference']:+.2f} ± {paired['se']:.2f}.",
         ]
-    elif ORIGINAL in payload["results"]:
-        paired = payload["results"][DENSE]["1"]["ndcg_vs_dense"]
-        lines += [
-            "",
-            f"Baselines run on the original model (`{payload['baselines_from']}`), searched with its own "
-            "dense queries; 'dense' is this run at ρ = 1, 'original' the user's model; every "
-            "paired difference to dense is against the original. This run at ρ = 1 minus the original: "
-            f"{paired['difference']:+.2f} ± {paired['se']:.2f}.",
-        ]
     against = [
         (rho, rival, values)
         for rho, cell_values in payload["results"].get(LEARNED, {}).items()
@@ -446,17 +434,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-dir", type=Path, default=None, help="reuse embeddings across invocations")
     # Schedule settings to evaluate with instead of the run's own (None: the run's)
     parser.add_argument("--min-kept-tokens", type=int, help="the kept-token floor (default: the run's)")
-    parser.add_argument(
-        "--schedule-power", type=float, help="keep fraction rho^((p/P)^power) (default: run's)"
-    )
     parser.add_argument("--leading-share", type=float, help="share of each kept count on the first tokens")
     parser.add_argument("--pruning-interval", type=int, help="select at every k-th point (default: run's)")
     parser.add_argument("--paired-with", type=Path, help="another embedding run: learned minus its learned")
-    parser.add_argument("--baselines-from", type=Path, help="the baselines and dense reference on this run")
     parser.add_argument("--layer-exits", type=int, nargs="*", default=[], help="stop after k layers")
-    parser.add_argument(
-        "--merge", action=argparse.BooleanOptionalAction, help="merge dropped tokens (default: as trained)"
-    )
     parser.add_argument("--max-length", type=int, help="tokens per text (default: the run's max_length)")
     parser.add_argument("--limit-documents", type=int, help="the first N distinct documents, their queries")
     parser.add_argument(

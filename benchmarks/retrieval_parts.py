@@ -439,7 +439,7 @@ class EmbeddingStore:
 def load_embedding_run(run_dir: Path, schedule: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
     """The run's model (eval mode, CPU), recipe and tokenizer; an embedding run or exit.
     ``schedule``: evaluate with these schedule settings instead of the run's own (``--min-kept-tokens``,
-    ``--merge``, ``--schedule-power``, ``--leading-share``, ``--pruning-interval``;
+    ``--leading-share``, ``--pruning-interval``;
     ``training.fit.with_schedule``)."""
     from training.fit import load_run, with_schedule
 

@@ -70,7 +70,11 @@ def test_the_dry_run_drives_both_servers_over_http(tmp_path: Path) -> None:
     ours = {("service", rho, clients) for rho in gpu_service.RHOS for clients in gpu_service.CLIENTS}
     assert grid == ours | {("sentence-transformers", "-", clients) for clients in gpu_service.CLIENTS}
     for cell in shape["cells"]:
-        assert cell["ok"] == cell["sent"] > 0 and cell["errors"] == 0, json.dumps(cell)
+        # rho=auto refuses (429) what it cannot serve in time: on a loaded test machine it may; the
+        # rest of a cell, and every fixed-rho cell, is answered
+        refused = cell["status"].get("429", 0) if cell["rho"] == "auto" else 0
+        assert cell["ok"] > 0 and cell["ok"] + refused == cell["sent"], json.dumps(cell)
+        assert cell["errors"] == refused, json.dumps(cell)
         assert cell["p50_ms"] <= cell["p99_ms"] and cell["texts_per_s"] > cell["throughput_rps"]
         assert cell["batches"]["runs"] > 0 and cell["batches"]["mean_rows"] >= 1
         assert cell["rss_mib"] > 0 and cell["client_cpu_share"] > 0

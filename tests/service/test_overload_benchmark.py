@@ -30,8 +30,7 @@ def test_quick_overload_benchmark(models_root: Path, tmp_path: Path) -> None:
         assert cell["ok"] + cell["shed"] == cell["sent"]
         assert cell["p50_ms"] <= cell["p99_ms"] and cell["rss_peak_mib"] >= cell["rss_start_mib"] > 0
         assert cell["idle_after_p50_ms"] is not None
-        assert cell["queue_over_prediction_p50_ms"] <= cell["queue_over_prediction_p99_ms"]
-        assert cell["loop_lag_p99_ms"] > 0 and 0.0 <= cell["loop_lag_over_100ms"] <= 1.0  # the server's probe
+        assert cell["batcher_p50_ms"] <= cell["batcher_p99_ms"]
     auto = [c for c in cells if c["policy"] == "auto"]
     assert all(set(c["reasons"]) <= {"auto:idle", "auto:backlog", "auto:floor"} for c in auto)
     assert all(c["mean_rho"] == 1.0 for c in cells if c["policy"] == "tei_cap")

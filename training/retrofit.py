@@ -76,9 +76,11 @@ def retrofit_recipe(
     tuned = backbone_lr is not None
     optimizer = recipe.optimizer.model_copy(update={"lr": backbone_lr}) if tuned else recipe.optimizer
     objective = recipe.objective
+    rho = recipe.rho
     if copy_branch:
         optimizer = optimizer.model_copy(update={"lr": PRUNED_BRANCH_LR})
         objective = PRUNED_BRANCH_OBJECTIVE
+        rho = rho.model_copy(update={"low": PRUNED_BRANCH_RHO_LOW})
     root = None if data_root is None else str(data_root.resolve())
     labelled = None if eval_dataset is None else DatasetSpec(name=eval_dataset, root=root)
     evaluation = recipe.evaluation.model_copy(update={"dataset": labelled})
@@ -95,16 +97,19 @@ def retrofit_recipe(
             ),
             "optimizer": optimizer,
             "objective": objective,
+            "rho": rho,
             "evaluation": evaluation,
         }
     )
 
 
-# The pruned branch's copy (``--pruned-branch copy``) trains as the study's pilot B tuned its backbone
-# (docs/experiments/2026-11-26-embedding-merge.md: lr 2e-5; the top-M pass at the batch's ρ, at ρ.low
-# and at one more random budget, each 1 − cosine to the original; its ρ = 1 pass is skipped, that path
-# being the frozen original), besides the soft pass that trains the scorers.
-PRUNED_BRANCH_LR = 2.0e-5
+# The pruned branch's copy (``--pruned-branch copy``) trains besides the soft pass that trains the
+# scorers with the top-M pass at the batch's ρ, at ρ.low and at one more random budget, each 1 − cosine to
+# the original (its ρ = 1 pass is skipped: that path is the frozen original). Its lr and ρ.low are the
+# study's try B (docs/experiments/2026-11-28-pruned-branch.md), which gained about twice what the first
+# try (lr 2e-5, budgets down to 0.1) did at ρ 0.5: the budgets serving uses, a 5× lr.
+PRUNED_BRANCH_LR = 1.0e-4
+PRUNED_BRANCH_RHO_LOW = 0.3
 PRUNED_BRANCH_OBJECTIVE = ObjectiveSpec(pruned_loss_weight=1.0, sandwich_random_budgets=2)
 
 

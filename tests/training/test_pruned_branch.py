@@ -22,7 +22,7 @@ from training.fit import LOG_FILE, WEIGHTS_FILE, build_model, load_run, paramete
 from training.model import RetentionConfig, RetentionModel
 from training.objective import Objective
 from training.recipes import ObjectiveSpec, RetentionSpec, RetrofitSpec
-from training.retrofit import PRUNED_BRANCH_LR, retrofit_recipe
+from training.retrofit import PRUNED_BRANCH_LR, PRUNED_BRANCH_RHO_LOW, retrofit_recipe
 from training.tiny import TINY_TOKENIZER
 
 # The product embedding's selection: merging, a leading share, selection at every other layer.
@@ -197,6 +197,17 @@ def test_the_default_retrofit_is_unchanged(tmp_path: Path) -> None:
     recipe = retrofit_recipe(TINY_TOKENIZER, "embedding", tmp_path / "t.txt")
     assert recipe.retrofit is not None and recipe.retrofit.pruned_branch == "shared"
     assert recipe.objective == ObjectiveSpec()
+    copy = retrofit_recipe(TINY_TOKENIZER, "embedding", tmp_path / "t.txt", pruned_branch="copy")
+    # the copy trains at the study's try B settings; everything else is the default retrofit's
+    assert (
+        (copy.rho.low, copy.optimizer.lr)
+        == (PRUNED_BRANCH_RHO_LOW, PRUNED_BRANCH_LR)
+        != (
+            recipe.rho.low,
+            recipe.optimizer.lr,
+        )
+    )
+    assert copy.rho.high == recipe.rho.high and copy.optimizer.scorer_lr == recipe.optimizer.scorer_lr
     assert build_model(recipe, tiny_model("embedding")[0].backbone).pruned_backbone is None
 
 

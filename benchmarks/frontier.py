@@ -3,9 +3,14 @@ knob a user can turn (learned ρ, first-k truncation, layer exit, int8), all tim
 in interleaved paired rounds against the faster of the fused dense peer and torch SDPA, each joined
 with its quality from ``benchmarks.retrieval``'s files (int8 quality from ``--retrieval-int8``).
 ``--leading-share`` / ``--min-kept-tokens`` set our exported graph's schedule (default: the run's).
+``--pruned-branch-run`` adds a retrofit whose pruned branch has weights of its own (the two-path graph) as
+families of its own, timed in the same rounds, with its quality from ``--pruned-branch-retrieval``
+(and ``--pruned-branch-retrieval-int8``).
 
     python -m benchmarks.frontier --run-dir <embedding run> --retrieval <run's retrieval.json> \\
         [--retrieval-int8 <int8 retrieval.json>] --out results/bench/frontier.json
+    python -m benchmarks.frontier ... --pruned-branch-run <copy run> --pruned-branch-retrieval <its
+        retrieval.json> [--pruned-branch-retrieval-int8 <int8 retrieval.json>]
     python -m benchmarks.frontier --quick --retrieval <tiny retrieval.json> --out /tmp/frontier.json
 """
 
@@ -49,6 +54,7 @@ OUR_SCHEDULE = ("schedule_power", "min_kept_tokens", "merge_dropped", "leading_s
 
 # Variant names: the graphs of benchmarks.embedding_graphs.build_graphs (and benchmarks.embed_speed).
 PEER, PEER_INT8, OURS, OURS_INT8 = "peer-fused", "peer-fused-int8", "ours-onnx", "ours-onnx-int8"
+COPY, COPY_INT8 = "copy-onnx", "copy-onnx-int8"  # the two-path graph: the pruned branch's own weights
 TORCH_SDPA = "torch-sdpa"
 REFERENCE_CANDIDATES = (PEER, TORCH_SDPA)  # the fp32 dense variants; the faster one is the reference
 
@@ -57,20 +63,32 @@ DENSE_FAMILY, LEARNED_FAMILY = "dense", "learned"
 TRUNCATION_FAMILY, LAYER_EXIT_FAMILY = "truncation", "layer-exit"
 INT8_DENSE_FAMILY, INT8_LEARNED_FAMILY = "int8-dense", "int8-learned"
 INT8_TRUNCATION_FAMILY = "int8-truncation"
-FAMILIES: tuple[str, ...] = (DENSE_FAMILY, LEARNED_FAMILY, TRUNCATION_FAMILY, LAYER_EXIT_FAMILY)
-FAMILIES += (INT8_DENSE_FAMILY, INT8_LEARNED_FAMILY, INT8_TRUNCATION_FAMILY)
+COPY_FAMILY, INT8_COPY_FAMILY = "learned-copy", "int8-learned-copy"
+FAMILIES: tuple[str, ...] = (DENSE_FAMILY, LEARNED_FAMILY, COPY_FAMILY, TRUNCATION_FAMILY, LAYER_EXIT_FAMILY)
+FAMILIES += (INT8_DENSE_FAMILY, INT8_LEARNED_FAMILY, INT8_COPY_FAMILY, INT8_TRUNCATION_FAMILY)
 # "speed at equal quality": each learned family against the truncation family of its precision, whose
 # curve starts at the dense graph of that precision (the full length)
 RIVALS = {
     LEARNED_FAMILY: (TRUNCATION_FAMILY, DENSE_FAMILY),
     INT8_LEARNED_FAMILY: (INT8_TRUNCATION_FAMILY, INT8_DENSE_FAMILY),
+    COPY_FAMILY: (TRUNCATION_FAMILY, DENSE_FAMILY),
+    INT8_COPY_FAMILY: (INT8_TRUNCATION_FAMILY, INT8_DENSE_FAMILY),
+}
+# the learned families: (fp32 family, its graph), (int8 family, its graph)
+LEARNED_GRAPHS = {
+    LEARNED_FAMILY: OURS,
+    INT8_LEARNED_FAMILY: OURS_INT8,
+    COPY_FAMILY: COPY,
+    INT8_COPY_FAMILY: COPY_INT8,
 }
 FAMILY_LABELS = {
     LEARNED_FAMILY: "learned ρ sweep (fp32)",
+    COPY_FAMILY: "learned ρ, pruned branch's own weights (fp32)",
     TRUNCATION_FAMILY: "first-k truncation (fused peer)",
     LAYER_EXIT_FAMILY: "layer exit k (fused peer)",
     INT8_DENSE_FAMILY: "int8 dense (fused peer)",
     INT8_LEARNED_FAMILY: "int8 + learned ρ",
+    INT8_COPY_FAMILY: "int8 + learned ρ, own weights",
     INT8_TRUNCATION_FAMILY: "int8 + first-k truncation",
 }
 
@@ -153,26 +171,46 @@ def layer_exit_points(payload: dict[str, Any], seq_len: int, num_layers: int) ->
     return points
 
 
+def learned_points(
+    payload: dict[str, Any],
+    int8: dict[str, Any] | None,
+    seq_len: int,
+    num_layers: int,
+    families: tuple[str, str] = (LEARNED_FAMILY, INT8_LEARNED_FAMILY),
+) -> list[Point]:
+    """One graph at ρ = 1 (quality: the dense cell, as in the retrieval file) and at each learned ρ, in
+    fp32 and int8 (``families``; int8 quality from the int8 file, else not measured)."""
+    quantized = {"results": {}} if int8 is None else int8  # no int8 file: no int8 quality
+    points = []
+    for rho in [1.0, *learned_rhos(payload)]:
+        key, method = f"{rho:g}", DENSE if rho == 1.0 else LEARNED
+        fp32 = cell_quality(cells(payload, method)[key], "retrieval")
+        in_int8 = cell_quality(cells(quantized, method).get(key), "retrieval-int8")
+        for family, precision, quality in zip(families, ("fp32", "int8"), (fp32, in_int8), strict=True):
+            variant = f"{LEARNED_GRAPHS[family]}@{key}"
+            points.append(Point(variant, family, precision, rho, num_layers, seq_len, quality))
+    return points
+
+
 def frontier_points(
-    payload: dict[str, Any], int8: dict[str, Any] | None, seq_len: int, num_layers: int
+    payload: dict[str, Any],
+    int8: dict[str, Any] | None,
+    seq_len: int,
+    num_layers: int,
+    pruned_branch: tuple[dict[str, Any], dict[str, Any] | None] | None = None,
 ) -> list[Point]:
     """Every variant to time, in table order (by family), each with the quality of its knob joined from
-    the files: the fp32 dense variants; our graph at ρ = 1 (quality: the dense cell, as in the retrieval
-    file) and at each learned ρ, in fp32 and int8 (int8 quality from the int8 file, else not measured);
-    the int8 peer; truncation and the layer exits."""
+    the files: the fp32 dense variants; our graph's ``learned_points``; with ``pruned_branch`` (a copy
+    run's retrieval files, fp32 and int8), the two-path graph's; the int8 peer; truncation and the layer
+    exits."""
     quantized = {"results": {}} if int8 is None else int8  # no int8 file: no int8 quality
     dense = cell_quality(cells(payload, DENSE)["1"], "retrieval")
     points = [
         Point(name, DENSE_FAMILY, "fp32", None, num_layers, seq_len, dense) for name in REFERENCE_CANDIDATES
     ]
-    for rho in [1.0, *learned_rhos(payload)]:
-        key, method = f"{rho:g}", DENSE if rho == 1.0 else LEARNED
-        fp32 = cell_quality(cells(payload, method)[key], "retrieval")
-        in_int8 = cell_quality(cells(quantized, method).get(key), "retrieval-int8")
-        points.append(Point(f"{OURS}@{key}", LEARNED_FAMILY, "fp32", rho, num_layers, seq_len, fp32))
-        points.append(
-            Point(f"{OURS_INT8}@{key}", INT8_LEARNED_FAMILY, "int8", rho, num_layers, seq_len, in_int8)
-        )
+    points += learned_points(payload, int8, seq_len, num_layers)
+    if pruned_branch is not None:
+        points += learned_points(*pruned_branch, seq_len, num_layers, (COPY_FAMILY, INT8_COPY_FAMILY))
     int8_dense = cell_quality(cells(quantized, DENSE).get("1"), "retrieval-int8")
     points += [
         *truncation_points(payload, seq_len, num_layers),
@@ -199,11 +237,29 @@ def build_graphs(
     from training.optimize import build_dense_peer
 
     graphs = embedding_graphs.build_graphs(args, workdir, schedule)
+    if args.pruned_branch_retrieval is not None:
+        graphs.files.update(pruned_branch_graphs(args, graphs.checkpoint, schedule, workdir))
     for k in layer_exits:
         (workdir / f"layer-exit-{k}").mkdir()
         exit_peer = build_dense_peer(graphs.checkpoint, workdir / f"layer-exit-{k}", k)
         graphs.files[f"layer-exit-{k}"] = exit_peer.fused
     return graphs
+
+
+def pruned_branch_graphs(
+    args: argparse.Namespace, checkpoint: Path, schedule: dict[str, Any], workdir: Path
+) -> dict[str, Path]:
+    """The two-path graph of ``--pruned-branch-run`` (the same schedule settings as ours) and its int8
+    form; ``--quick``: the tiny checkpoint's model with a fresh copy as its pruned branch."""
+    from training.export import export_onnx, quantize_int8
+
+    model = embedding_graphs.our_model(args.pruned_branch_run, args.recipe, checkpoint, schedule)
+    if args.pruned_branch_run is None:
+        model.add_pruned_branch()
+    files = {COPY: workdir / "copy.onnx", COPY_INT8: workdir / "copy.int8.onnx"}
+    export_onnx(model, files[COPY], model.backbone.info_vocab_size)
+    quantize_int8(files[COPY], files[COPY_INT8])
+    return files
 
 
 Feeds = dict[str, np.ndarray]  # one padded batch: input_ids, attention_mask, token_type_ids (B, T)
@@ -291,8 +347,8 @@ def point_runs(
             peer = sessions[PEER_INT8 if point.family == INT8_TRUNCATION_FAMILY else PEER]
             work = point.quality.document_token_work or point.tokens / max(len(row) for row in rows)
             runs[point.variant] = calls(peer, batched(truncated_rows(rows, work), batch))
-        elif point.family in (LEARNED_FAMILY, INT8_LEARNED_FAMILY):
-            graph = sessions[OURS_INT8 if point.family == INT8_LEARNED_FAMILY else OURS]
+        elif point.family in LEARNED_GRAPHS:
+            graph = sessions[LEARNED_GRAPHS[point.family]]
             runs[point.variant] = calls(graph, batches, {"rho": np.full(largest, point.rho, np.float32)})
         elif point.variant != TORCH_SDPA:  # the peers and the layer exits: their own graph, every token
             runs[point.variant] = calls(sessions[point.variant], batches)
@@ -401,12 +457,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     retrieval = json.loads(args.retrieval.read_text(encoding="utf-8"))
     int8 = read_json(args.retrieval_int8)
     check_same_run(args.run_dir, retrieval)
+    copy = read_json(args.pruned_branch_retrieval)
+    copy_int8 = read_json(args.pruned_branch_retrieval_int8)
+    if copy is not None:
+        check_same_run(args.pruned_branch_run, copy)
     layer_exits = sorted(int(key) for key in cells(retrieval, LAYER_EXIT))
     with tempfile.TemporaryDirectory(prefix="frontier-") as tmp:
         schedule = {**measured_schedule(retrieval), **schedule_options(args)}
         graphs = build_graphs(args, layer_exits, schedule, Path(tmp))
         num_layers, config = graphs.model.backbone.info.num_layers, graphs.model.config
-        points = frontier_points(retrieval, int8, args.seq_len, num_layers)
+        pruned_branch = None if copy is None else (copy, copy_int8)
+        points = frontier_points(retrieval, int8, args.seq_len, num_layers, pruned_branch)
         tokenizer = AutoTokenizer.from_pretrained(str(graphs.checkpoint), local_files_only=True)
         rows = (
             synthetic_rows(tokenizer, args.batch, args.seq_len)
@@ -447,6 +508,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "retrieval": source_fields(args.retrieval, retrieval),
         "retrieval_int8": source_fields(args.retrieval_int8, int8),
         "int8_quality": "measured" if int8 is not None else NOT_MEASURED,
+        "pruned_branch_retrieval": source_fields(args.pruned_branch_retrieval, copy),
+        "pruned_branch_retrieval_int8": source_fields(args.pruned_branch_retrieval_int8, copy_int8),
         "num_layers": num_layers,
         "our_schedule": {name: getattr(config, name) for name in OUR_SCHEDULE},
         "results": results,
@@ -520,7 +583,8 @@ def markdown(payload: dict[str, Any]) -> str:
         f"Quality: nDCG@10 from `{source['path']}` ({source['queries']} queries, {source['documents']} "
         f"documents); int8 quality: {payload['int8_quality']}"
         + (f" (`{payload['retrieval_int8']['path']}`)." if payload["retrieval_int8"] else ".")
-        + f" Our graph: {schedule_text(payload.get('our_schedule', {}))}.",
+        + f" Our graph: {schedule_text(payload.get('our_schedule', {}))}."
+        + pruned_branch_text(payload),
         "",
         "| family | variant | knob | docs/s | speed-up vs reference (min–max) | nDCG@10 | vs dense ± SE "
         "| vs truncation ± SE | docs/s vs truncation at equal nDCG |",
@@ -537,6 +601,19 @@ def markdown(payload: dict[str, Any]) -> str:
         )
     lines += ["", f"Command: `{payload.get('command', '')}` ({payload.get('wall_seconds', '?')} s)."]
     return "\n".join(lines) + "\n"
+
+
+def pruned_branch_text(payload: dict[str, Any]) -> str:
+    """Where the two-path graph's families come from ("" without them)."""
+    copy, copy_int8 = payload.get("pruned_branch_retrieval"), payload.get("pruned_branch_retrieval_int8")
+    if copy is None:
+        return ""
+    int8 = "not measured" if copy_int8 is None else f"`{copy_int8['path']}`"
+    run = "a fresh copy" if copy["run"] is None else f"`{copy['run']}`"
+    return (
+        f" The {COPY_FAMILY} families: the two-path graph of {run} (its pruned branch's own "
+        f"weights at ρ < 1), quality from `{copy['path']}` (int8: {int8})."
+    )
 
 
 def plot(payload: dict[str, Any], path: Path) -> None:
@@ -608,6 +685,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--run-dir", type=Path, default=None, help="the embedding run the retrieval measured")
     parser.add_argument("--retrieval", type=Path, required=True, help="its retrieval.json (quality)")
     parser.add_argument("--retrieval-int8", type=Path, default=None, help="int8 quality, same layout")
+    copy = "a retrofit whose pruned branch has weights of its own (two-path graph): families of its own"
+    parser.add_argument("--pruned-branch-run", type=Path, default=None, help=copy)
+    parser.add_argument("--pruned-branch-retrieval", type=Path, default=None, help="its retrieval.json")
+    parser.add_argument("--pruned-branch-retrieval-int8", type=Path, default=None, help="its int8 quality")
     parser.add_argument("--out", type=Path, required=True, help="JSON; the markdown table goes beside it")
     parser.add_argument("--plot", type=Path, default=None, help="PNG (default: --out with .png)")
     parser.add_argument("--quick", action="store_true", help="tiny random checkpoint, seconds")
@@ -625,6 +706,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick == (args.run_dir is not None):
         parser.error("give --run-dir, or --quick (a tiny random model) without it")
+    if args.pruned_branch_retrieval is None and (args.pruned_branch_run or args.pruned_branch_retrieval_int8):
+        parser.error("--pruned-branch-run / --pruned-branch-retrieval-int8 need --pruned-branch-retrieval")
+    if args.pruned_branch_retrieval is not None and args.quick == (args.pruned_branch_run is not None):
+        parser.error("with --pruned-branch-retrieval: give --pruned-branch-run, or --quick without it")
     if args.quick:
         args.seq_len, args.batch, args.repeats, args.iterations = QUICK_SEQ_LEN, QUICK_BATCH, QUICK_REPEATS, 1
     args.plot = args.plot or args.out.with_suffix(".png")

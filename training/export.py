@@ -128,7 +128,8 @@ def export_onnx(model: RetentionModel, path: Path, vocab_size: int) -> None:
     A model whose pruned branch has weights of its own (``pruned_backbone``) gets one more choice below
     the first: ``If`` some row asks ρ ≥ 1 (a mixed batch), both paths over every row, each row taking
     its own (``with_both_paths_branch``), else the copy's pruned pass alone. So ρ = 1 runs the original's
-    weights and operators only, and a batch at ρ < 1 pays for the copy's pruned pass only."""
+    weights and operators only, and a batch at ρ < 1 pays for the copy's pruned pass only; the weights
+    only that side reads live in its branch (``with_weights_beside_their_pass``)."""
     model = model.eval()
     with tempfile.TemporaryDirectory(prefix="export-") as tmp:
         pruned, unpruned = Path(tmp) / "pruned.onnx", Path(tmp) / "unpruned.onnx"
@@ -140,7 +141,7 @@ def export_onnx(model: RetentionModel, path: Path, vocab_size: int) -> None:
             trace_onnx(graph_for(model, paths="both"), both, vocab_size)
             below = with_both_paths_branch(below, onnx.load(str(both)))
         joined = with_unpruned_branch(below, onnx.load(str(unpruned)))
-    onnx.save(joined, str(path))
+    onnx.save(with_weights_beside_their_pass(joined), str(path))
 
 
 def trace_onnx(graph: RetentionGraph, path: Path, vocab_size: int) -> None:
@@ -248,6 +249,31 @@ def joined(choice: Choice, then: Any, otherwise: Any) -> Any:
     model = helper.make_model(graph, opset_imports=list(otherwise.opset_import))
     model.ir_version = otherwise.ir_version
     return model
+
+
+def with_weights_beside_their_pass(model: Any) -> Any:
+    """A two-path graph with the initializers only its ρ < 1 side reads (the copy's weights, the scorers)
+    moved from the outer graph into the outer ``If``'s else branch, one level above the copy's pass: left
+    two levels up, onnxruntime ran that pass 1.05–1.08× slower than the same operators one level below
+    their weights (the frozen graph's layout) and with other kernels (outputs differ by ~3e-7;
+    docs/experiments/2026-11-28-pruned-branch.md, "The two-path graph's speed"). A one-path graph is
+    returned as it is (its bytes unchanged)."""
+    reads = branch_reads(model)
+    if reads is None:
+        return model
+    placed = onnx.ModelProto()
+    placed.CopyFrom(model)
+    choice = {node.name: node for node in placed.graph.node}[EVERY_ROW_DENSE.node]
+    outside = {value for node in placed.graph.node if node is not choice for value in node.input}
+    outside |= {value for node in all_nodes(branch_of(choice, "then_branch")) for value in node.input}
+    below = branch_of(choice, "else_branch")
+    below_reads = {value for node in all_nodes(below) for value in node.input}
+    moving = {init.name for init in placed.graph.initializer} & below_reads - outside
+    staying = [init for init in placed.graph.initializer if init.name not in moving]
+    below.initializer.extend(init for init in placed.graph.initializer if init.name in moving)
+    del placed.graph.initializer[:]
+    placed.graph.initializer.extend(staying)
+    return placed
 
 
 def _initializer_key(init: Any) -> tuple[int, tuple[int, ...], str]:
@@ -489,7 +515,7 @@ def quantize_int8(source: Path, target: Path) -> list[str]:
     outlying inputs (``outlying_matmuls``), in graph order: what makes this int8 differ from one that
     quantizes every weight."""
     int8, kept = quantized_branches(onnx.load(str(source)))
-    onnx.save(int8, str(target))
+    onnx.save(with_weights_beside_their_pass(int8), str(target))
     return kept
 
 
@@ -660,8 +686,8 @@ def unjoined(model: Any) -> tuple[Any, Any] | None:
             nodes,
             branch.name,
             list(outer.input),
-            list(outer.output),
-            [weights[name] for name in weights if name in read],
+            list(outer.output),  # the branch's own weights (with_weights_beside_their_pass), then the outer's
+            [*branch.initializer, *(weights[name] for name in weights if name in read)],
         )
         part = helper.make_model(graph, opset_imports=list(model.opset_import))
         part.ir_version = model.ir_version
@@ -919,7 +945,9 @@ def copy_only_bytes(model: Any) -> int:
     if reads is None:
         return 0
     copy_reads, original_reads = reads
-    weights = {init.name: init for init in model.graph.initializer}
+    outer = {node.name: node for node in model.graph.node}[EVERY_ROW_DENSE.node]
+    below = branch_of(outer, "else_branch").initializer  # with_weights_beside_their_pass put them there
+    weights = {init.name: init for init in [*model.graph.initializer, *below]}
     return sum(
         numpy_helper.to_array(weights[name]).nbytes for name in copy_reads - original_reads if name in weights
     )

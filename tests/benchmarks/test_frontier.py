@@ -1,6 +1,6 @@
 """The quality–speed frontier in quick mode, end to end (real ORT sessions, real torch): every family
-timed, the reference the faster dense variant, and the quality joined exactly as the retrieval files
-say."""
+timed (the two-path graph of a pruned branch with weights of its own too), the reference the faster dense
+variant, and the quality joined exactly as the retrieval files say."""
 
 from __future__ import annotations
 
@@ -56,6 +56,7 @@ def write(path: Path, payload: dict[str, Any]) -> Path:
 
 def test_quick_frontier_times_every_family_and_joins_the_files_quality(tmp_path: Path) -> None:
     fp32, int8 = synthetic_retrieval(), synthetic_retrieval(offset=-2.0)
+    copy, copy_int8 = synthetic_retrieval(offset=0.5), synthetic_retrieval(offset=-1.0)
     fp32["min_kept_tokens"] = KEPT_TOKEN_FLOOR  # as a retrieval run with --min-kept-tokens records it
     out = tmp_path / "frontier.json"
     frontier.main(
@@ -65,6 +66,10 @@ def test_quick_frontier_times_every_family_and_joins_the_files_quality(tmp_path:
             str(write(tmp_path / "retrieval.json", fp32)),
             "--retrieval-int8",
             str(write(tmp_path / "retrieval-int8.json", int8)),
+            "--pruned-branch-retrieval",
+            str(write(tmp_path / "copy.json", copy)),
+            "--pruned-branch-retrieval-int8",
+            str(write(tmp_path / "copy-int8.json", copy_int8)),
             "--out",
             str(out),
         ]
@@ -78,7 +83,11 @@ def test_quick_frontier_times_every_family_and_joins_the_files_quality(tmp_path:
         "peer-fused-int8",
         "layer-exit-1",
         *(f"{family}@{rho}" for family in ("truncation", "int8-truncation") for rho in TRUNCATION_WORK),
-        *(f"{graph}@{rho}" for graph in ("ours-onnx", "ours-onnx-int8") for rho in ("1", *LEARNED_RHOS)),
+        *(
+            f"{graph}@{rho}"
+            for graph in ("ours-onnx", "ours-onnx-int8", "copy-onnx", "copy-onnx-int8")
+            for rho in ("1", *LEARNED_RHOS)
+        ),
     }
     assert all(row["documents_per_second"] > 0 for row in rows.values())
     # int8 truncation: the int8 file's truncation cells, timed on the int8 peer
@@ -87,20 +96,20 @@ def test_quick_frontier_times_every_family_and_joins_the_files_quality(tmp_path:
         == int8["results"]["truncation"]["0.5"]["ndcg@10"]
     )
     # speed at equal quality: every learned point against its precision's truncation curve, where it lies
-    # inside that curve (learned ρ 0.7 scores 79, between truncation's 75 and dense's 80)
-    ratio = rows["ours-onnx@0.7"]["speedup_vs_truncation_at_equal_ndcg"]
-    assert ratio == pytest.approx(
-        rows["ours-onnx@0.7"]["documents_per_second"]
-        / frontier.interpolated_speed(
-            [
-                (80.0, rows["peer-fused"]["documents_per_second"]),
-                (75.0, rows["truncation@0.7"]["documents_per_second"]),
-                (74.0, rows["truncation@0.5"]["documents_per_second"]),
-            ],
-            79.0,
-        )
-    )
-    assert "docs/s vs truncation at equal nDCG" in out.with_suffix(".md").read_text()
+    # inside that curve (learned ρ 0.7 scores 79, between truncation's 75 and dense's 80); the copy's
+    # families against the same curves (int8: int8 truncation, from the int8 peer)
+    fp32_curve = {"peer-fused": 80.0, "truncation@0.7": 75.0, "truncation@0.5": 74.0}
+    int8_curve = {"peer-fused-int8": 78.0, "int8-truncation@0.7": 73.0, "int8-truncation@0.5": 72.0}
+    for variant, curve, ndcg_there in (
+        ("ours-onnx@0.7", fp32_curve, 79.0),
+        ("copy-onnx@0.7", fp32_curve, 79.5),
+        ("copy-onnx-int8@0.7", int8_curve, 78.0),
+    ):
+        rival = [(ndcg, rows[name]["documents_per_second"]) for name, ndcg in curve.items()]
+        expected = rows[variant]["documents_per_second"] / frontier.interpolated_speed(rival, ndcg_there)
+        assert rows[variant]["speedup_vs_truncation_at_equal_ndcg"] == pytest.approx(expected), variant
+    table = out.with_suffix(".md").read_text()
+    assert "docs/s vs truncation at equal nDCG" in table and "copy.json" in table
 
     reference = payload["reference"]["variant"]
     candidates = payload["reference"]["candidates"]
@@ -111,7 +120,8 @@ def test_quick_frontier_times_every_family_and_joins_the_files_quality(tmp_path:
     def joined(variant: str) -> dict[str, Any]:
         return rows[variant]["quality"]
 
-    for source, prefix in ((fp32, "ours-onnx"), (int8, "ours-onnx-int8")):
+    graphs = {"ours-onnx": fp32, "ours-onnx-int8": int8, "copy-onnx": copy, "copy-onnx-int8": copy_int8}
+    for prefix, source in graphs.items():
         results = source["results"]
         assert joined(f"{prefix}@1")["ndcg_at_10"] == results["dense"]["1"]["ndcg@10"]
         for rho in LEARNED_RHOS:
@@ -228,7 +238,7 @@ def test_interpolated_speed_is_linear_between_the_bracketing_points_and_none_out
 def test_int8_quality_is_not_measured_without_an_int8_retrieval_file() -> None:
     points = frontier.frontier_points(synthetic_retrieval(), None, frontier.SEQ_LEN, TINY_LAYERS)
     int8 = [point for point in points if point.precision == "int8"]
-    assert {point.family for point in int8} == {"int8-dense", "int8-learned"}
+    assert {point.family for point in int8} == {"int8-dense", "int8-learned"}  # no copy without its file
     assert all(point.quality == frontier.UNMEASURED for point in int8)
     assert all(point.quality.ndcg_at_10 is not None for point in points if point.precision == "fp32")
 

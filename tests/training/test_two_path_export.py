@@ -95,7 +95,10 @@ def test_rho_1_is_the_original_export_and_rho_below_1_runs_the_copy(tmp_path: Pa
 def test_the_graph_nests_both_paths_below_the_unpruned_choice_and_int8_quantizes_the_copy(
     tmp_path: Path,
 ) -> None:
-    _, two_path, _ = exported(tmp_path, "embedding")
+    _, two_path, original = exported(tmp_path, "embedding")
+    for file in (MODEL_FILE, INT8_MODEL_FILE):  # a one-path graph keeps every weight in its outer graph
+        (choice,) = [node for node in onnx.load(str(original / file)).graph.node if node.op_type == "If"]
+        assert not branch_of(choice, "else_branch").initializer
     for file, quantized in ((MODEL_FILE, False), (INT8_MODEL_FILE, True)):
         model = onnx.load(str(two_path / file))
         (outer,) = [node for node in model.graph.node if node.op_type == "If"]
@@ -112,6 +115,10 @@ def test_the_graph_nests_both_paths_below_the_unpruned_choice_and_int8_quantizes
         weights = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
         shared = [name for name in reads[0] & reads[1] if name in weights]
         assert all(weights[name].size <= 1 or not weights[name].any() for name in shared), shared
+        # the weights only the ρ < 1 side reads live in its branch, one level above the copy's pass
+        below = {init.name for init in branch_of(outer, "else_branch").initializer}
+        assert below & reads[0] and not below & reads[1] and not below & set(weights)
+        assert not {name for name in reads[0] - reads[1] if name in weights}  # none left outside
 
 
 def test_manifest_and_models_state_what_the_copy_costs(tmp_path: Path) -> None:

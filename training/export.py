@@ -254,8 +254,8 @@ def joined(choice: Choice, then: Any, otherwise: Any) -> Any:
 def with_weights_beside_their_pass(model: Any) -> Any:
     """A two-path graph with the initializers only its ρ < 1 side reads (the copy's weights, the scorers)
     moved from the outer graph into the outer ``If``'s else branch, one level above the copy's pass: left
-    two levels up, onnxruntime ran that pass 1.05–1.08× slower than the same operators one level below
-    their weights (the frozen graph's layout) and with other kernels (outputs differ by ~3e-7;
+    two levels up they were not prepacked (the pass took 1.06–1.07× the frozen graph's seconds, as the
+    frozen graph does with prepacking off, and ran other kernels: outputs ~3e-7 apart;
     docs/experiments/2026-11-28-pruned-branch.md, "The two-path graph's speed"). A one-path graph is
     returned as it is (its bytes unchanged)."""
     reads = branch_reads(model)

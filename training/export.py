@@ -686,7 +686,8 @@ def unjoined(model: Any) -> tuple[Any, Any] | None:
             nodes,
             branch.name,
             list(outer.input),
-            list(outer.output),  # the branch's own weights (with_weights_beside_their_pass), then the outer's
+            list(outer.output),
+            # the branch's own weights (with_weights_beside_their_pass), then the outer ones it reads
             [*branch.initializer, *(weights[name] for name in weights if name in read)],
         )
         part = helper.make_model(graph, opset_imports=list(model.opset_import))

@@ -76,7 +76,7 @@ def execute(
     for run in runs:
         length = max(lengths[i] for i in run)
         begin = time.perf_counter()
-        splits = run_fitting(model, rows, rhos, run, length, run_done, unfit)
+        splits = run_fitting(model, rows, rhos, run, lengths, run_done, unfit)
         seconds = time.perf_counter() - begin
         kept = length * sum(fraction(rhos[i], len(rows[i])) for i in run)
         padded_rows = len(run) if buckets is None else bucket(len(run), buckets.batch)
@@ -91,12 +91,15 @@ def run_fitting(
     rows: list[Row],
     rhos: list[float],
     run: list[int],
-    length: int,
+    lengths: list[int],
     run_done: RunDone,
     unfit: list[int],
 ) -> int:
-    """One planned run; on ``DeviceOutOfMemory`` its two halves, recursively, down to single rows (those
-    that still do not fit go to ``unfit``). Returns how many splits it took."""
+    """One planned run, padded to its longest row; on ``DeviceOutOfMemory`` its two halves, recursively,
+    down to single rows (those that still do not fit go to ``unfit``). Returns how many splits it took.
+    Each piece is padded to its own longest row, not the run's: a short row split off a long one must not
+    be refused for the long one's padding."""
+    length = max(lengths[i] for i in run)
     try:
         outputs, counts, depths = model.run([rows[i] for i in run], [rhos[i] for i in run], length)
     except DeviceOutOfMemory:
@@ -104,8 +107,8 @@ def run_fitting(
             unfit.extend(run)
             return 0
         middle = len(run) // 2
-        first = run_fitting(model, rows, rhos, run[:middle], length, run_done, unfit)
-        return 1 + first + run_fitting(model, rows, rhos, run[middle:], length, run_done, unfit)
+        first = run_fitting(model, rows, rhos, run[:middle], lengths, run_done, unfit)
+        return 1 + first + run_fitting(model, rows, rhos, run[middle:], lengths, run_done, unfit)
     run_done(
         [
             (index, (outputs[slot], counts[slot], None if depths is None else depths[slot]))

@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from fastapi.testclient import TestClient
 
 from retention_torch.runner import Runner, RunResult
 from service.backends.torch_backend import TorchBackend
+from service.scheduling.execution import RowsOutOfMemory, execute
+from service.scheduling.jobs import RowResult
 from tests.service.conftest import running, server_of, settings_for
 
 MODEL = "tiny-embedding"
@@ -86,6 +89,30 @@ def test_out_of_memory_splits_the_run_refuses_what_never_fits_and_keeps_serving(
             'retention_requests_total{endpoint="v1/embeddings",status_class="5xx",task="embedding"} 1.0'
             in (client.get("/metrics").text)
         )
+
+
+def test_a_short_row_split_off_a_long_one_runs_at_its_own_length(models_root: Path) -> None:
+    """The planner may put a short and a long row in one run (padded to the long one); after the split
+    each half is padded to its own longest row, so only the long row is refused."""
+    with running(settings_for(models_root, backend="torch")) as (app, _):
+        device = on_a_small_device(app)
+        model = server_of(app).get(MODEL)
+        short, long = (
+            model.spec.example_row(tuple(model.tokenizer.encode(text).ids[: model.manifest.max_length]))
+            for text in ("a short document", "a very long document " * 40)
+        )
+        lengths = [len(short.input_ids), len(long.input_ids)]
+        assert lengths[0] <= DEVICE_TOKENS < lengths[1]
+        answered: dict[int, RowResult] = {}
+
+        def run_done(done: list[tuple[int, RowResult]], _end: float) -> None:
+            answered.update(done)
+
+        with pytest.raises(RowsOutOfMemory) as refused:
+            execute(model, lambda rho, length: 1.0, [short, long], [0.5, 0.5], lengths, [[0, 1]], run_done)
+        assert refused.value.rows == [1]
+        assert list(answered) == [0]
+        assert device.runs == [(2, lengths[1]), (1, lengths[0]), (1, lengths[1])]
 
 
 def test_device_memory_is_exported_for_a_backend_on_an_accelerator_and_dropped_with_its_model() -> None:

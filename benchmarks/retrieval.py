@@ -31,6 +31,7 @@ from benchmarks.retrieval_parts import (
     DEFAULT_DATASET,
     DENSE,
     GRAPHS,
+    INT8_GRAPHS,
     LAYER_EXIT,
     LEARNED,
     METRICS,
@@ -306,7 +307,7 @@ def retrieval_benchmark(
     query_rhos = list(rhos) if args.query_rhos is None else list(args.query_rhos)
     baseline_store = None
     own_methods: tuple[str, ...] = (LEARNED,)
-    if graph == "onnx-int8":  # every int8 cell (queries int8 too) is paired with the fp32 model's search
+    if graph in INT8_GRAPHS:  # every int8 cell (queries int8 too) is paired with the fp32 model's search
         baseline_store, own_methods = store_of(Encoder(model, tokenizer, recipe.max_length)), ONNX_METHODS
     results = retrieval_grid(store, data, methods, rhos, query_rhos, layer_exits, baseline_store, own_methods)
     paired: dict[str, Any] = {}
@@ -378,7 +379,7 @@ def markdown(payload: dict[str, Any]) -> str:
         for rho, values in learned.items():
             paired = values["ndcg_vs_dense"]
             lines.append(f"- ρ = {rho}: {paired['difference']:+.2f} ± {paired['se']:.2f}")
-    if ORIGINAL in payload["results"] and payload.get("graph") == "onnx-int8":
+    if ORIGINAL in payload["results"] and payload.get("graph") in INT8_GRAPHS:
         paired = payload["results"][DENSE]["1"]["ndcg_vs_dense"]
         lines += [
             "",

@@ -262,7 +262,11 @@ class Encoder:
         return predictions
 
 
-GRAPHS = ("torch", "onnx", "onnx-int8")  # --graph: what encodes the texts
+# --graph: what encodes the texts. int8 graphs: the product's (per-token activation scales) and the one
+# shipped before (per-tensor, a scale per batch), kept to compare the two (docs/experiments/2026-11-29-
+# batch-invariant-int8.md).
+INT8_GRAPHS = {"onnx-int8": "token", "onnx-int8-per-tensor": "tensor"}
+GRAPHS = ("torch", "onnx", *INT8_GRAPHS)
 ONNX_METHODS = (DENSE, LEARNED, TRUNCATION)  # what the exported graph can run (its own scorers, ρ = 1)
 
 
@@ -303,8 +307,8 @@ def onnx_encoder(model: Any, tokenizer: Any, max_length: int, graph: str, workdi
     path = workdir / "model.onnx"
     export_onnx(model, path, model.backbone.info_vocab_size)
     kept: list[str] = []
-    if graph == "onnx-int8":
-        kept = quantize_int8(path, workdir / "model.int8.onnx")
+    if graph in INT8_GRAPHS:
+        kept = quantize_int8(path, workdir / "model.int8.onnx", activations=INT8_GRAPHS[graph])
         path = workdir / "model.int8.onnx"
     session = open_session(path)
     return OnnxEncoder(model, tokenizer, max_length, session=session, graph=graph, fp32_matmuls=tuple(kept))
@@ -312,7 +316,11 @@ def onnx_encoder(model: Any, tokenizer: Any, max_length: int, graph: str, workdi
 
 def encoder_description(encoder: Encoder) -> str:
     if isinstance(encoder, OnnxEncoder):
-        precision = "int8 weights (training.export.quantize_int8)" if encoder.graph == "onnx-int8" else "fp32"
+        precision = (
+            f"int8 weights, {INT8_GRAPHS[encoder.graph]} activation scales (training.export.quantize_int8)"
+            if encoder.graph in INT8_GRAPHS
+            else "fp32"
+        )
         return f"the exported graph in onnxruntime (training.export.export_onnx), {precision}, CPU"
     return ENCODER
 

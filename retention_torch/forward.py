@@ -359,5 +359,5 @@ def head_output(weights: ModelWeights, head: Head, slots: Slots, restored: torch
     if head.pooling == "cls":
         return first.float()
     weight = (slots.sizes if slots.sizes is not None else slots.valid.to(torch.float32)).unsqueeze(-1)
-    total = (slots.hidden.float() * weight).sum(1)  # (B, d)
+    total = (weight.transpose(1, 2) @ slots.hidden.float()).squeeze(1)  # (B, d): see MeanPooling
     return total / weight.sum(1).clamp(min=POOL_FLOOR)

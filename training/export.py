@@ -41,6 +41,7 @@ from training.encoders import POSITIONS_AFTER_PADDING, SOURCE_MODEL_IDS
 from training.fit import manifest_schedule
 from training.model import BranchPaths, RetentionModel
 from training.recipes import Recipe
+from training.token_int8 import per_token_activations
 
 OPSET = 17
 LOGIT_ATOL = 1e-4  # ORT matches torch to ~1e-6 in fp32; 1e-4 leaves room for kernel differences
@@ -499,34 +500,52 @@ def model_max_length(model: RetentionModel) -> int:
 
 INT8_OPERATORS = ["MatMul", "Attention"]  # weights int8; everything else (softmax, norms, gathers) fp32
 FP32_NODE_SCOPES = ("/scorers.",)  # the scorers stay fp32: their scores decide which tokens survive
+ATTENTION_MASK_INPUT = 3  # com.microsoft.Attention's key mask (B, T) int32 (the unpruned pass's)
 ATTENTION_BIAS_INPUT = 5  # com.microsoft.Attention's additive attention bias (padding, log-size)
+# int8 activation scales: one per token (the product's: batch-invariant) or one per tensor (before).
+PER_TOKEN, PER_TENSOR = "token", "tensor"
+ACTIVATION_SCALES = (PER_TOKEN, PER_TENSOR)
 
 
-def quantize_int8(source: Path, target: Path) -> list[str]:
-    """Dynamic int8 weights, one scale per output channel (per-tensor scales cost 0.94 → 0.99 cosine
-    to fp32 on MiniLM), activations quantized per call; the scorers stay fp32.
+def stays_fp32(node: str) -> bool:
+    """A node of ``FP32_NODE_SCOPES`` wherever the tracer put it: at the top (``/scorers.0/…``) or under a
+    branch's prefix (the two-path graph's mixed-batch pass: ``both//scorers.0/…``)."""
+    return any(scope in node for scope in FP32_NODE_SCOPES)
 
-    ``QAttention`` has no attention-bias input, so an ``Attention`` node that carries one (ours: padding
-    and merged tokens' log-size) is first split into its packed QKV ``MatMul`` (quantized like every
-    weight) and a ``MultiHeadAttention`` that keeps the bias (``split_biased_attention``); an Attention
-    with a plain key mask (the dense peer's) becomes ``QAttention``. Our graph's two branches are
-    quantized as the standalone graphs they were traced as (onnxruntime's quantizer leaves casts it
-    cannot type inside If branches) and joined again. Returns the weight MatMuls kept fp32 for their
-    outlying inputs (``outlying_matmuls``), in graph order: what makes this int8 differ from one that
-    quantizes every weight."""
-    int8, kept = quantized_branches(onnx.load(str(source)))
+
+def quantize_int8(source: Path, target: Path, activations: str = PER_TOKEN) -> list[str]:
+    """int8 weights, one scale per output channel (per-tensor scales cost 0.94 → 0.99 cosine to fp32 on
+    MiniLM), activations quantized per call; the scorers stay fp32.
+
+    ``activations``: ``PER_TOKEN`` (the product's): each token's activations get a scale of their own and
+    the weights are 7-bit, so a row's output depends on that row alone and the integer GEMM is exact on
+    every x86 CPU (``training.token_int8``); ``PER_TENSOR``: onnxruntime's dynamic quantization as
+    shipped before (one scale per activation tensor, i.e. per batch; 8-bit weights), kept for the
+    benchmarks that compare the two.
+
+    ``QAttention`` quantizes its input per tensor and has no attention-bias input, so every ``Attention``
+    node is first split into its packed QKV ``MatMul`` (quantized like every weight) and a
+    ``MultiHeadAttention`` (``split_attention``; per tensor, only the biased ones: an Attention with a
+    plain key mask becomes ``QAttention``). Our graph's two branches are quantized as the standalone
+    graphs they were traced as (onnxruntime's quantizer leaves casts it cannot type inside If branches)
+    and joined again. Returns the weight MatMuls kept fp32 for their outlying inputs
+    (``outlying_matmuls``), in graph order: what makes this int8 differ from one that quantizes every
+    weight."""
+    if activations not in ACTIVATION_SCALES:
+        raise ValueError(f"activations {activations!r}: one of {ACTIVATION_SCALES}")
+    int8, kept = quantized_branches(onnx.load(str(source)), activations)
     onnx.save(with_weights_beside_their_pass(int8), str(target))
     return kept
 
 
-def quantized_branches(model: Any) -> tuple[Any, list[str]]:
+def quantized_branches(model: Any, activations: str = PER_TOKEN) -> tuple[Any, list[str]]:
     """``quantized_and_kept`` of each graph our ``If`` choices joined (a two-path model's nest too),
     joined again the same way."""
     parts = unjoined(model)
     if parts is None:
-        return quantized_and_kept(model)
+        return quantized_and_kept(model, activations)
     choice = CHOICES[next(node.name for node in model.graph.node if node.op_type == "If")]
-    (otherwise, otherwise_kept), (then, then_kept) = map(quantized_branches, parts)
+    (otherwise, otherwise_kept), (then, then_kept) = (quantized_branches(part, activations) for part in parts)
     return joined(choice, then, otherwise), [*otherwise_kept, *then_kept]
 
 
@@ -535,16 +554,21 @@ def quantized(model: Any) -> Any:
     return quantized_and_kept(model)[0]
 
 
-def quantized_and_kept(model: Any) -> tuple[Any, list[str]]:
+def quantized_and_kept(model: Any, activations: str = PER_TOKEN) -> tuple[Any, list[str]]:
     """``quantized`` and the weight MatMuls it left fp32 (``outlying_matmuls``)."""
-    split = split_biased_attention(model)
+    per_token = activations == PER_TOKEN
+    split = split_attention(model, every=per_token)
     kept = outlying_matmuls(split)
-    return int8_weights(split, INT8_OPERATORS, keep_fp32=kept), kept
+    int8 = int8_weights(split, INT8_OPERATORS, keep_fp32=kept, seven_bit=per_token)
+    return (per_token_activations(int8) if per_token else int8), kept
 
 
-def int8_weights(model: Any, operators: list[str], keep_fp32: Sequence[str] = ()) -> Any:
+def int8_weights(
+    model: Any, operators: list[str], keep_fp32: Sequence[str] = (), seven_bit: bool = False
+) -> Any:
     """Dynamic per-channel int8 weights of ``operators`` (the scorers and the nodes named in ``keep_fp32``
-    excepted), as a new ModelProto."""
+    excepted), as a new ModelProto; ``seven_bit``: |w| ≤ 64 (onnxruntime's ``reduce_range``, see
+    ``training.token_int8``)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with tempfile.TemporaryDirectory(prefix="quantize-") as tmp:
@@ -555,9 +579,10 @@ def int8_weights(model: Any, operators: list[str], keep_fp32: Sequence[str] = ()
             str(out),
             weight_type=QuantType.QInt8,
             per_channel=True,
+            reduce_range=seven_bit,
             op_types_to_quantize=operators,
             nodes_to_exclude=[
-                *(node.name for node in model.graph.node if node.name.startswith(FP32_NODE_SCOPES)),
+                *(node.name for node in model.graph.node if stays_fp32(node.name)),
                 *keep_fp32,
             ],
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
@@ -591,11 +616,7 @@ def input_outlier_ratios(model: Any, batches: Sequence[dict[str, np.ndarray]]) -
     weights = {init.name for init in model.graph.initializer}
     taps: dict[str, list[str]] = {}  # input tensor → the weight MatMuls that read it
     for node in model.graph.node:
-        if (
-            node.op_type == "MatMul"
-            and node.input[1] in weights
-            and not node.name.startswith(FP32_NODE_SCOPES)
-        ):
+        if node.op_type == "MatMul" and node.input[1] in weights and not stays_fp32(node.name):
             taps.setdefault(node.input[0], []).append(node.name)
     if not taps:
         return {}
@@ -710,26 +731,31 @@ def all_nodes_of(node: Any) -> Iterator[Any]:
             yield from all_nodes(attribute.g)
 
 
-def split_biased_attention(model: Any) -> Any:
-    """Every ``com.microsoft.Attention`` node with an attention bias, in the graph and in its If branches
-    → MatMul(x, W_qkv) (B, T, 3d), Split into Q, K, V, and ``MultiHeadAttention``(Q, K, V, b_qkv,
+def split_attention(model: Any, every: bool = True) -> Any:
+    """``com.microsoft.Attention`` nodes, in the graph and in its If branches → MatMul(x, W_qkv)
+    (B, T, 3d), Split into Q, K, V, and ``MultiHeadAttention``(Q, K, V, b_qkv, key mask or
     attention_bias=…): the same arithmetic, with the projection as a plain MatMul the quantizer can make
-    int8. In place; returned."""
-    _split_in_graph(model.graph, {init.name: init.dims for init in model.graph.initializer})
+    int8 (per token). ``every``: each Attention node; else only those with an attention bias (an
+    Attention with a plain key mask then becomes onnxruntime's per-tensor ``QAttention``). In place;
+    returned."""
+    _split_in_graph(model.graph, {init.name: init.dims for init in model.graph.initializer}, every)
     return model
 
 
-def _split_in_graph(graph: Any, shapes: dict[str, Any]) -> None:
+def _split_in_graph(graph: Any, shapes: dict[str, Any], every: bool) -> None:
     from onnx import helper
 
+    shapes = {**shapes, **{init.name: init.dims for init in graph.initializer}}
     rewritten = []
     for node in graph.node:
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.GRAPH:
-                _split_in_graph(attribute.g, shapes)
+                _split_in_graph(attribute.g, shapes, every)
+        if node.op_type == "Identity" and node.input[0] in shapes:  # a weight the exporter stored once
+            shapes[node.output[0]] = shapes[node.input[0]]
         inputs = list(node.input)
         biased = len(inputs) > ATTENTION_BIAS_INPUT and inputs[ATTENTION_BIAS_INPUT]
-        if node.domain != "com.microsoft" or node.op_type != "Attention" or not biased:
+        if node.domain != "com.microsoft" or node.op_type != "Attention" or not (biased or every):
             rewritten.append(node)
             continue
         hidden, weight, bias = inputs[:3]
@@ -738,13 +764,18 @@ def _split_in_graph(graph: Any, shapes: dict[str, Any]) -> None:
         packed, sizes = f"{node.name}/qkv", f"{node.name}/qkv_sizes"
         parts = [f"{node.name}/{part}" for part in ("query", "key", "value")]
         split_sizes = helper.make_tensor(sizes, onnx.TensorProto.INT64, [3], [width] * 3)
+        key_mask = inputs[ATTENTION_MASK_INPUT] if len(inputs) > ATTENTION_MASK_INPUT else ""
+        # MultiHeadAttention's inputs: query, key, value, bias, key_padding_mask, attention_bias
+        masks = [key_mask, inputs[ATTENTION_BIAS_INPUT] if biased else ""]
+        while masks and not masks[-1]:
+            masks.pop()
         rewritten += [
             helper.make_node("Constant", [], [sizes], name=f"{node.name}/Sizes", value=split_sizes),
             helper.make_node("MatMul", [hidden, weight], [packed], name=f"{node.name}/MatMul"),
             helper.make_node("Split", [packed, sizes], parts, name=f"{node.name}/Split", axis=2),
             helper.make_node(
                 "MultiHeadAttention",
-                [*parts, bias, "", inputs[ATTENTION_BIAS_INPUT]],
+                [*parts, bias, *masks],
                 [node.output[0]],
                 name=f"{node.name}/MultiHeadAttention",
                 domain="com.microsoft",
@@ -923,12 +954,7 @@ def branch_reads(model: Any) -> tuple[set[str], set[str]] | None:
     if inner is None:
         return None
     copy_pass = branch_of(inner, "else_branch")
-    copy_reads = {
-        value
-        for node in all_nodes(copy_pass)
-        if not node.name.startswith(FP32_NODE_SCOPES)
-        for value in node.input
-    }
+    copy_reads = {value for node in all_nodes(copy_pass) if not stays_fp32(node.name) for value in node.input}
     return copy_reads, {value for node in all_nodes(unpruned) for value in node.input}
 
 

@@ -178,7 +178,10 @@ class MeanPooling(nn.Module):
 
     def forward(self, states: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         expanded = weights.unsqueeze(-1).to(states.dtype)  # (B, T, 1)
-        total = (states * expanded).sum(1)  # (B, d)
+        # A batched MatMul, not a sum over T: onnxruntime's ReduceSum orders its additions by the whole
+        # tensor's shape (a row's sum moved by ~1e-7 with the batch it came in), a batched MatMul runs the
+        # same (1, T) × (T, d) product for every row, whatever the batch.
+        total = (expanded.transpose(1, 2) @ states).squeeze(1)  # (B, 1, T) @ (B, T, d) → (B, d)
         return total / expanded.sum(1).clamp(min=1e-9)
 
 

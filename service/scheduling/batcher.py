@@ -43,7 +43,7 @@ from service.scheduling.delivery import Delivery
 from service.scheduling.execution import RowsOutOfMemory, RunStats, execute, ort_thread
 from service.scheduling.jobs import Job, RowResult, Slice
 from service.scheduling.learning import ModelCosts
-from service.scheduling.planner import plan_path_runs, plan_runs, shape_length
+from service.scheduling.planner import plan_path_runs, shape_length
 from service.serving import AutoBudget, InferenceResult
 from service.settings import Settings
 
@@ -425,13 +425,9 @@ class Batcher:
         jobs = [piece.job for piece in slices]
         lengths = [self.shape_of(len(row)) for row in rows]
         buckets = self.model.backend.buckets
-        plan = (
-            plan_runs
-            if self.model.manifest.pruned_branch is None
-            else functools.partial(plan_path_runs, dense_rows=[rho >= DENSE_RHO for rho in rhos])
-        )
-        runs = plan(
+        runs = plan_path_runs(
             lengths,
+            dense_rows=[rho >= DENSE_RHO for rho in rhos],
             max_tokens=self.settings.max_batch_tokens,
             run_overhead_tokens=self.costs.run_overhead_tokens(rhos),
             batch_buckets=None if buckets is None else buckets.batch,

@@ -64,10 +64,12 @@ def plan_path_runs(
     run_overhead_tokens: float = 0.0,
     batch_buckets: Sequence[int] | None = None,
 ) -> list[list[int]]:
-    """``plan_runs`` for a two-path model (its ρ < 1 path runs weights of its own): rows at ρ ≥ 1
-    (``dense_rows``) and rows below never share a run, because the graph runs both paths over every row
-    of a run that mixes them (each row then takes its own), twice the work of either. Each side is
-    planned on its own; the dense side's runs come first."""
+    """``plan_runs`` with rows at ρ ≥ 1 (``dense_rows``) and rows below never in one run: a run that
+    mixes them takes another branch of the graph than either kind alone (a one-path model runs its ρ = 1
+    rows through the pruned pass, a two-path model both paths over every row, twice the work), whose
+    kernels round differently, so a row's bits would depend on its neighbours' budgets (batch-invariant
+    answers: tests/service/test_batch_invariance.py). Each side is planned on its own; the dense side's
+    runs come first."""
     runs: list[list[int]] = []
     for side in (
         [i for i, dense in enumerate(dense_rows) if dense],

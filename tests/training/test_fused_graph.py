@@ -95,17 +95,18 @@ def test_int8_keeps_the_attention_bias_and_the_scorers_fp32(tmp_path: Path) -> N
     model, path = exported(tmp_path)
     quantize_int8(path, tmp_path / "model.int8.onnx")
     int8 = branches(tmp_path / "model.int8.onnx")
-    # QAttention has no attention-bias input: the pruned branch's biased Attention became MatMul +
-    # MultiHeadAttention; the unpruned branch's masked one became QAttention, as the dense peer's does
+    # QAttention quantizes its input with one scale per tensor (and has no attention-bias input): every
+    # Attention became MatMul + MultiHeadAttention, the pruned branch's with its bias, the unpruned
+    # branch's with its key mask; no activation is quantized per tensor
     pruned, unpruned = operator_counts(int8["pruned"]), operator_counts(int8["unpruned"])
     assert pruned["QAttention"] == 0 and pruned["MultiHeadAttention"] == TINY_LAYERS
-    assert unpruned["QAttention"] == TINY_LAYERS and unpruned["MultiHeadAttention"] == 0
+    assert unpruned["QAttention"] == 0 and unpruned["MultiHeadAttention"] == TINY_LAYERS
     assert all(node.input[5] for node in int8["pruned"].node if node.op_type == "MultiHeadAttention")
+    assert all(node.input[4] for node in int8["unpruned"].node if node.op_type == "MultiHeadAttention")
     for name, graph in int8.items():
-        integer = ("MatMulInteger", "DynamicQuantizeMatMul")
-        quantized = {node.name for node in graph.node if node.op_type in integer}
-        expected = 3 if name == "unpruned" else 4  # QKV in QAttention there, a MatMul here; output, FFN
-        assert len(quantized) >= expected * TINY_LAYERS
+        assert not [node for node in graph.node if node.op_type == "DynamicQuantizeLinear"]
+        quantized = {node.name for node in graph.node if node.op_type == "MatMulInteger"}
+        assert len(quantized) >= 4 * TINY_LAYERS  # QKV, attention output, FFN in and out
         assert not [name for name in quantized if "/scorers." in name]
     vocab = model.backbone.info_vocab_size
     for rhos in ((1.0,), (1.0, 0.5, 0.3)):  # either branch

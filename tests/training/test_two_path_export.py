@@ -27,8 +27,7 @@ from training.model import RetentionModel
 
 TASKS = ("embedding", "classification", "qa")  # a pooled, a sequence and a token head
 FULL, HALF = 1.0, 0.5
-# int8 activations have one dynamic scale per tensor, so a row's output moves with its batch's other rows
-INT8_BATCH_TOLERANCE = 3e-2
+MIXED_FP32_TOLERANCE = 1e-5  # a mixed batch's other graph: last-ulp differences (measured ≤ 2e-7)
 
 
 def feeds(session: ort.InferenceSession, rhos: list[float], seed: int = 0) -> dict[str, np.ndarray]:
@@ -84,12 +83,17 @@ def test_rho_1_is_the_original_export_and_rho_below_1_runs_the_copy(tmp_path: Pa
         mine_half, theirs_half = outputs(two_path, file, [HALF] * 3), outputs(original, file, [HALF] * 3)
         assert not np.allclose(mine_half[0], theirs_half[0], atol=1e-3), file
         assert np.array_equal(mine_half[1], theirs_half[1]), file
-        # a mixed batch: each row its own path, as in a batch of its own kind (fp32 exactly; int8 within
-        # its dynamic activation scales, one per tensor, which a batch's other rows move)
+        # a mixed batch (the server never plans one: planner.plan_path_runs): each row its own path, the
+        # same kept tokens as in a batch of its own kind; fp32 within a few ulps (the mixed pass is another
+        # graph, whose kernels round differently). int8 rows are bit-exact within their own kind's batches
+        # (tests/training/test_batch_invariance.py); across the branches a last-ulp fp32 difference can flip
+        # an int8 rounding, so the mixed pass's int8 values are not compared.
         mixed = outputs(two_path, file, [FULL, HALF, HALF])
-        tolerance = INT8_BATCH_TOLERANCE if file == INT8_MODEL_FILE else 1e-5
-        np.testing.assert_allclose(mixed[0][0], outputs(two_path, file, [FULL] * 3)[0][0], atol=tolerance)
-        np.testing.assert_allclose(mixed[0][1:], mine_half[0][1:], atol=tolerance)
+        dense = outputs(two_path, file, [FULL] * 3)
+        assert np.array_equal(mixed[1][0], dense[1][0]) and np.array_equal(mixed[1][1:], mine_half[1][1:])
+        if file == MODEL_FILE:
+            np.testing.assert_allclose(mixed[0][0], dense[0][0], atol=MIXED_FP32_TOLERANCE)
+            np.testing.assert_allclose(mixed[0][1:], mine_half[0][1:], atol=MIXED_FP32_TOLERANCE)
 
 
 def test_the_graph_nests_both_paths_below_the_unpruned_choice_and_int8_quantizes_the_copy(

@@ -1,0 +1,201 @@
+"""Per-token int8 against the per-tensor int8 it replaced (issue 64; study:
+docs/experiments/2026-11-29-batch-invariant-int8.md): does a text get the same vector alone and in any
+batch, and what does it cost?
+
+One exported embedding model (its fp32 ``model.onnx``), quantized both ways by
+``training.export.quantize_int8`` (``activations="token"``: the product's; ``"tensor"``: before):
+
+- **invariance**: ``--texts`` SQuAD dev paragraphs embedded one at a time and in random batches of 1–32
+  (the same shuffled order for every graph) at each ρ; per graph and ρ the largest absolute difference,
+  the lowest cosine between a text's two vectors and how many texts kept other token counts;
+- **speed**: the first ``--documents`` paragraphs at their own lengths (≤ 256 tokens), batches of 8, every
+  graph at every ρ in the same interleaved rounds; per ρ, per-token seconds against per-tensor's.
+
+Decided before the run: per-token int8 is adopted if its vectors are identical alone and batched (max
+difference 0) and it runs ≥ 0.9× per-tensor's speed at every ρ; quality is measured apart
+(``benchmarks.retrieval --graph onnx-int8`` / ``onnx-int8-per-tensor``).
+
+    python -m experiments.int8_per_token <export dir> --out results/experiments/batch-invariant-int8/speed.json
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.frontier import batched, calls, dataset_rows, padded
+from benchmarks.harness import cli, ort_session, publish, speedups, timed_rounds
+
+MODULE = "experiments.int8_per_token"
+RHOS = (1.0, 0.7, 0.5, 0.3)
+MAX_LENGTH, SPEED_BATCH, LARGEST_BATCH = 256, 8, 32
+FP32, PER_TOKEN, PER_TENSOR = "fp32", "int8-per-token", "int8-per-tensor"
+SEED = 0
+
+
+def graph_files(export: Path, workdir: Path) -> dict[str, Path]:
+    from training.export import PER_TENSOR as TENSOR_SCALES
+    from training.export import PER_TOKEN as TOKEN_SCALES
+    from training.export import quantize_int8
+
+    files = {FP32: export / "model.onnx"}
+    for name, scales in ((PER_TOKEN, TOKEN_SCALES), (PER_TENSOR, TENSOR_SCALES)):
+        files[name] = workdir / f"{name}.onnx"
+        quantize_int8(files[FP32], files[name], activations=scales)
+    return files
+
+
+def embed(session: Any, rows: list[list[int]], rho: float) -> tuple[np.ndarray, np.ndarray]:
+    """(vectors (B, d), kept counts (B, P)) of ``rows`` in one run, padded to the longest."""
+    feeds = padded(rows)  # in the given order
+    names = {graph_input.name for graph_input in session.get_inputs()}
+    feeds = {**feeds, "rho": np.full(len(rows), rho, np.float32)}
+    outputs = session.run(None, {name: feeds[name] for name in names})
+    return outputs[0], outputs[1]
+
+
+def random_batches(count: int, rng: np.random.Generator) -> list[list[int]]:
+    """Indices 0..count-1, shuffled, cut into batches of 1–``LARGEST_BATCH`` rows."""
+    order = rng.permutation(count).tolist()
+    batches = []
+    while order:
+        size = int(rng.integers(1, LARGEST_BATCH + 1))
+        batches.append(order[:size])
+        order = order[size:]
+    return batches
+
+
+def invariance(session: Any, rows: list[list[int]], rho: float) -> dict[str, float]:
+    alone = [embed(session, [row], rho) for row in rows]
+    vectors, kept = np.zeros_like(np.stack([a[0][0] for a in alone])), [None] * len(rows)
+    for batch in random_batches(len(rows), np.random.default_rng(SEED)):
+        batch_vectors, batch_kept = embed(session, [rows[i] for i in batch], rho)
+        for position, index in enumerate(batch):
+            vectors[index], kept[index] = batch_vectors[position], batch_kept[position]
+    single = np.stack([a[0][0] for a in alone])
+    cosine = np.sum(single * vectors, 1) / (np.linalg.norm(single, axis=1) * np.linalg.norm(vectors, axis=1))
+    return {
+        "max_abs_difference": float(np.abs(single - vectors).max()),
+        "min_cosine": float(cosine.min()),
+        "mean_cosine": float(cosine.mean()),
+        "texts_with_other_kept_counts": sum(
+            not np.array_equal(a[1][0], k) for a, k in zip(alone, kept, strict=True)
+        ),
+    }
+
+
+def measure(args: Any) -> dict[str, Any]:
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(args.export / "tokenizer.json"))
+    with tempfile.TemporaryDirectory(prefix="int8-per-token-") as tmp:
+        files = graph_files(args.export, Path(tmp))
+        sessions = {name: ort_session(path, args.threads) for name, path in files.items()}
+        texts = dataset_rows(tokenizer, "squad", args.texts, MAX_LENGTH)
+        checks = {
+            name: {f"{rho:g}": invariance(session, texts, rho) for rho in RHOS}
+            for name, session in sessions.items()
+        }
+        documents = dataset_rows(tokenizer, args.documents_set, args.documents, MAX_LENGTH)
+        batches = batched(documents, SPEED_BATCH)
+        largest = max(len(feeds["input_ids"]) for feeds in batches)
+        runs = {
+            f"{name}@{rho:g}": calls(session, batches, {"rho": np.full(largest, rho, np.float32)})
+            for rho in RHOS
+            for name, session in sessions.items()
+        }
+        rounds = timed_rounds(runs, args.rounds, 1, args.max_seconds)
+    speed = {
+        f"{rho:g}": {
+            name: speedups(
+                rounds,
+                f"{name}@{rho:g}",
+                f"{PER_TENSOR}@{rho:g}",
+                len(documents),
+                rate="documents_per_second",
+                speedup="speed_vs_per_tensor",
+            )
+            for name in sessions
+        }
+        for rho in RHOS
+    }
+    return {
+        "export": str(args.export),
+        "settings": {
+            "texts": args.texts,
+            "documents": args.documents,
+            "documents_set": args.documents_set,
+            "batch": SPEED_BATCH,
+            "largest_random_batch": LARGEST_BATCH,
+            "rounds": len(next(iter(rounds.values()))),
+            "threads": args.threads,
+            "max_length": MAX_LENGTH,
+        },
+        "invariance": checks,
+        "speed": speed,
+    }
+
+
+def markdown(payload: dict[str, Any]) -> str:
+    settings = payload["settings"]
+    lines = [
+        "# Per-token int8 against per-tensor int8",
+        "",
+        f"Alone vs in random batches of 1–{settings['largest_random_batch']}: {settings['texts']} SQuAD dev "
+        "paragraphs (≤ 256 tokens).",
+        "",
+        "| graph | ρ | max abs difference | min cosine | mean cosine | texts with other kept counts |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for name, by_rho in payload["invariance"].items():
+        for rho, row in by_rho.items():
+            lines.append(
+                f"| {name} | {rho} | {row['max_abs_difference']:.2e} | {row['min_cosine']:.6f} | "
+                f"{row['mean_cosine']:.6f} | {row['texts_with_other_kept_counts']} |"
+            )
+    lines += [
+        "",
+        f"Speed: the first {settings['documents']} {settings['documents_set']} documents at their own "
+        f"lengths, batches of {settings['batch']}, {settings['rounds']} interleaved rounds, "
+        f"{settings['threads']} threads (0: one per core). Ratio: per-tensor int8's seconds / the graph's, per round (median, min–max).",
+        "",
+        "| ρ | graph | documents/s | vs per-tensor int8 |",
+        "|---|---|---:|---|",
+    ]
+    for rho, rows in payload["speed"].items():
+        for name, row in rows.items():
+            lines.append(
+                f"| {rho} | {name} | {row['documents_per_second']:.1f} | {row['speed_vs_per_tensor']:.3f} "
+                f"({row['speedup_min']:.3f}–{row['speedup_max']:.3f}) |"
+            )
+    machine = payload.get("machine", {})
+    lines += [
+        "",
+        f"Machine: {machine.get('cpu')}, cpu class {machine.get('cpu_class')}, flags "
+        f"{', '.join(machine.get('cpu_flags', []))}, {machine.get('cores')} cores.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = cli(MODULE, __doc__)
+    parser.add_argument("export", type=Path, help="an exported embedding model directory (model.onnx)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--texts", type=int, default=200, help="paragraphs for the invariance check")
+    parser.add_argument("--documents", type=int, default=64, help="documents timed")
+    parser.add_argument("--documents-set", choices=("squad", "scitldr"), default="squad")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--max-seconds", type=float, default=1200.0)
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    return publish(measure(args), markdown, args.out, MODULE, argv, machine=True, started=started)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks.harness import figure, label_axes, markdown_table
+from retention_core.machine import recorded_cpu_class
 
 if TYPE_CHECKING:
     from training.evaluation import TaskEvaluation
@@ -35,8 +36,12 @@ def _load(path: Path) -> dict[str, Any] | None:
 
 
 def _machine_line(payload: dict[str, Any]) -> str:
+    """The machine a figure was measured on; beside the CPU's name its class (the instruction sets that
+    decide int8 and bf16 speed), "unrecorded" for results measured before machine records held it."""
     machine = payload.get("machine") or payload.get("meta", {}).get("machine", {})
-    keys = ("cpu", "cores", "onnxruntime", "torch", "commit")
+    if "cpu" in machine:
+        machine = {**machine, "cpu class": recorded_cpu_class(machine)}
+    keys = ("cpu", "cpu class", "cores", "onnxruntime", "torch", "commit")
     return ", ".join(f"{k}: {machine[k]}" for k in keys if k in machine)
 
 

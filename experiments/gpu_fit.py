@@ -1,5 +1,6 @@
-"""Seconds per training step on a GPU against the CPU: the embedding recipe's quick profile
-(``minilm-embed.yaml``), the same rows and backbone, ``--steps`` steps on CUDA and fewer on this machine's
+"""Seconds per training step on a GPU against the CPU: the frozen embedding retrofit's quick profile
+(``minilm-embed-frozen.yaml``, what was measured; the two-path product trains a copy too), the same rows
+and backbone, ``--steps`` steps on CUDA and fewer on this machine's
 CPU (or ``--cpu-seconds-per-step``), warm-up steps dropped. Once the ``fit`` part of
 ``benchmarks.gpu``; its one device measurement is in ``results/bench/gpu.json`` ("fit").
 

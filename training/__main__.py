@@ -8,14 +8,23 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from retention_core.contract import MANIFEST_FILE, MODEL_FILE, QualityCurve, QualityPoint
-from retention_core.machine import describe
+from retention_core.machine import cpu_flags, describe
 from training.data import EVAL_SEED
+from training.precision import (
+    ALLOW_SLOW_BF16,
+    CPU_DEVICE,
+    EMULATED_BF16_SLOWDOWN,
+    FP32,
+    TRAINING_PRECISIONS,
+    emulated_bf16_refusal,
+)
 from training.recipes import DatasetSpec, Recipe, load_recipe, recipe_chain
-from training.tasks import retrofit_tasks
+from training.tasks import retrofit_tasks, training_task
 
 RUNS_DIR_VARIABLE = "RETENTION_RUNS_DIR"  # keeps long runs' checkpoints outside the work tree
 DEFAULT_MODELS_DIR = Path("models")
@@ -103,10 +112,16 @@ def manifest_quality(model_path: Path, recipe: Recipe, tokenizer: Any, runtime: 
 
 
 def export_run(
-    run_dir: Path, out_dir: Path, int8: bool, quality: bool, schedule: dict[str, Any] | None = None
+    run_dir: Path,
+    out_dir: Path,
+    int8: bool,
+    quality: bool,
+    schedule: dict[str, Any] | None = None,
+    name: str | None = None,
 ) -> None:
     """Export a trained run; ``schedule``: selection settings instead of the run's (``with_schedule``:
-    the kept-token floor, the leading share; they are not weights, the manifest records them)."""
+    the kept-token floor, the leading share; they are not weights, the manifest records them); ``name``:
+    the served name, when not the recipe's (a stand-in's, ``build --stand-in-for``)."""
     from retention_core.contract import INT8_MODEL_FILE, Manifest
     from training.export import export_model
     from training.fit import load_run, with_schedule
@@ -125,7 +140,8 @@ def export_run(
             )
         return manifest
 
-    export_model(model, recipe, tokenizer, out_dir, int8=int8, measure=measure if quality else None)
+    measured = measure if quality else None
+    export_model(model, recipe, tokenizer, out_dir, name=name, int8=int8, measure=measured)
     print(f"model directory written to {out_dir}")
 
 
@@ -277,21 +293,72 @@ def cmd_fetch_model(args: argparse.Namespace) -> None:
         raise SystemExit(f"fetch-model: {error}") from None
 
 
-def cmd_build(args: argparse.Namespace) -> None:
-    """Build every model directory that is missing: fit each run of the profile's chain that is not
-    finished (``recipe_chain``: the runs it starts from first), export the last, validate."""
-    from training.fit import CHECKPOINT_FILE, WEIGHTS_FILE, fit
+def built_from(model_dir: Path) -> str | None:
+    """The name of the recipe the model in ``model_dir`` was built from (its manifest records it; "" when
+    it does not say); None when the directory holds no complete model. Read as plain JSON: a manifest of
+    an older format still names its recipe."""
+    if not ((model_dir / MANIFEST_FILE).is_file() and (model_dir / MODEL_FILE).is_file()):
+        return None
+    try:
+        manifest = json.loads((model_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except ValueError:
+        return ""
+    recipe = manifest.get("training", {}).get("recipe") if isinstance(manifest, dict) else None
+    return str(recipe.get("name", "")) if isinstance(recipe, dict) else ""
 
+
+def to_build(recipe: Recipe, out_dir: Path, stand_in: bool) -> bool:
+    """Whether ``build`` (re)builds ``out_dir``: a missing model always; a stand-in never replaces a model;
+    a recipe's own build replaces a model built from another recipe (a stand-in that served under this
+    name while it trained, ``--stand-in-for``) and skips its own."""
+    source = built_from(out_dir)
+    if source is None:
+        return True
+    if stand_in or source == recipe.name:
+        print(f"{out_dir.name}: present in {out_dir}, skipping")
+        return False
+    print(f"{recipe.name}: replacing the stand-in built from {source or 'an unnamed recipe'} in {out_dir}")
+    return True
+
+
+def finished_run(run_dir: Path, stage: Recipe) -> bool:
+    """A run of ``stage`` trained to the end. A finished run of another recipe (an earlier version of the
+    file, e.g. before the product's defaults moved) is not reused: ``build`` would export the wrong model."""
+    from training.fit import RECIPE_FILE, WEIGHTS_FILE
+
+    if not (run_dir / WEIGHTS_FILE).is_file():
+        return False
+    try:
+        same = Recipe.model_validate_json((run_dir / RECIPE_FILE).read_text(encoding="utf-8")) == stage
+    except ValueError:  # written before a key it holds was removed from recipes
+        same = False
+    if not same:
+        raise SystemExit(
+            f"build: {run_dir} holds a finished run that is not this version of recipe {stage.name!r} "
+            "(another recipe's, or the file changed since); move it away (or pass another --runs-dir)"
+        )
+    return True
+
+
+def cmd_build(args: argparse.Namespace) -> None:
+    """Build every model directory that is missing (or holds a stand-in, ``to_build``): fit each run of the
+    profile's chain that is not finished (``recipe_chain``: the runs it starts from first), export the
+    last, validate. ``--stand-in-for NAME``: one recipe's model serves under NAME until NAME's own recipe
+    is built (``make serve``: a quick frozen retrofit answers while the two-path model trains)."""
+    from training.fit import CHECKPOINT_FILE, fit
+
+    if args.stand_in_for is not None and len(args.recipes) != 1:
+        raise SystemExit("build: --stand-in-for names the model of one recipe")
     for recipe_path in args.recipes:
         chain = recipe_chain(recipe_path, args.profile)
         recipe = chain[-1]
-        out_dir = args.models_dir / recipe.name
-        if (out_dir / MANIFEST_FILE).is_file() and (out_dir / MODEL_FILE).is_file():
-            print(f"{recipe.name}: present in {out_dir}, skipping")
+        served_as = args.stand_in_for or recipe.name
+        out_dir = args.models_dir / served_as
+        if not to_build(recipe, out_dir, stand_in=args.stand_in_for is not None):
             continue
         for stage in chain:
             run_dir = run_dir_for(stage, args.runs_dir)
-            if (run_dir / WEIGHTS_FILE).is_file():
+            if finished_run(run_dir, stage):
                 continue
             resume = (run_dir / CHECKPOINT_FILE).is_file()  # an interrupted build picks up
             how = "resuming" if resume else "training"
@@ -303,7 +370,7 @@ def cmd_build(args: argparse.Namespace) -> None:
                 resume=resume,
                 precision=args.precision,
             )
-        export_run(run_dir_for(recipe, args.runs_dir), out_dir, int8=args.int8, quality=True)
+        export_run(run_dir_for(recipe, args.runs_dir), out_dir, int8=args.int8, quality=True, name=served_as)
 
 
 def add_training_run_options(command: argparse.ArgumentParser) -> None:
@@ -313,13 +380,34 @@ def add_training_run_options(command: argparse.ArgumentParser) -> None:
     )
     command.add_argument("--run-dir", type=Path, default=None, help="default: <runs-dir>/<name>-<profile>")
     command.add_argument("--device", default="cpu", help="torch device to train on, e.g. cuda")
+    add_precision_options(command)
+
+
+def add_precision_options(command: argparse.ArgumentParser) -> None:
+    """The training forward passes' precision, and the override of its refusal where bf16 is emulated."""
     command.add_argument(
         "--precision",
-        choices=("fp32", "bf16"),
-        default="fp32",
+        choices=TRAINING_PRECISIONS,
+        default=FP32,
         help="the forward passes' autocast: bf16 cuts a step ~1.75x on CPUs with AMX (and on GPUs) "
         "(weights, optimizer and scorers stay fp32; evaluation and export are fp32)",
     )
+    command.add_argument(
+        ALLOW_SLOW_BF16,
+        action="store_true",
+        help="train in bf16 on a CPU without avx512_bf16 or AMX anyway (refused otherwise: a step measured "
+        f"{EMULATED_BF16_SLOWDOWN:.0f}x slower than fp32 there)",
+    )
+
+
+def refuse_emulated_bf16(args: argparse.Namespace, flags: Iterable[str]) -> None:
+    """A training command (one with --precision) stops before it trains in bf16 where a CPU with ``flags``
+    emulates it (training.precision); build trains on the CPU, it has no --device."""
+    if "precision" not in args or args.allow_slow_bf16:
+        return
+    refusal = emulated_bf16_refusal(args.precision, vars(args).get("device", CPU_DEVICE), flags)
+    if refusal is not None:
+        raise SystemExit(f"{args.command}: {refusal}")
 
 
 def add_data_root_option(command: argparse.ArgumentParser) -> None:
@@ -346,6 +434,11 @@ def add_min_kept_tokens_option(command: argparse.ArgumentParser) -> None:
         help="kept-token floor instead of the run's recipe.retention.min_kept_tokens (0 = none): every "
         "layer keeps at least min(this, real tokens)",
     )
+
+
+def pruned_branch_defaults() -> str:
+    """Each retrofit task's default pruned branch, for --help: read from the task registry."""
+    return ", ".join(f"{task} {training_task(task).retrofit_pruned_branch}" for task in retrofit_tasks())
 
 
 def parser() -> argparse.ArgumentParser:
@@ -391,10 +484,13 @@ def parser() -> argparse.ArgumentParser:
     retro_p.add_argument(
         "--pruned-branch",
         choices=["shared", "copy"],
-        default="shared",
+        default=None,
         help="copy: the pruned branch (rho < 1) trains weights of its own, a copy of the backbone distilled "
         "to the original, while rho = 1 stays exactly the original model (the copy doubles the encoder's "
-        "weights). Default shared: rho < 1 runs the original weights, only the scorers train",
+        "weights; a step costs ~7x a frozen one on a CPU: MiniLM's quick profile 27 min instead of 5 on 2 "
+        "cores). shared: rho < 1 runs the original weights, only the scorers train. Default per task: "
+        f"{pruned_branch_defaults()} (copy only where it was measured to gain: on embeddings; never with "
+        "--backbone-lr)",
     )
     retro_p.add_argument(
         "--eval-dataset",
@@ -465,12 +561,18 @@ def parser() -> argparse.ArgumentParser:
     build_p.add_argument("--profile", default="quick")
     build_p.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR)
     build_p.add_argument(
+        "--stand-in-for",
+        default=None,
+        metavar="NAME",
+        help="serve this one recipe's model as NAME (models-dir/NAME) unless a model is there already; "
+        "NAME's own recipe replaces it when built (make serve: the quick frozen retrofit answers while the "
+        "two-path model trains)",
+    )
+    build_p.add_argument(
         "--runs-dir", type=Path, default=default_runs_dir(), help=f"default: ${RUNS_DIR_VARIABLE} or runs/"
     )
     build_p.add_argument("--int8", action="store_true")
-    build_p.add_argument(
-        "--precision", choices=("fp32", "bf16"), default="fp32", help="the training forward passes' autocast"
-    )
+    add_precision_options(build_p)
     build_p.set_defaults(func=cmd_build)
 
     fetch_p = sub.add_parser(
@@ -493,6 +595,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
     args.argv = argv  # recorded in results as the command that reproduces them
+    refuse_emulated_bf16(args, cpu_flags())
     args.func(args)
 
 

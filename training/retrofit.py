@@ -9,10 +9,11 @@ scorers. By default backbone and head are frozen
 teacher; only the scorers train, with the usual Hard-Concrete gates and Lagrangian budget, on unlabeled
 texts. ``--backbone-lr`` also tunes backbone and head at that lr, distilled from a frozen copy of the
 original (``frozen_teacher``); ρ = 1 then no longer equals the original. ``--pruned-branch copy``
-(``RetrofitSpec.pruned_branch``) instead gives the pruned branch weights of its own: backbone and head stay
-frozen, so ρ = 1 is still bit-for-bit the original model, and a copy of the backbone (``RetentionModel.
-add_pruned_branch``), run at every ρ < 1, trains with the scorers at the backbone lr, distilled to the
-original's outputs by the soft pass and by top-M passes at sampled budgets
+(``RetrofitSpec.pruned_branch``; the default where the task's entry says so, ``TrainingTask.
+retrofit_pruned_branch``: embedding) instead gives the pruned branch weights of its own: backbone and
+head stay frozen, so ρ = 1 is still bit-for-bit the original model, and a copy of the backbone
+(``RetentionModel.add_pruned_branch``), run at every ρ < 1, trains with the scorers at the backbone
+lr, distilled to the original's outputs by the soft pass and by top-M passes at sampled budgets
 (docs/experiments/2026-11-28-pruned-branch.md); its export is the two-path graph (``training.export.
 export_onnx``: the original's weights at ρ = 1, the copy's below). The run directory is the one ``fit``
 writes, so ``python -m training export <run>`` and ``evaluate <run>`` work unchanged for every mode.
@@ -50,20 +51,23 @@ def retrofit_recipe(
     backbone_lr: float | None = None,
     eval_dataset: str | None = None,
     data_root: Path | None = None,
-    pruned_branch: PrunedBranch = "shared",
+    pruned_branch: PrunedBranch | None = None,
 ) -> Recipe:
     """The recipe of a retrofit: ``model`` (a directory or the packaged default), its scorers trained on
     the texts of ``texts`` (``field`` of each JSON line, or each line of a text file). ``backbone_lr``
     also tunes backbone and head at that lr (default: frozen); ``eval_dataset`` names a labelled registry
     dataset (under ``data_root``, default the data root) for evaluation and the manifest's quality curve.
     ``pruned_branch`` "copy": the pruned branch trains a copy of the backbone of its own
-    (``PRUNED_BRANCH_OBJECTIVE``, ``PRUNED_BRANCH_LR``), ρ = 1 stays the frozen original."""
+    (``PRUNED_BRANCH_OBJECTIVE``, ``PRUNED_BRANCH_LR``), ρ = 1 stays the frozen original; None: the
+    task's default (``default_pruned_branch``)."""
     retrofit_task(task)  # raises for a task that needs labels
     build = training_task(task).retrofit_recipe
     if build is None:
         raise ValueError(f"retrofit supports tasks {list(retrofit_tasks())}, not {task!r}")
     if backbone_lr is not None and backbone_lr <= 0.0:
         raise ValueError(f"--backbone-lr must be > 0, got {backbone_lr}")
+    if pruned_branch is None:
+        pruned_branch = default_pruned_branch(task, backbone_lr)
     copy_branch = pruned_branch == "copy"
     if copy_branch and backbone_lr is not None:
         raise ValueError(
@@ -101,6 +105,13 @@ def retrofit_recipe(
             "evaluation": evaluation,
         }
     )
+
+
+def default_pruned_branch(task: str, backbone_lr: float | None = None) -> PrunedBranch:
+    """The pruned branch a retrofit of ``task`` trains when none is named: the task's own default
+    (``TrainingTask.retrofit_pruned_branch``), except with ``backbone_lr``, which tunes the original model
+    itself, so there is no frozen original for a copy to sit beside."""
+    return "shared" if backbone_lr is not None else training_task(task).retrofit_pruned_branch
 
 
 # The pruned branch's copy (``--pruned-branch copy``) trains besides the soft pass that trains the

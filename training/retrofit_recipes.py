@@ -37,10 +37,12 @@ POOLING_MODES: dict[str, Pooling] = {
     "pooling_mode_cls_token": "cls",
 }
 
-# Sizes per profile. quick: ≤ 5 minutes of training on 2 CPU cores for MiniLM at ≤ 256 tokens (measured
-# on an idle 2-core machine: 0.92 s per step at 8 SQuAD paragraphs, so 200 steps ≈ 3 minutes; about
-# 2.5× that while other processes share the cores); full: ≈ 2 epochs of 2,350 paragraphs (2.5 s per
-# step at 16). models/recipes/minilm-embed.yaml is this recipe for MiniLM on SQuAD paragraphs.
+# Sizes per profile. quick: ≤ 5 minutes of training on 2 CPU cores for the frozen retrofit of MiniLM at
+# ≤ 256 tokens (measured on an idle 2-core machine: 0.92 s per step at 8 SQuAD paragraphs, so 200 steps
+# ≈ 3 minutes; about 2.5× that while other processes share the cores); full: ≈ 2 epochs of 2,350
+# paragraphs (2.5 s per step at 16). The pruned branch's copy, an embedding retrofit's default
+# (training.retrofit), costs ≈ 7× per step: the quick profile ≈ 27 minutes. models/recipes/minilm-embed.yaml
+# (two-path) and minilm-embed-frozen.yaml are these recipes for MiniLM on SQuAD paragraphs.
 RETROFIT_PROFILES: dict[str, dict[str, Any]] = {
     "full": {"batch_size": 16, "steps": 300, "rhos": (0.1, 0.2, 0.3, 0.5, 0.7, 1.0)},
     "quick": {"batch_size": 8, "steps": 200, "rhos": (0.3, 0.5, 0.7, 1.0)},

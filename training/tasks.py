@@ -23,7 +23,7 @@ from training.batch import Batch, EncoderInputs
 from training.data import Example
 from training.evaluation import TaskEvaluation
 from training.model import RetentionModel
-from training.recipes import Recipe
+from training.recipes import PrunedBranch, Recipe
 
 __all__ = [
     "TRAINING_TASKS",
@@ -57,6 +57,9 @@ class TrainingTask:
     # (model, profile) → the recipe of a retrofit of an existing model of this task (its sizes for the
     # profile; a ValueError for an unknown one); None: ``python -m training retrofit`` does not offer it.
     retrofit_recipe: Callable[[str, str], Recipe] | None = None
+    # The pruned branch a retrofit of this task trains unless ``--pruned-branch`` names one: "copy" (ρ < 1
+    # runs weights of its own) only where it was measured to gain, "shared" (the frozen retrofit) elsewhere.
+    retrofit_pruned_branch: PrunedBranch = "shared"
 
 
 def training_entries(module: ModuleType) -> list[tuple[str, TrainingTask]]:

@@ -26,6 +26,8 @@ TRAINING = TrainingTask(
         teacher=embedding.dense_targets,  # the dense pass (ρ = 1): the original model's logits
     ),
     retrofit_recipe=classification_recipe,
+    # The pruned branch's copy was measured on embeddings only: classification keeps the frozen retrofit
+    # (retrofit_pruned_branch "shared", the default) until a study measures the copy here.
 )
 
 DATASETS = {

@@ -18,6 +18,9 @@ TRAINING = TrainingTask(
     reference_dataset="squad_contexts",
     teacher=embedding.dense_targets,
     retrofit_recipe=embedding_recipe,
+    # The two-path model: measured above the frozen retrofit on every retrieval set tried, ρ = 1 still the
+    # original bit for bit (docs/experiments/2026-11-28-pruned-branch.md); ~7x a frozen step's cost.
+    retrofit_pruned_branch="copy",
 )
 
 CONTEXTS = unique_texts("context")

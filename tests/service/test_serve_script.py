@@ -2,7 +2,8 @@
 them, and stop everything on Ctrl-C.
 
 A real process group, as a terminal runs it: the first recipe's model is already present (a tiny
-embedding model in its directory, so ``training build`` skips it), the background build is the real
+embedding model in the directory of the product it stands in for, so ``training build`` skips it; the
+stand-in's swap itself: tests/training/test_build_stand_in.py), the background build is the real
 IMDb quick build (stopped seconds after it starts) and a model directory appearing while it serves is
 hot-loaded without SIGHUP.
 """
@@ -46,7 +47,7 @@ def test_serve_script_hot_loads_and_ctrl_c_stops_service_and_background_build(
     tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
     models = tmp_path / "models"
-    shutil.copytree(tiny_models["embedding"], models / "minilm-embed")  # the first recipe's model name
+    shutil.copytree(tiny_models["embedding"], models / "minilm-embed")  # the name the first stands in for
     build_log = tmp_path / "logs" / "background.log"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -98,3 +99,15 @@ def test_serve_script_hot_loads_and_ctrl_c_stops_service_and_background_build(
     assert f"tail -f {build_log}" in output and "background build stopped" in output, output
     assert "minilm-embed: present" in output, output
     assert build_log.is_file()
+
+
+def test_make_serve_answers_with_the_frozen_stand_in_and_builds_the_two_path_model_last() -> None:
+    """What ``make serve`` hands the script: the frozen quick retrofit first, as minilm-embed (≤ 5 minutes
+    on 2 cores), then the other defaults, then the two-path product, which replaces the stand-in."""
+    dry_run = subprocess.run(
+        ["make", "-n", "serve", "VENV=.venv-absent"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    first = 'FIRST_RECIPES="models/recipes/minilm-embed-frozen.yaml" FIRST_STAND_IN_FOR="minilm-embed"'
+    assert first in dry_run
+    background = dry_run.split('BACKGROUND_RECIPES="')[1].split('"')[0].split()
+    assert background[-1] == "models/recipes/minilm-embed.yaml" and "models/recipes/imdb.yaml" in background

@@ -136,6 +136,7 @@ def graph_counts(model_dir: Path, texts: list[str], rho: float) -> tuple[np.ndar
 
 
 def test_tiny_cls_retrofit_serves_the_original_at_rho_1_and_keeps_cls(tmp_path: Path) -> None:
+    """The default embedding retrofit of a CLS-pooled model (BGE, Arctic-embed): the two-path model."""
     original = write_sentence_transformer(tmp_path / "bge-like", pooling="cls_token")
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
@@ -143,7 +144,7 @@ def test_tiny_cls_retrofit_serves_the_original_at_rho_1_and_keeps_cls(tmp_path: 
     arguments = ["--task", "embedding", "--texts", str(texts), "--steps", "2", "--run-dir", str(run_dir)]
     training_main(["retrofit", str(original), *arguments, "--no-progress"])
     recipe = json.loads((run_dir / RECIPE_FILE).read_text())
-    assert recipe["retrofit"]["pooling"] == "cls"
+    assert recipe["retrofit"]["pooling"] == "cls" and recipe["retrofit"]["pruned_branch"] == "copy"
 
     # No kept-token floor: TEXTS are all under the default 16 tokens, which would run them dense at any ρ.
     out = tmp_path / "models" / "tiny-cls-embed"
@@ -151,7 +152,7 @@ def test_tiny_cls_retrofit_serves_the_original_at_rho_1_and_keeps_cls(tmp_path: 
     manifest = Manifest.read(out)
     assert manifest.embedding is not None
     assert manifest.embedding.pooling == "cls" and manifest.embedding.normalize
-    assert manifest.schedule.last_layer_queries == 1
+    assert manifest.schedule.last_layer_queries == 1 and manifest.pruned_branch is not None
 
     # At ρ = 1 the served vector is the original model's sentence-transformers encode (CLS pooling).
     expected = SentenceTransformer(str(original), device="cpu").encode(TEXTS, normalize_embeddings=True)

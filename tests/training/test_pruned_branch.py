@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -16,13 +17,22 @@ from benchmarks.retrieval_parts import weights_fingerprint
 from tests.tasks.test_embedding import TEXTS, write_sentence_transformer
 from tests.tiny import tiny_model, tiny_recipe
 from training.__main__ import main as training_main
+from training.__main__ import parser
 from training.batch import Batch
 from training.encoders import load_backbone
-from training.fit import LOG_FILE, WEIGHTS_FILE, build_model, load_run, parameter_groups, save_run
+from training.fit import (
+    LOG_FILE,
+    RECIPE_FILE,
+    WEIGHTS_FILE,
+    build_model,
+    load_run,
+    parameter_groups,
+    save_run,
+)
 from training.model import RetentionConfig, RetentionModel
 from training.objective import Objective
 from training.recipes import ObjectiveSpec, RetentionSpec, RetrofitSpec
-from training.retrofit import PRUNED_BRANCH_LR, PRUNED_BRANCH_RHO_LOW, retrofit_recipe
+from training.retrofit import PRUNED_BRANCH_LR, PRUNED_BRANCH_RHO_LOW, default_pruned_branch, retrofit_recipe
 from training.tiny import TINY_TOKENIZER
 
 # The product embedding's selection: merging, a leading share, selection at every other layer.
@@ -172,12 +182,14 @@ def test_the_top_m_passes_skip_the_frozen_rho_1_path(monkeypatch: pytest.MonkeyP
 
 
 def test_retrofit_cli_trains_the_copy_and_keeps_the_original(tmp_path: Path) -> None:
+    """An embedding retrofit's default: the two-path model."""
     original = write_sentence_transformer(tmp_path / "st-model")
     texts = tmp_path / "texts.jsonl"
     texts.write_text("".join(json.dumps({"text": text}) + "\n" for text in TEXTS), encoding="utf-8")
     run_dir = tmp_path / "run"
     arguments = ["--texts", str(texts), "--steps", "3", "--run-dir", str(run_dir), "--no-progress"]
-    training_main(["retrofit", str(original), *arguments, "--pruned-branch", "copy"])
+    training_main(["retrofit", str(original), *arguments])  # no --pruned-branch: embedding's default
+    assert json.loads((run_dir / RECIPE_FILE).read_text())["retrofit"]["pruned_branch"] == "copy"
     log = [json.loads(line) for line in (run_dir / LOG_FILE).read_text().splitlines()]
     assert log[0]["lr"] == pytest.approx(PRUNED_BRANCH_LR)  # the copy's lr (group 0), not the scorers'
     assert all(entry["pruned_loss"] is not None for entry in log)
@@ -193,12 +205,26 @@ def test_retrofit_cli_trains_the_copy_and_keeps_the_original(tmp_path: Path) -> 
         )
 
 
-def test_the_default_retrofit_is_unchanged(tmp_path: Path) -> None:
-    recipe = retrofit_recipe(TINY_TOKENIZER, "embedding", tmp_path / "t.txt")
+def test_each_task_has_its_default_pruned_branch_and_shared_opts_out(tmp_path: Path) -> None:
+    """Embedding retrofits train the copy by default (measured to gain there); classification keeps the
+    frozen retrofit (the copy was never measured on it); ``--backbone-lr`` tunes the original itself, so
+    it keeps one set of weights; ``--pruned-branch shared`` is the frozen retrofit as it was."""
+    assert (default_pruned_branch("embedding"), default_pruned_branch("classification")) == ("copy", "shared")
+    assert default_pruned_branch("embedding", backbone_lr=1e-5) == "shared"
+    assert parser().parse_args(["retrofit", "m", "--texts", "t"]).pruned_branch is None  # the task decides
+    (commands,) = [action for action in parser()._actions if isinstance(action, argparse._SubParsersAction)]
+    help_text = " ".join(commands.choices["retrofit"].format_help().split())
+    assert "Default per task: classification shared, embedding copy" in help_text  # registry order
+    tuned = retrofit_recipe(TINY_TOKENIZER, "embedding", tmp_path / "t.txt", backbone_lr=1e-5)
+    assert tuned.retrofit is not None and tuned.retrofit.pruned_branch == "shared"
+    assert retrofit_recipe(TINY_TOKENIZER, "embedding", tmp_path / "t.txt") == retrofit_recipe(
+        TINY_TOKENIZER, "embedding", tmp_path / "t.txt", pruned_branch="copy"
+    )
+    recipe = retrofit_recipe(TINY_TOKENIZER, "embedding", tmp_path / "t.txt", pruned_branch="shared")
     assert recipe.retrofit is not None and recipe.retrofit.pruned_branch == "shared"
     assert recipe.objective == ObjectiveSpec()
-    copy = retrofit_recipe(TINY_TOKENIZER, "embedding", tmp_path / "t.txt", pruned_branch="copy")
-    # the copy trains at the study's try B settings; everything else is the default retrofit's
+    copy = retrofit_recipe(TINY_TOKENIZER, "embedding", tmp_path / "t.txt")
+    # the copy trains at the study's try B settings; everything else is the frozen retrofit's
     assert (
         (copy.rho.low, copy.optimizer.lr)
         == (PRUNED_BRANCH_RHO_LOW, PRUNED_BRANCH_LR)

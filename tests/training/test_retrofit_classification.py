@@ -171,7 +171,9 @@ def test_frozen_stays_frozen_and_backbone_lr_tunes_against_a_frozen_teacher(
     else:
         original = write_sentence_transformer(tmp_path / "model")
     texts = texts_file(tmp_path / "t.jsonl")
-    frozen_recipe = retrofit_recipe(str(original), task, texts, "body").model_copy(update={"batch_size": 4})
+    # the frozen retrofit: one set of weights (an embedding's default two-path model: test_pruned_branch)
+    frozen_recipe = retrofit_recipe(str(original), task, texts, "body", pruned_branch="shared")
+    frozen_recipe = frozen_recipe.model_copy(update={"batch_size": 4})
     start = retrofit_state(frozen_recipe)[0]
     before, scorers_before = backbone_and_head(start), scorer_weights(start)
 

@@ -12,9 +12,15 @@ same random weights, same fixed-length batches, same precision:
   32-token floor: ``models/recipes/minilm-embed.yaml``).
 
 Grid: MiniLM (384 × 6) and base (768 × 12) shapes, fp32 (TF32 off) and bf16, batch 1 / 8 / 32 / 128 ×
-256 / 512 tokens. Per cell: sequences/s (median of rounds), the ratio to the faster dense variant, the
-token-work limit 1 / work and the share of it reached, peak device memory. Per shape and precision at
-8 × 256, each variant's CUDA kernels and host milliseconds per forward (torch.profiler), as the
+256 / 512 tokens; the serving precision's cells first (bf16, the base shape first), so that a time
+budget that runs out loses the fp32 ones. Per cell: sequences/s (median of rounds), the ratio to the
+faster dense variant, the token-work limit 1 / work and the share of it reached, the variant's own peak
+device memory (its weights plus what one call allocates above what was in use before it: each shape and
+precision is built alone on the device), and which SDPA kernel its attention ran (``sdpa_backend``:
+flash, memory-efficient, cudnn or math, read from the aten op SDPA dispatched to; a graph replays what
+its eager twin ran). Per shape and precision at 8 × 256, each variant's CUDA kernels, attention kernel
+names and host milliseconds per forward (torch.profiler, started once before any graph is captured:
+kineto records graph replays only when it was set up first), each profile in its own ``try``, as the
 host-bound study measured them. ``--dry-run``: the same code on the CPU with a tiny shape (no graphs).
 """
 
@@ -53,7 +59,9 @@ BATCHES = (1, 8, 32, 128)
 LENGTHS = (256, 512)
 DRY_BATCHES = (2, 1)
 DRY_LENGTHS = (32,)
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("bf16", "fp32")  # the serving precision (bf16 on a GPU) first
+SERVING_PRECISION = "bf16"
+SERVING_SHAPE = "base"
 PROFILE_SHAPE = (8, 256)  # batch × length where kernels and host time are profiled (host-bound regime)
 PROFILE_CALLS = 5
 WARMUP_CALLS = 3
@@ -62,6 +70,25 @@ MIN_ROUND_SECONDS = 0.1  # a round repeats the call until it has run this long (
 MAX_ROUND_CALLS = 200
 DENSE = "dense-sdpa"
 DENSE_GRAPH = "dense-sdpa-graph"
+GRAPH_SUFFIX = "-graph"
+# The aten op scaled_dot_product_attention dispatched to, by kernel (CPU and CUDA names).
+SDPA_BACKENDS = {
+    "_scaled_dot_product_flash_attention": "flash",
+    "_scaled_dot_product_flash_attention_for_cpu": "flash",
+    "_scaled_dot_product_efficient_attention": "memory-efficient",
+    "_scaled_dot_product_cudnn_attention": "cudnn",
+    "_scaled_dot_product_attention_math": "math",
+    "_scaled_dot_product_attention_math_for_mps": "math",
+}
+SDPA_OP = "scaled_dot_product_attention"
+SDPA_CHOICES = {  # torch.nn.attention.SDPBackend's names
+    "FLASH_ATTENTION": "flash",
+    "EFFICIENT_ATTENTION": "memory-efficient",
+    "CUDNN_ATTENTION": "cudnn",
+    "MATH": "math",
+    "OVERRIDEABLE": "overrideable",
+}
+ATTENTION_KERNEL_MARKS = ("flash", "fmha", "efficient_attention", "cudnn", "attention")
 
 
 @dataclass(frozen=True)
@@ -81,11 +108,11 @@ class ForwardPlan:
 def selection() -> Any:
     """The product's embedding selection, read from its recipe (models/recipes/minilm-embed.yaml), so the
     check follows the recipe: merging, leading share, floor, pruning interval, schedule power."""
-    from benchmarks.embedding_graphs import DEFAULT_RECIPE
+    from benchmarks.embedding_graphs import PRODUCT_RECIPE
     from training.fit import retention_config
     from training.recipes import load_recipe
 
-    return retention_config(load_recipe(DEFAULT_RECIPE))
+    return retention_config(load_recipe(PRODUCT_RECIPE))
 
 
 def selection_label(config: Any) -> str:
@@ -97,14 +124,17 @@ def selection_label(config: Any) -> str:
 
 @dataclass
 class Built:
-    dense: dict[str, Any]  # precision → HF model (sdpa)
-    weights: dict[str, Any]  # precision → retention_torch ModelWeights
+    """One shape in one precision on the device, nothing else: its memory is the variants' own."""
+
+    dense: Any  # HF model (sdpa)
+    weights: Any  # retention_torch ModelWeights
     schedule: Any
     head: Any
 
 
-def build(shape: dict[str, int], plan: ForwardPlan) -> Built:
-    """Random weights of ``shape``: one HF model (SDPA) for the dense peer, its tensors for ours."""
+def build(shape: dict[str, int], plan: ForwardPlan, precision: str) -> Built:
+    """Random weights of ``shape`` in ``precision``: one HF model (SDPA) for the dense peer, its tensors
+    for ours (the same seed for every precision: the same weights)."""
     import torch
     from transformers import AutoModel, BertConfig
 
@@ -120,16 +150,20 @@ def build(shape: dict[str, int], plan: ForwardPlan) -> Built:
     hf = AutoModel.from_config(config, attn_implementation="sdpa").eval()
     model = RetentionModel(EncoderBackbone(hf), "embedding", shape["hidden_size"], selection()).eval()
     state, architecture = torch_state(model), torch_architecture(model)
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
     return Built(
-        dense={name: copy.deepcopy(hf).to(plan.device, dtype) for name, dtype in dtypes.items()},
-        weights={
-            name: from_state(state, architecture, "pooled", plan.device, dtype)
-            for name, dtype in dtypes.items()
-        },
+        dense=copy.deepcopy(hf).to(plan.device, dtype),
+        weights=from_state(state, architecture, "pooled", plan.device, dtype),
         schedule=manifest_schedule(model),
         head=torch_head(model),
     )
+
+
+def groups(shapes: dict[str, dict[str, int]]) -> list[tuple[str, str]]:
+    """(shape, precision) in the order they are measured: the serving precision first, the serving
+    shape first within it."""
+    pairs = [(shape, precision) for precision in PRECISIONS for shape in shapes]
+    return sorted(pairs, key=lambda pair: (pair[1] != SERVING_PRECISION, pair[0] != SERVING_SHAPE))
 
 
 def token_work(schedule: Any, rho: float, length: int) -> float:
@@ -205,16 +239,93 @@ def seconds_per_call(call: Callable[[], object]) -> float:
     return statistics.median(rounds)
 
 
-def peak_memory(call: Callable[[], object], plan: ForwardPlan) -> int | None:
+def peak_memory(call: Callable[[], object], plan: ForwardPlan, weights_bytes: int) -> dict[str, int | None]:
+    """The variant's own device memory: its weights, plus the most one call allocates above what was in
+    use before it (what a graph holds in its pool was allocated at capture, so it is in use already:
+    ``device_in_use_bytes``)."""
     if not plan.cuda:
-        return None
+        return {"peak_memory_bytes": None, "call_peak_bytes": None, "device_in_use_bytes": None}
     import torch
 
     torch.cuda.synchronize()
+    before = int(torch.cuda.memory_allocated())
     torch.cuda.reset_peak_memory_stats()
     call()
     torch.cuda.synchronize()
-    return int(torch.cuda.max_memory_allocated())
+    above = int(torch.cuda.max_memory_allocated()) - before
+    return {
+        "peak_memory_bytes": weights_bytes + above,
+        "call_peak_bytes": above,
+        "device_in_use_bytes": before,
+    }
+
+
+def init_profiler(plan: ForwardPlan) -> str:
+    """Start torch.profiler once before any CUDA graph is captured: kineto (CUPTI) set up after a capture
+    is known to crash or miss the graph's kernels on some CUDA versions."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if plan.cuda else [])
+    with torch_profile(activities=activities):
+        torch.ones(8, device=plan.device).sum()
+        if plan.cuda:
+            torch.cuda.synchronize()
+    return "before any capture"
+
+
+def sdpa_backend(call: Callable[[], object]) -> str:
+    """The SDPA kernel(s) one eager call ran ("none": it called no SDPA; a graph replay calls no aten op
+    at all). Each ``scaled_dot_product_attention`` is asked which kernel torch picks for its very
+    arguments (``torch._fused_sdp_choice``, what it dispatches by); an op already resolved to a kernel
+    is named by that op."""
+    import torch
+    from torch.nn.attention import SDPBackend
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    found: set[str] = set()
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            name = func.__name__.split(".")[0]
+            if name == SDPA_OP:
+                found.add(
+                    SDPA_CHOICES.get(SDPBackend(torch._fused_sdp_choice(*args, **kwargs)).name, "other")
+                )
+            elif name in SDPA_BACKENDS:
+                found.add(SDPA_BACKENDS[name])
+            return func(*args, **kwargs)
+
+    with Seen():
+        call()
+    return "+".join(sorted(found)) or "none"
+
+
+def kernel_events(events: Any) -> list[Any]:
+    return [e for e in events if "CUDA" in str(getattr(e, "device_type", ""))]
+
+
+def is_attention_kernel(name: str) -> bool:
+    return any(mark in name.lower() for mark in ATTENTION_KERNEL_MARKS)
+
+
+def attention_kernels(events: Any) -> list[str]:
+    """Names of the CUDA kernels of attention among profiled events (flash, fmha/cutlass, cuDNN)."""
+    return sorted({e.key for e in kernel_events(events) if is_attention_kernel(e.key)})[:4]
+
+
+def attention_device_share(events: Any) -> float | None:
+    """The attention kernels' share of the device time of the profiled calls: the most a faster
+    attention kernel (flash instead of memory-efficient) could save of the forward (None: no device)."""
+
+    def device_time(event: Any) -> float:
+        return float(getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0.0)))
+
+    kernels = kernel_events(events)
+    total = sum(device_time(e) for e in kernels)
+    return sum(device_time(e) for e in kernels if is_attention_kernel(e.key)) / total if total else None
 
 
 def profile(call: Callable[[], object], plan: ForwardPlan) -> dict[str, float]:
@@ -234,6 +345,7 @@ def profile(call: Callable[[], object], plan: ForwardPlan) -> dict[str, float]:
         seconds = time.perf_counter() - started
     events = prof.key_averages()
     kernels = sum(e.count for e in events if "CUDA" in str(getattr(e, "device_type", "")))
+    attention, attention_share = attention_kernels(events), attention_device_share(events)
     aten = sum(e.count for e in events if e.key.startswith("aten::"))
     waits = sum(e.count for e in events if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize"))
     if plan.cuda:
@@ -243,6 +355,8 @@ def profile(call: Callable[[], object], plan: ForwardPlan) -> dict[str, float]:
         "aten_calls_per_forward": aten / PROFILE_CALLS,
         "host_waits_per_forward": waits / PROFILE_CALLS,
         "profiled_ms_per_forward": 1000 * seconds / PROFILE_CALLS,
+        "attention_kernels": attention,
+        "attention_device_share": attention_share,
     }
 
 
@@ -251,18 +365,55 @@ def variants(
 ) -> dict[str, Callable[[], Any]]:
     from retention_torch.runner import Runner
 
-    calls: dict[str, Callable[[], Any]] = {DENSE: dense_call(built.dense[precision], ids, plan.device)}
+    calls: dict[str, Callable[[], Any]] = {DENSE: dense_call(built.dense, ids, plan.device)}
     if plan.cuda:
         try:  # HF's forward may not capture (a host read inside it): the eager dense peer still counts
-            calls[DENSE_GRAPH] = dense_graph_call(built.dense[precision], ids, plan.device)
+            calls[DENSE_GRAPH] = dense_graph_call(built.dense, ids, plan.device)
         except Exception as exc:
             failures.append(f"{DENSE_GRAPH} {precision} {ids.shape}: {type(exc).__name__}: {exc}")
-    modes = (("", False), ("-graph", True)) if plan.cuda else (("", False),)
+    modes = (("", False), (GRAPH_SUFFIX, True)) if plan.cuda else (("", False),)
     for suffix, graphs in modes:
-        runner = Runner(built.weights[precision], built.schedule, built.head, MAX_POSITIONS, graphs=graphs)
+        runner = Runner(built.weights, built.schedule, built.head, MAX_POSITIONS, graphs=graphs)
         for rho in RHOS:
             calls[f"retention@{rho:g}{suffix}"] = ours_call(runner, ids, rho)
     return calls
+
+
+def weights_bytes(built: Built, variant: str) -> int:
+    """Bytes of the weights a variant runs: the HF model's parameters, or ours."""
+    if variant.startswith(DENSE):
+        return sum(t.numel() * t.element_size() for t in built.dense.parameters())
+    return int(built.weights.nbytes)
+
+
+def eager_twin(variant: str) -> str:
+    return variant.removesuffix(GRAPH_SUFFIX)
+
+
+def attention_backends(
+    calls: dict[str, Callable[[], Any]], failures: list[str], where: str
+) -> dict[str, str]:
+    """Each variant's SDPA kernel: probed on the eager ones, a graph's is its eager twin's."""
+    found: dict[str, str] = {}
+    for name, call in calls.items():
+        if name.endswith(GRAPH_SUFFIX):
+            continue
+        try:
+            found[name] = sdpa_backend(call)
+        except Exception as exc:
+            failures.append(f"sdpa backend of {name} {where}: {type(exc).__name__}: {exc}")
+    return {name: found.get(eager_twin(name), "unknown") for name in calls}
+
+
+def profiled(
+    call: Callable[[], object], plan: ForwardPlan, failures: list[str], where: str
+) -> dict[str, Any]:
+    """``profile`` in its own try: a profiler failure loses this variant's profile, not the cell."""
+    try:
+        return profile(call, plan)
+    except Exception as exc:
+        failures.append(f"profile of {where}: {type(exc).__name__}: {exc}")
+        return {"profile_error": f"{type(exc).__name__}: {exc}"}
 
 
 def measure_cell(
@@ -282,10 +433,11 @@ def measure_cell(
             failures.append(f"{name} {precision} {batch} × {length}: {type(exc).__name__}: {exc}")
             del calls[name]
     fastest_dense = min(seconds[name] for name in (DENSE, DENSE_GRAPH) if name in seconds)
-    profiled = (batch, length) == PROFILE_SHAPE or (plan.dry_run and batch == plan.batches[0])
+    is_profiled = (batch, length) == PROFILE_SHAPE or (plan.dry_run and batch == plan.batches[0])
+    backends = attention_backends(calls, failures, f"{precision} {batch} × {length}")
     cells = []
     for name, call in calls.items():
-        rho = float(name.split("@")[1].removesuffix("-graph")) if "@" in name else 1.0
+        rho = float(eager_twin(name).split("@")[1]) if "@" in name else 1.0
         limit = 1.0 / token_work(built.schedule, rho, length) if "@" in name else 1.0
         speedup = fastest_dense / seconds[name]
         cell: dict[str, Any] = {
@@ -294,7 +446,7 @@ def measure_cell(
             "batch": batch,
             "seq_len": length,
             "rho": rho if "@" in name else None,
-            "cuda_graph": name.endswith("-graph"),
+            "cuda_graph": name.endswith(GRAPH_SUFFIX),
             "ms_per_batch": 1000 * seconds[name],
             "sequences_per_second": batch / seconds[name],
             "speedup_vs_fastest_dense": speedup,
@@ -303,10 +455,11 @@ def measure_cell(
             else None,
             "token_work_limit": limit,
             "share_of_limit": speedup / limit,
-            "peak_memory_bytes": peak_memory(call, plan),
+            "sdpa_backend": backends[name],
+            **peak_memory(call, plan, weights_bytes(built, name)),
         }
-        if profiled:
-            cell.update(profile(call, plan))
+        if is_profiled:
+            cell.update(profiled(call, plan, failures, f"{name} {precision} {batch} × {length}"))
         cells.append(cell)
     del calls
     if plan.cuda:
@@ -315,7 +468,8 @@ def measure_cell(
 
 
 def measure_forward(plan: ForwardPlan) -> dict[str, Any]:
-    """Every shape × precision × length × batch the time budget allows, largest groups last."""
+    """Every shape × precision × length × batch the time budget allows, the serving precision first
+    (``groups``), each shape and precision alone on the device."""
     import torch
 
     if plan.cuda:
@@ -324,27 +478,39 @@ def measure_forward(plan: ForwardPlan) -> dict[str, Any]:
     cells: list[dict[str, Any]] = []
     skipped: list[str] = []
     failures: list[str] = []
-    for shape_name, shape in plan.shapes.items():
-        built = build(shape, plan)
-        for precision in PRECISIONS:
-            for length in plan.lengths:
-                for batch in plan.batches:
-                    name = f"{shape_name} {precision} {batch} × {length}"
-                    if plan.seconds_left() <= 0:
-                        skipped.append(name)
-                        continue
-                    try:
-                        for cell in measure_cell(built, precision, batch, length, plan, failures):
-                            cells.append({"shape": shape_name, **cell})
-                    except Exception as exc:  # one cell's failure (memory) must not lose the others
-                        failures.append(f"{name}: {type(exc).__name__}: {exc}")
-                    print(f"forward: {name} done ({plan.seconds_left():.0f} s left)", flush=True)
+    try:
+        profiler = init_profiler(plan)
+    except Exception as exc:  # the cells still count; their profiles may then fail on their own
+        profiler = f"failed: {type(exc).__name__}: {exc}"
+        failures.append(f"profiler: {profiler}")
+    for shape_name, precision in groups(plan.shapes):
+        names = [f"{shape_name} {precision} {b} × {n}" for n in plan.lengths for b in plan.batches]
+        if plan.seconds_left() <= 0:
+            skipped += names
+            continue
+        built = build(plan.shapes[shape_name], plan, precision)
+        for length in plan.lengths:
+            for batch in plan.batches:
+                name = f"{shape_name} {precision} {batch} × {length}"
+                if plan.seconds_left() <= 0:
+                    skipped.append(name)
+                    continue
+                try:
+                    for cell in measure_cell(built, precision, batch, length, plan, failures):
+                        cells.append({"shape": shape_name, **cell})
+                except Exception as exc:  # one cell's failure (memory) must not lose the others
+                    failures.append(f"{name}: {type(exc).__name__}: {exc}")
+                print(f"forward: {name} done ({plan.seconds_left():.0f} s left)", flush=True)
         del built
+        if plan.cuda:
+            torch.cuda.empty_cache()
     status = "measured" if cells else "failed: no cell measured"
     return {
         "status": status,
         "selection": selection_label(selection()),
         "shapes": plan.shapes,
+        "order": [f"{shape} {precision}" for shape, precision in groups(plan.shapes)],
+        "profiler": profiler,
         "cells": cells,
         "skipped_for_time": skipped,
         "failed_cells": failures,
@@ -382,14 +548,14 @@ def markdown_rows(cells: list[dict[str, Any]]) -> list[str]:
     if profiled:
         rows += [
             "",
-            "| shape | precision | variant | batch × len | kernels / forward | host waits "
+            "| shape | precision | variant | batch × len | SDPA kernel | kernels / forward | host waits "
             "| ms / forward (profiled) |",
-            "|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|",
         ]
         rows += [
             f"| {c['shape']} | {c['precision']} | {c['variant']} | {c['batch']} × {c['seq_len']} | "
-            f"{c['kernels_per_forward']:.0f} | {c['host_waits_per_forward']:.0f} "
-            f"| {c['profiled_ms_per_forward']:.2f} |"
+            f"{c.get('sdpa_backend', '?')} | {c['kernels_per_forward']:.0f} | "
+            f"{c['host_waits_per_forward']:.0f} | {c['profiled_ms_per_forward']:.2f} |"
             for c in profiled
         ]
     return rows

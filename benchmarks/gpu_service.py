@@ -55,6 +55,7 @@ from benchmarks._http import serving, tree_rss
 from benchmarks.gpu import gpu_name, installed
 from benchmarks.harness import cli, fmt, publish
 from benchmarks.load import Cell, run_cell, summary_line
+from retention_core.machine import recorded_cpu_class
 
 MODULE = "benchmarks.gpu_service"
 GPU_RESULT = "gpu_service.json"
@@ -395,6 +396,31 @@ def our_memory(samples: Samples, model: str) -> dict[str, float | None]:
     }
 
 
+def our_graphs(before: Samples, after: Samples, model: str) -> dict[str, float] | None:
+    """The model's CUDA graphs around a cell (``/metrics``; None when it captures none: the CPU): held,
+    captured at load, and what the cell's requests cost (captures on their path, failed captures, runs
+    answered eagerly, evictions): on a GPU, the check that no request paid a capture."""
+    held = gauge(after, "retention_cuda_graphs", model)
+    if held is None:
+        return None
+
+    def count(samples: Samples, name: str, **labels: str) -> float:
+        key = (f"retention_cuda_graph_{name}_total", tuple(sorted({"model": model, **labels}.items())))
+        return samples.get(key, 0.0)
+
+    def during(name: str, **labels: str) -> float:
+        return count(after, name, **labels) - count(before, name, **labels)
+
+    return {
+        "held": held,
+        "captured_at_load": count(after, "captures", phase="load"),
+        "captured_during_cell": during("captures", phase="request"),
+        "capture_failures_during_cell": during("capture_failures"),
+        "eager_runs_during_cell": during("eager_runs"),
+        "evictions_during_cell": during("evictions"),
+    }
+
+
 def peer_batches(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     runs = after["batches"] - before["batches"]
     texts = after["texts"] - before["texts"]
@@ -464,8 +490,10 @@ async def measure_cell(
         client_cpu = (time.process_time() - cpu_before) / max(time.perf_counter() - wall_before, 1e-9)
         with httpx.Client(timeout=30) as sync:
             after = server_state(sync, target)
+    graphs = None
     if target.server.target == OURS:
         batches, memory = our_batches(before[0], after[0], model), our_memory(after[0], model)
+        graphs = our_graphs(before[0], after[0], model)
     else:
         batches, memory = peer_batches(before[1], after[1]), peer_memory(after[1])
     print(summary_line(cell), flush=True)
@@ -474,6 +502,7 @@ async def measure_cell(
         "texts_per_s": cell.throughput_rps * mean_inputs,
         "batches": batches,
         **memory,
+        "cuda_graphs": graphs,
         "rss_mib": round(tree_rss(target.server.process.pid) / MIB, 1),
         "client_cpu_share": round(client_cpu, 3),
         "warmup": {"ok": warm.ok, "errors": warm.errors},
@@ -584,10 +613,9 @@ def _mib(value: float | None) -> str:
 
 def markdown(payload: dict[str, Any]) -> str:
     plan = payload["plan"]
-    where = (
-        payload["gpu"]
-        or f"{payload['machine'].get('cpu', '?')}, {payload['machine'].get('cores', '?')} cores"
-    )
+    machine = payload["machine"]
+    cpu = f"{machine.get('cpu', '?')} (CPU class {recorded_cpu_class(machine)})"
+    where = payload["gpu"] or f"{cpu}, {machine.get('cores', '?')} cores"
     lines = [
         f"# /v1/embeddings end to end: ours vs sentence-transformers ({payload['mode']})",
         "",

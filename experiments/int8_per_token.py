@@ -8,14 +8,19 @@ One exported embedding model (its fp32 ``model.onnx``), quantized both ways by
 - **invariance**: ``--texts`` SQuAD dev paragraphs embedded one at a time and in random batches of 1–32
   (the same shuffled order for every graph) at each ρ; per graph and ρ the largest absolute difference,
   the lowest cosine between a text's two vectors and how many texts kept other token counts;
+- **quality**: nDCG@10 of every query of ``--quality-sets`` (SQuAD dev question → paragraph, SciTLDR-A
+  test TLDR → abstract; ``benchmarks.retrieval``'s sets and search) with documents and queries encoded
+  by each graph at each ρ, paired per query: per-token − fp32 and per-token − per-tensor at the same ρ,
+  and each against fp32 dense;
 - **speed**: the first ``--documents`` paragraphs at their own lengths (≤ 256 tokens), batches of 8, every
   graph at every ρ in the same interleaved rounds; per ρ, per-token seconds against per-tensor's.
 
 Decided before the run: per-token int8 is adopted if its vectors are identical alone and batched (max
-difference 0) and it runs ≥ 0.9× per-tensor's speed at every ρ; quality is measured apart
-(``benchmarks.retrieval --graph onnx-int8`` / ``onnx-int8-per-tensor``).
+difference 0), it is within 0.2 nDCG@10 of fp32 at ρ = 1 and no worse than per-tensor int8 at ρ 0.5
+(paired, beyond 2 SE) on both sets, and it runs ≥ 0.9× per-tensor's speed at every ρ.
 
-    python -m experiments.int8_per_token <export dir> --out results/experiments/batch-invariant-int8/speed.json
+    python -m experiments.int8_per_token <export dir> \\
+        --out results/experiments/batch-invariant-int8/int8_per_token.json
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ RHOS = (1.0, 0.7, 0.5, 0.3)
 MAX_LENGTH, SPEED_BATCH, LARGEST_BATCH = 256, 8, 32
 FP32, PER_TOKEN, PER_TENSOR = "fp32", "int8-per-token", "int8-per-tensor"
 SEED = 0
+ENCODE_BATCH = 32  # rows per run when encoding a retrieval set (length-sorted, as the retrieval batches)
 
 
 def graph_files(export: Path, workdir: Path) -> dict[str, Path]:
@@ -89,6 +95,52 @@ def invariance(session: Any, rows: list[list[int]], rho: float) -> dict[str, flo
     }
 
 
+def encode(session: Any, rows: list[list[int]], rho: float) -> np.ndarray:
+    """Vectors (N, d) of ``rows``, run in length-sorted batches, back in the rows' order."""
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    vectors: list[np.ndarray] = [np.empty(0)] * len(rows)
+    for start in range(0, len(order), ENCODE_BATCH):
+        chosen = order[start : start + ENCODE_BATCH]
+        batch_vectors, _ = embed(session, [rows[i] for i in chosen], rho)
+        for position, index in enumerate(chosen):
+            vectors[index] = batch_vectors[position]
+    return np.stack(vectors)
+
+
+def tokenized(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """[CLS] … [SEP] token ids of ``texts``, cut to ``MAX_LENGTH`` (as the retrieval encodes them)."""
+    return [list(ids) for ids in tokenizer(texts, truncation=True, max_length=MAX_LENGTH)["input_ids"]]
+
+
+def quality(sessions: dict[str, Any], tokenizer: Any, name: str) -> dict[str, Any]:
+    """nDCG@10 of every query of one retrieval set per graph and ρ, and the paired differences."""
+    from benchmarks.retrieval_parts import DATASETS, data_file, paired_difference, read_retrieval_set, search
+    from retention_core.metrics import query_ndcg
+
+    data = read_retrieval_set(data_file(DATASETS[name]), None, DATASETS[name])
+    documents, queries = tokenized(tokenizer, data.paragraphs), tokenized(tokenizer, data.questions)
+    ranks: dict[str, dict[str, np.ndarray]] = {}
+    for graph, session in sessions.items():
+        query_vectors = encode(session, queries, 1.0)  # queries (≤ 32 tokens) run dense at any ρ anyway
+        ranks[graph] = {
+            f"{rho:g}": search(query_vectors, encode(session, documents, rho), data.gold) for rho in RHOS
+        }
+    dense = ranks[FP32]["1"]
+    cells = {
+        graph: {
+            rho: {
+                "ndcg@10": round(float(np.mean(query_ndcg(graph_ranks))), 2),
+                "vs_fp32_dense": paired_difference(graph_ranks, dense),
+                "vs_fp32_same_rho": paired_difference(graph_ranks, ranks[FP32][rho]),
+                "vs_per_tensor_same_rho": paired_difference(graph_ranks, ranks[PER_TENSOR][rho]),
+            }
+            for rho, graph_ranks in by_rho.items()
+        }
+        for graph, by_rho in ranks.items()
+    }
+    return {"queries": len(queries), "documents": len(documents), "cells": cells}
+
+
 def measure(args: Any) -> dict[str, Any]:
     from transformers import PreTrainedTokenizerFast
 
@@ -101,6 +153,7 @@ def measure(args: Any) -> dict[str, Any]:
             name: {f"{rho:g}": invariance(session, texts, rho) for rho in RHOS}
             for name, session in sessions.items()
         }
+        qualities = {name: quality(sessions, tokenizer, name) for name in args.quality_sets}
         documents = dataset_rows(tokenizer, args.documents_set, args.documents, MAX_LENGTH)
         batches = batched(documents, SPEED_BATCH)
         largest = max(len(feeds["input_ids"]) for feeds in batches)
@@ -137,6 +190,7 @@ def measure(args: Any) -> dict[str, Any]:
             "max_length": MAX_LENGTH,
         },
         "invariance": checks,
+        "quality": qualities,
         "speed": speed,
     }
 
@@ -158,11 +212,28 @@ def markdown(payload: dict[str, Any]) -> str:
                 f"| {name} | {rho} | {row['max_abs_difference']:.2e} | {row['min_cosine']:.6f} | "
                 f"{row['mean_cosine']:.6f} | {row['texts_with_other_kept_counts']} |"
             )
+    for name, measured in payload["quality"].items():
+        lines += [
+            "",
+            f"Quality, {name}: {measured['queries']} queries search {measured['documents']} documents, both "
+            "encoded by the graph. nDCG@10 and paired differences (± standard error, same queries).",
+            "",
+            "| graph | ρ | nDCG@10 | − fp32 dense | − fp32 same ρ | − per-tensor int8 same ρ |",
+            "|---|---|---:|---|---|---|",
+        ]
+        for graph, by_rho in measured["cells"].items():
+            for rho, cell in by_rho.items():
+                differences = [
+                    f"{cell[key]['difference']:+.2f} ± {cell[key]['se']:.2f}"
+                    for key in ("vs_fp32_dense", "vs_fp32_same_rho", "vs_per_tensor_same_rho")
+                ]
+                lines.append(f"| {graph} | {rho} | {cell['ndcg@10']:.2f} | " + " | ".join(differences) + " |")
     lines += [
         "",
         f"Speed: the first {settings['documents']} {settings['documents_set']} documents at their own "
         f"lengths, batches of {settings['batch']}, {settings['rounds']} interleaved rounds, "
-        f"{settings['threads']} threads (0: one per core). Ratio: per-tensor int8's seconds / the graph's, per round (median, min–max).",
+        f"{settings['threads']} threads (0: one per core). Ratio: per-tensor int8's seconds / the graph's, "
+        "per round (median, min–max).",
         "",
         "| ρ | graph | documents/s | vs per-tensor int8 |",
         "|---|---|---:|---|",
@@ -189,6 +260,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--texts", type=int, default=200, help="paragraphs for the invariance check")
     parser.add_argument("--documents", type=int, default=64, help="documents timed")
     parser.add_argument("--documents-set", choices=("squad", "scitldr"), default="squad")
+    parser.add_argument(
+        "--quality-sets", nargs="*", choices=("squad", "scitldr"), default=["squad", "scitldr"]
+    )
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--max-seconds", type=float, default=1200.0)

@@ -3,14 +3,19 @@
 A batch is padded to a batch bucket (1, 2, 4, … rows) and a length bucket, and each pruning point's
 slots are its rows' largest keep count rounded up to a slot quantum (an eighth of the length bucket), so
 the traffic of one model at one ρ meets a handful of plans. On a CUDA device each plan is captured as
-one CUDA graph the first time it is met (``CompiledPlan``): static input buffers are filled and the
-graph replayed, so a forward costs one launch whatever its kernel count. Graphs share one memory pool
-and at most ``max_graphs`` are kept (least recently used leaves first). On the CPU, or with graphs off,
-the very same static-buffer path runs the forward eagerly: that is how the tests check it.
+one CUDA graph (``CompiledPlan``): static input buffers are filled and the graph replayed, so a forward
+costs one launch whatever its kernel count. The plans a server's runs meet (``load_plans``) are
+captured when the model loads (``Runner.capture_at_load``, bounded by a count and the device's free
+memory), any other the first time a request meets it; a plan whose capture fails runs eagerly and is
+never captured again. Graphs share one memory pool and at most ``max_graphs`` are kept (least recently
+used leaves first). On the CPU, or with graphs off, the very same static-buffer path runs the forward
+eagerly: that is how the tests check it (and, with ``torch.cuda``'s capture API mocked, the capture
+path: ``retention_torch.capture``).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -23,6 +28,7 @@ import torch
 from retention_core.contract import Schedule
 from retention_core.schedule import is_pruning_point, keep_counts
 from retention_core.shapes import bucket
+from retention_torch.capture import Capturer, Placement
 from retention_torch.forward import TOKEN_INPUTS, Head, Inputs, Outputs, Plan, decay_matrix, forward
 from retention_torch.weights import ModelWeights
 
@@ -30,7 +36,11 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 LENGTH_BUCKETS = (16, 32, 64, 128, 192, 256, 320, 384, 448, 512)
 SLOT_QUANTUM_SHARE = 8  # slots are rounded up to a multiple of length bucket / 8 (at least 8)
 MIN_SLOT_QUANTUM = 8
-WARMUP_REPLAYS = 2  # eager runs on a side stream before capture (cuBLAS handles, allocator)
+# Captures at load stop while less than this share of the device's memory is free: eager fallbacks,
+# activations of the runs and the other models' graphs need it.
+MIN_FREE_MEMORY_SHARE = 0.25
+
+log = logging.getLogger(__name__)
 
 
 def round_up(value: int, quantum: int) -> int:
@@ -59,8 +69,45 @@ def make_plan(schedule: Schedule, counts: np.ndarray, num_real: np.ndarray, batc
     return Plan(batch, length, tuple(slots), selecting=True, masked=schedule.merge_dropped or not exact)
 
 
+def load_plans(
+    schedule: Schedule,
+    rhos: Sequence[float],
+    batch_buckets: Sequence[int],
+    length_buckets: Sequence[int],
+    max_tokens: int,
+) -> list[Plan]:
+    """The plans the server's runs meet, in the order ``Runner.capture_at_load`` captures them: every
+    batch × length bucket a run of at most ``max_tokens`` padded tokens is padded to (the scheduler's
+    cut, ``service.scheduling.planner``), whose longest row falls anywhere in that length bucket, at
+    each of ``rhos`` (a run's slots follow its longest row). Fewest padded tokens first: light traffic
+    meets them, and a capture on the request path costs most against a short run. Runs of mixed ρ
+    (``rho=auto``) meet plans beyond these: the cache keeps room for them."""
+    plans: dict[Plan, None] = {}  # ordered, without repeats
+    for index, length in enumerate(length_buckets):
+        batches = [batch for batch in batch_buckets if batch * length <= max_tokens]
+        shorter = length_buckets[index - 1] if index > 0 else 0
+        longest = np.arange(shorter + 1, length + 1)  # (N,) every longest row the bucket holds
+        for rho in rhos:
+            rows = np.full(len(longest), rho, dtype=np.float32)
+            counts = keep_counts(schedule, rows, longest, np.ones_like(longest))  # (N, P)
+            for batch in batches:
+                # One row stands for the run: its slots are the longest row's.
+                for row in range(len(longest)):
+                    plan = make_plan(schedule, counts[row : row + 1], longest[row : row + 1], batch, length)
+                    plans.setdefault(plan, None)
+                # Every row filling the bucket: the run whose attention may go without a mask.
+                full = make_plan(
+                    schedule, np.repeat(counts[-1:], batch, 0), np.full(batch, length), batch, length
+                )
+                plans.setdefault(full, None)
+    return sorted(plans, key=lambda plan: plan.batch * plan.length)  # stable: ρ order within a size
+
+
 class CompiledPlan:
-    """One plan's static input buffers and, on a CUDA device with graphs on, its captured CUDA graph."""
+    """One plan's static input buffers and, on a CUDA device with graphs on, its captured CUDA graph.
+
+    A capture that fails leaves ``graph`` None and ``capture_error`` set: the plan runs eagerly through
+    the same static buffers (the answers are the same, slower)."""
 
     def __init__(
         self,
@@ -68,31 +115,27 @@ class CompiledPlan:
         plan: Plan,
         num_points: int,
         device: torch.device,
-        pool: Any,
+        capturer: Capturer | None,
     ) -> None:
         self.inputs = Inputs(
             tokens=torch.zeros((len(TOKEN_INPUTS), plan.batch, plan.length), dtype=torch.long, device=device),
             counts=torch.zeros((plan.batch, num_points), dtype=torch.long, device=device),
         )
         self.run = run
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graph: Any = None  # torch.cuda.CUDAGraph once captured
         self.outputs: Outputs | None = None
-        if pool is not None:
-            self._capture(pool)
+        self.capture_error: str | None = None
+        if capturer is not None:
+            self._capture(capturer)
 
-    def _capture(self, pool: Any) -> None:
-        """Warm up on a side stream (as torch's CUDA graph notes ask), then capture one forward."""
+    def _capture(self, capturer: Capturer) -> None:
         self.inputs.attention_mask.fill_(1)  # a well-formed batch while warming up and capturing
         self.inputs.counts.fill_(1)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_REPLAYS):
-                self.run(self.inputs)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.outputs = self.run(self.inputs)
+        try:
+            self.graph, self.outputs = capturer.capture(lambda: self.run(self.inputs))
+        except Exception as exc:  # any capture failure: this plan runs eagerly from now on
+            self.graph, self.outputs = None, None
+            self.capture_error = f"{type(exc).__name__}: {exc}"
 
     def __call__(self, tokens: torch.Tensor, counts: torch.Tensor) -> Outputs:
         """Host (4, B, T) token inputs and (B, P) counts in, the plan's outputs (on the device) out."""
@@ -112,9 +155,39 @@ class RunResult:
     survival_depth: np.ndarray  # (R, T) int64
 
 
+@dataclass
+class GraphStats:
+    """What a runner did with CUDA graphs since it was made (its backend publishes them as metrics)."""
+
+    captured_at_load: int = 0  # graphs captured by ``capture_at_load``
+    captured_on_request: int = 0  # graphs captured the first time a request met their plan
+    capture_failures: int = 0  # captures that failed: their plans run eagerly, never captured again
+    eager_runs: int = 0  # runs of such plans (each answered eagerly)
+    evictions: int = 0  # graphs dropped from the cache (least recently used first)
+    planned_at_load: int = 0  # plans the load wanted (``capture_at_load``'s list, before its bounds)
+    load_stopped: str | None = None  # why the load captured fewer than planned, if it did
+
+    @property
+    def captured(self) -> int:
+        return self.captured_at_load + self.captured_on_request
+
+
+@dataclass(frozen=True)
+class LoadBudget:
+    """Bounds of ``Runner.capture_at_load``: at most ``plans`` graphs, and none once the device's free
+    memory is under ``min_free_share`` of its total (what eager fallbacks and activations need)."""
+
+    plans: int
+    min_free_share: float = MIN_FREE_MEMORY_SHARE
+
+
 class Runner:
     """One model on one device: ``run`` takes a task's graph feeds (``TaskSpec.feeds``) and answers what
-    ``model.onnx`` would (main output, kept counts, survival depth)."""
+    ``model.onnx`` would (main output, kept counts, survival depth).
+
+    Everything it does on a CUDA device runs under that device's guard (``Placement.guard``); graphs are
+    captured one at a time per device across runners (``retention_torch.capture``). The cache holds
+    ``max_graphs`` graphs for the plans traffic meets, plus those captured at load."""
 
     def __init__(
         self,
@@ -126,20 +199,28 @@ class Runner:
         max_graphs: int = 64,
         length_buckets: Sequence[int] = LENGTH_BUCKETS,
         batch_buckets: Sequence[int] = BATCH_BUCKETS,
+        placement: Placement | None = None,
     ) -> None:
         self.weights = weights
         self.schedule = schedule
         self.head = head
-        self.device = weights.device
+        self.placement = Placement.of(weights.device) if placement is None else placement
+        self.device = self.placement.device
         self.length_buckets = tuple(sorted({*(b for b in length_buckets if b < max_length), max_length}))
         self.batch_buckets = tuple(batch_buckets)
-        self.graphs = graphs and self.device.type == "cuda"
-        self.max_graphs = max(1, max_graphs)
-        self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        self.graphs = graphs and self.placement.cuda_index is not None
+        self.traffic_graphs = max(1, max_graphs)
+        self.capturer = Capturer(self.placement) if self.graphs else None
         self.compiled: OrderedDict[Plan, CompiledPlan] = OrderedDict()
+        self.eager_plans: set[Plan] = set()  # plans whose capture failed: never captured again
         self.decays: dict[int, torch.Tensor] = {}
         self.lock = threading.Lock()  # one forward at a time: plans share static buffers
-        self.captures = 0
+        self.stats = GraphStats()
+
+    @property
+    def max_graphs(self) -> int:
+        """The cache's size: room for the plans traffic meets, and for those captured at load."""
+        return self.traffic_graphs + self.stats.captured_at_load
 
     def _decays_for(self, plan: Plan) -> dict[int, torch.Tensor]:
         """The scorer's decay matrix of every slot count the plan's selecting points see."""
@@ -149,9 +230,10 @@ class Runner:
                 self.decays[length] = decay_matrix(length, ema, self.device)
         return self.decays
 
-    def compiled_plan(self, plan: Plan) -> CompiledPlan:
-        """The plan's compiled form, captured on first use; the least recently used one leaves when more
-        than ``max_graphs`` are held."""
+    def compiled_plan(self, plan: Plan, at_load: bool = False) -> CompiledPlan:
+        """The plan's compiled form, captured on first use (never again once a capture failed); the
+        least recently used one leaves when more than ``max_graphs`` are held. The caller holds
+        ``lock`` and the placement's guard."""
         found = self.compiled.get(plan)
         if found is not None:
             self.compiled.move_to_end(plan)
@@ -161,12 +243,48 @@ class Runner:
         def run(inputs: Inputs) -> Outputs:
             return forward(self.weights, self.schedule, self.head, plan, inputs, decays)
 
-        compiled = CompiledPlan(run, plan, self.schedule.num_points, self.device, self.pool)
-        self.captures += compiled.graph is not None
+        capturer = None if plan in self.eager_plans else self.capturer
+        compiled = CompiledPlan(run, plan, self.schedule.num_points, self.device, capturer)
+        if compiled.capture_error is not None:
+            self.eager_plans.add(plan)
+            self.stats.capture_failures += 1
+            log.warning("CUDA graph capture failed for %s; it runs eagerly: %s", plan, compiled.capture_error)
+        elif compiled.graph is not None and at_load:
+            self.stats.captured_at_load += 1  # before the eviction below: the cache grows with it
+        elif compiled.graph is not None:
+            self.stats.captured_on_request += 1
         self.compiled[plan] = compiled
         while len(self.compiled) > self.max_graphs:
             self.compiled.popitem(last=False)
+            self.stats.evictions += 1
         return compiled
+
+    def capture_at_load(self, plans: Sequence[Plan], budget: LoadBudget) -> int:
+        """Capture ``plans`` in order before any request meets them, up to ``budget``; the number
+        captured. Nothing on the CPU or with graphs off (the plans are listed in ``stats`` still)."""
+        self.stats.planned_at_load = len(plans)
+        self.stats.load_stopped = None
+        if self.capturer is None:
+            return 0
+        with self.lock, self.placement.guard(), torch.inference_mode():
+            for plan in plans:
+                stop = self._load_stop(budget)
+                if stop is not None:
+                    self.stats.load_stopped = stop
+                    break
+                if plan not in self.compiled:
+                    self.compiled_plan(plan, at_load=True)
+        return self.stats.captured_at_load
+
+    def _load_stop(self, budget: LoadBudget) -> str | None:
+        """Why ``capture_at_load`` captures no more (None: it goes on)."""
+        if self.stats.captured_at_load >= budget.plans:
+            return f"the limit of {budget.plans} plans"
+        assert self.placement.cuda_index is not None
+        free, total = torch.cuda.mem_get_info(self.placement.cuda_index)
+        if free < budget.min_free_share * total:
+            return f"device memory: {free / 2**20:.0f} MiB free of {total / 2**20:.0f} MiB"
+        return None
 
     def run(self, feeds: dict[str, np.ndarray]) -> RunResult:
         """Graph feeds (B, T) + rho (B,) → the outputs of every row, batch padding removed (token outputs
@@ -207,11 +325,15 @@ class Runner:
             tokens[3, :rows, :length] = feeds["token_type_ids"][start:end]
         padded_counts = np.zeros((batch, counts.shape[1]), dtype=np.int64)
         padded_counts[:rows] = counts
-        with self.lock, torch.inference_mode():
+        with self.lock, self.placement.guard(), torch.inference_mode():
             compiled = self.compiled_plan(plan)
+            if self.graphs and compiled.graph is None:
+                self.stats.eager_runs += 1  # its capture failed: answered eagerly
             outputs = compiled(torch.from_numpy(tokens), torch.from_numpy(padded_counts))
-            main = outputs.main[:rows].float().cpu().numpy()
-            depth = outputs.survival_depth[:rows, :length].cpu().numpy()
+            # Copies: a graph's outputs are its static buffers, which the plan's next replay overwrites
+            # once the lock is released (.cpu() of a tensor already on the CPU would alias them).
+            main = outputs.main[:rows].to("cpu", torch.float32, copy=True).numpy()
+            depth = outputs.survival_depth[:rows, :length].to("cpu", copy=True).numpy()
         if main.ndim == 3:
             main = main[:, :length]
         return RunResult(main, counts, depth)

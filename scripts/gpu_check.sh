@@ -17,6 +17,10 @@
 #                                         #   $OUT/gpu-check/ (gpu.json, gpu_service.json)
 #   scripts/gpu_check.sh run --dry-run    # the same script on this CPU with tiny sizes (also:
 #                                         #   GPU_CHECK_DRY_RUN=1); tests/deploy/test_gpu_check.py
+#   scripts/gpu_check.sh imports FILE     # the installed-phase check alone (what run records under
+#                                         #   "installed"): every top-level module of every carried
+#                                         #   distribution in $GPU_CHECK_SITE and sentence-transformers;
+#                                         #   exit 1 when one fails
 #
 # Settings (environment): GPU_CHECK_DIR (.gpu-check), GPU_CHECK_PYTHON (3.12: the device image's Python,
 # the one the binary wheels are for), GPU_CHECK_WHEELS (space-separated distributions; default below),
@@ -53,7 +57,7 @@ read -r -a WHEELS <<<"$(echo "${GPU_CHECK_WHEELS:-$DEFAULT_WHEELS}" | tr '\n' ' 
 PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64)
 
 usage() {
-    sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 2
 }
 
@@ -111,14 +115,16 @@ EOF
     echo "carry: [\"$(relative "$CHECK_DIR")\"]"
 }
 
-# The image, as the device call finds it (phase "image") and after the install (phase "installed").
+# The image, as the device call finds it (phase "image") and after the install (phase "installed": the
+# code path, every top-level module of every carried distribution, and sentence-transformers, the image's
+# own, under the carried transformers that shadows the image's).
 image_check() {
-    "$PYTHON" - "$1" "$2" "$DRY_RUN" "$CHECK_DIR" "${WHEELS[@]}" <<'EOF'
-import json, platform, sys
+    "$PYTHON" - "$1" "$2" "$DRY_RUN" "$CHECK_DIR" "$SITE" "${WHEELS[@]}" <<'EOF'
+import importlib, json, platform, sys
 from importlib import metadata
 from pathlib import Path
 
-path, phase, dry_run, check_dir, *wheels = sys.argv[1:]
+path, phase, dry_run, check_dir, site, *wheels = sys.argv[1:]
 report = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
 def version(name):
     try:
@@ -138,15 +144,53 @@ try:
 except Exception as exc:  # no torch at all: say so, the benchmark then fails on its own
     found["torch_error"] = f"{type(exc).__name__}: {exc}"
     found["cuda_available"] = False
+def top_level(dist):
+    """The importable top-level names a distribution installs (top_level.txt, else its RECORD)."""
+    listed = (dist.read_text("top_level.txt") or "").split()
+    if not listed:
+        paths = [str(p) for p in dist.files or []]
+        listed = {p.split("/")[0].removesuffix(".py") for p in paths if p.endswith(".py")}
+    return sorted(n for n in listed if n.isidentifier() and not n.startswith("_"))
+
+def origin(module):
+    where = str(getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", [])), ""))
+    return "carried" if where.startswith(str(Path(site).resolve())) or where.startswith(site) else "image"
+
+def try_import(name):
+    try:
+        module = importlib.import_module(name)
+        return {"ok": True, "from": origin(module)}
+    except Exception as exc:  # record, never raise: the device's minutes are few
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+
 if phase == "installed":
+    failed = []
     try:  # the code path the benchmark runs, imported from $SITE and the checkout
         import benchmarks.gpu, benchmarks.gpu_forward, retention_torch.runner  # noqa: F401
         # the service part: our server's stack (carried) and the peer's (the image's)
         import benchmarks.gpu_service, service.api.app, service.backends.torch_backend, uvicorn  # noqa: F401
-        import sentence_transformers  # noqa: F401
-        found["imports"] = "ok"
     except Exception as exc:
-        found["imports"] = f"{type(exc).__name__}: {exc}"
+        failed.append(f"code path: {type(exc).__name__}: {exc}")
+    carried = {}
+    for dist in sorted(metadata.distributions(path=[site]), key=lambda d: d.metadata["Name"].lower()):
+        modules = {name: try_import(name) for name in top_level(dist)}
+        carried[dist.metadata["Name"]] = {"version": dist.version, "modules": modules}
+        failed += [f"{name} ({dist.metadata['Name']}): {m['error']}" for name, m in modules.items() if not m["ok"]]
+    found["carried_imports"] = carried
+    peer = try_import("sentence_transformers")  # the image's, importing the carried transformers
+    if peer["ok"]:
+        import sentence_transformers, transformers
+
+        peer.update(version=sentence_transformers.__version__, transformers=transformers.__version__,
+                    transformers_from=origin(transformers))
+        try:
+            sentence_transformers.SentenceTransformer  # noqa: B018 (what benchmarks.st_peer builds)
+        except Exception as exc:
+            peer.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+    if not peer["ok"]:
+        failed.append(f"sentence_transformers: {peer['error']}")
+    found["sentence_transformers"] = peer
+    found["imports"] = "ok" if not failed else "failed: " + "; ".join(failed)
 manifest = Path(check_dir) / "manifest.json"
 if phase == "image" and manifest.is_file():  # binary wheels install only on the Python they are for
     wanted = json.loads(manifest.read_text())["device_python"]
@@ -262,8 +306,21 @@ cmd_run() {
     return "$rc"
 }
 
+# The installed phase alone, on what $SITE holds now: the carried set's imports (run by 'run' itself).
+cmd_imports() {
+    DRY_RUN="${GPU_CHECK_DRY_RUN:-0}"
+    IMAGE="${1:?usage: gpu_check.sh imports REPORT.json}"
+    export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+    (cd "$ROOT" && image_check "$IMAGE" installed)
+    "$PYTHON" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["installed"]["imports"] != "ok")' "$IMAGE"
+}
+
 case "${1:-}" in
     prepare) cmd_prepare ;;
+    imports)
+        shift
+        cmd_imports "$@"
+        ;;
     run)
         shift
         cmd_run "$@"

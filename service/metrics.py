@@ -14,14 +14,15 @@ carries ``model`` only; ``retention_model_info`` maps a model to its task.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from service.errors import REJECTION_REASONS, SHED_REASONS
-from service.serving import RHO_REASONS
+from service.serving import RHO_REASONS, GraphCache
 
 STATUS_CLASSES = ("2xx", "4xx", "5xx")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -50,12 +51,73 @@ class ModelBackend:
     kind: str  # onnxruntime | torch
     device: str  # cpu, cuda:0
     device_memory: Callable[[], tuple[int, int]] | None = None  # (bytes in use, allocator peak)
+    graphs: Callable[[], GraphCache | None] | None = None  # its CUDA graphs (torch backend on a GPU)
+
+
+GraphReaders = dict[str, Callable[[], GraphCache | None]]
+
+
+class GraphCollector:
+    """The CUDA graphs of every model whose backend captures them, read at each scrape from the backend
+    (whose runner counts them): captures by phase (``load``: before any request; ``request``: the first
+    time a request met the plan), failed captures and the runs their plans answered eagerly, evictions,
+    and the graphs held against the cache's size."""
+
+    def __init__(self, readers: GraphReaders) -> None:
+        self._readers = readers  # model -> reader; Metrics adds and drops models
+
+    def describe(self) -> list[Metric]:
+        return list(self._families({}))
+
+    def collect(self) -> Iterator[Metric]:
+        caches = {model: read() for model, read in list(self._readers.items())}
+        return self._families({model: cache for model, cache in caches.items() if cache is not None})
+
+    @staticmethod
+    def _families(caches: dict[str, GraphCache]) -> Iterator[Metric]:
+        captures = CounterMetricFamily(
+            "retention_cuda_graph_captures",
+            "CUDA graphs captured, by phase: load (the plans of the server's runs, before any request) or "
+            "request (a plan first met by a request, captured on its path)",
+            labels=["model", "phase"],
+        )
+        failures = CounterMetricFamily(
+            "retention_cuda_graph_capture_failures",
+            "CUDA graph captures that failed: the plan runs eagerly from then on, never captured again",
+            labels=["model"],
+        )
+        eager = CounterMetricFamily(
+            "retention_cuda_graph_eager_runs",
+            "runs answered eagerly because their plan's CUDA graph capture had failed",
+            labels=["model"],
+        )
+        evictions = CounterMetricFamily(
+            "retention_cuda_graph_evictions",
+            "CUDA graphs dropped from a full cache (least recently used first); a plan met again is "
+            "captured again",
+            labels=["model"],
+        )
+        held = GaugeMetricFamily("retention_cuda_graphs", "CUDA graphs held now", labels=["model"])
+        limit = GaugeMetricFamily(
+            "retention_cuda_graph_cache_size", "CUDA graphs the model's cache keeps", labels=["model"]
+        )
+        for model, cache in sorted(caches.items()):
+            captures.add_metric([model, "load"], cache.captured_at_load)
+            captures.add_metric([model, "request"], cache.captured_on_request)
+            failures.add_metric([model], cache.capture_failures)
+            eager.add_metric([model], cache.eager_runs)
+            evictions.add_metric([model], cache.evictions)
+            held.add_metric([model], cache.held)
+            limit.add_metric([model], cache.limit)
+        yield from (captures, failures, eager, evictions, held, limit)
 
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._backends: dict[str, ModelBackend] = {}  # model -> the labels its backend series carry
+        self._graph_readers: GraphReaders = {}  # model -> its backend's CUDA graphs (GraphCollector)
+        self.registry.register(GraphCollector(self._graph_readers))
         r = self.registry
         self.requests = Counter(
             "retention_requests_total", "HTTP requests", ["endpoint", "task", "status_class"], registry=r
@@ -280,6 +342,8 @@ class Metrics:
                 read = backend.device_memory
                 self.device_memory.labels(model=model).set_function(lambda: float(read()[0]))
                 self.device_memory_peak.labels(model=model).set_function(lambda: float(read()[1]))
+            if backend.graphs is not None:
+                self._graph_readers[model] = backend.graphs
 
     def forget_model(self, model: str, task: str, backbone: str, precision: str) -> None:
         """A model left the repository: drop its info series (history stays in Prometheus)."""
@@ -287,6 +351,7 @@ class Metrics:
             self.model_info.remove(model, task, backbone, precision)
         with contextlib.suppress(KeyError):
             self.model_memory.remove(model)
+        self._graph_readers.pop(model, None)
         backend = self._backends.pop(model, None)
         if backend is not None:
             with contextlib.suppress(KeyError):

@@ -151,6 +151,7 @@ def load_model(directory: Path, settings: Settings, name: str | None = None) -> 
         providers=list(backend.info.providers),
         backend_kind=backend.info.kind,
         device=backend.info.device,
+        graphs=backend.info.graphs,
     )
     if settings.warmup:
         try:

@@ -33,7 +33,9 @@ def model_backend(model: LoadedModel) -> ModelBackend:
         return (0, 0) if memory is None else (memory.in_use_bytes, memory.peak_bytes)
 
     on_device = backend.device_memory() is not None
-    return ModelBackend(model.backend_kind, model.device, device_memory if on_device else None)
+    return ModelBackend(
+        model.backend_kind, model.device, device_memory if on_device else None, backend.info.graphs
+    )
 
 
 class ModelServer:

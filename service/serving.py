@@ -14,7 +14,7 @@ HTTP layer has no business with. The scheduler answers with facts (``InferenceRe
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args
 
@@ -66,6 +66,22 @@ class InferenceResult:
     depths: list[np.ndarray] | None = None  # survival depth (T_i,) per row; None: the graph has none
 
 
+@dataclass(frozen=True)
+class GraphCache:
+    """A backend's CUDA graphs at one moment (the torch backend on a GPU): ``GET /models`` states them,
+    ``/metrics`` counts them."""
+
+    limit: int  # graphs the cache keeps (traffic's room + those captured at load)
+    held: int  # graphs held now
+    planned_at_load: int  # plans the load wanted captured: the buckets the server's runs use
+    captured_at_load: int  # of them, captured (bounded by a count and the device's free memory)
+    load_stopped: str | None  # why the load captured fewer than planned (None: it did not stop early)
+    captured_on_request: int  # captured the first time a request met their plan
+    capture_failures: int  # plans whose capture failed: they run eagerly, never captured again
+    eager_runs: int  # runs answered eagerly because their plan's capture had failed
+    evictions: int  # graphs dropped from the cache, least recently used first
+
+
 @dataclass(kw_only=True)
 class ServedModel:
     """A loaded model as the HTTP layer knows it: its name, manifest, codec and task."""
@@ -78,6 +94,8 @@ class ServedModel:
     providers: list[str]  # onnxruntime's execution providers, by name (GET /models shows them)
     backend_kind: str = "onnxruntime"  # the backend that runs it (service.backends): onnxruntime | torch
     device: str = "cpu"  # where: cpu, cuda:0
+    # reads its backend's CUDA graphs now (GET /models states them); None: the backend captures none
+    graphs: Callable[[], GraphCache | None] | None = None
     loaded_at: float = field(default_factory=time.time)
     warmed_up: bool = False
 

@@ -47,7 +47,17 @@ class Settings(BaseSettings):
         description="torch backend on a GPU: capture one CUDA graph per shape plan on first use, replay it",
     )
     max_cuda_graphs: int = Field(
-        default=64, ge=1, description="torch backend: captured graphs kept per model (least recently used go)"
+        default=64,
+        ge=1,
+        description="torch backend: captured graphs kept per model for the plans requests meet, beside "
+        "those captured at load (least recently used go)",
+    )
+    cuda_graphs_at_load: int = Field(
+        default=64,
+        ge=0,
+        description="torch backend on a GPU: graphs captured when a model loads, for the plans of the "
+        "server's runs (its batch and length buckets under max_batch_tokens, at default rho and 1), "
+        "fewest padded tokens first; fewer while the device has under a quarter of its memory free",
     )
     cpu_mem_arena: bool = Field(
         default=True,

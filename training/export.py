@@ -35,6 +35,7 @@ from retention_core.onnx import open_session
 from retention_core.tasks import TaskSpec
 from retention_torch.forward import Head
 from retention_torch.runner import Runner
+from retention_torch.two_path import TwoPathRunner, branch_states, prefixed
 from retention_torch.weights import from_state
 from training import selection as R
 from training.encoders import POSITIONS_AFTER_PADDING, SOURCE_MODEL_IDS
@@ -422,8 +423,23 @@ def torch_architecture(model: RetentionModel) -> C.Architecture:
 
 def torch_state(model: RetentionModel) -> dict[str, torch.Tensor]:
     """Every tensor ``retention_torch.weights`` reads, under its names: QKV packed, the HF family's own
-    names gone."""
-    backbone = model.backbone
+    names gone; a two-path model's copy of the encoder again under ``retention_torch.two_path``'s prefix
+    (the scorers and the head are one set)."""
+    state = encoder_state(model.backbone)
+    for i, scorer in enumerate(cast(list[R.RetentionScorer], list(model.scorers))):
+        state[f"scorers.{i}.W.weight"], state[f"scorers.{i}.W.bias"] = scorer.W.weight, scorer.W.bias
+        state[f"scorers.{i}.U.weight"] = scorer.U.weight
+        state[f"scorers.{i}.v.weight"], state[f"scorers.{i}.v.bias"] = scorer.v.weight, scorer.v.bias
+    for name, parameter in model.head.named_parameters():  # sequence: dense, out; token: out; pooled: none
+        state[f"head.{name}"] = parameter
+    if model.pruned_backbone is not None:
+        state |= prefixed(encoder_state(model.pruned_backbone))
+    return {name: tensor.detach().float().contiguous().cpu() for name, tensor in state.items()}
+
+
+def encoder_state(backbone: Any) -> dict[str, torch.Tensor]:
+    """An encoder's tensors (embeddings, layers, the relative-position table) under the torch backend's
+    names."""
     embeddings = backbone.embeddings
     state = {
         "embeddings.word": embeddings.word_embeddings.weight,
@@ -445,15 +461,9 @@ def torch_state(model: RetentionModel) -> dict[str, torch.Tensor]:
         ):
             state[f"layers.{i}.{name}.weight"] = module.weight
             state[f"layers.{i}.{name}.bias"] = module.bias
-        scorer = cast(R.RetentionScorer, model.scorers[i])
-        state[f"scorers.{i}.W.weight"], state[f"scorers.{i}.W.bias"] = scorer.W.weight, scorer.W.bias
-        state[f"scorers.{i}.U.weight"] = scorer.U.weight
-        state[f"scorers.{i}.v.weight"], state[f"scorers.{i}.v.bias"] = scorer.v.weight, scorer.v.bias
     if backbone.relative_attention_bias is not None:
         state["relative_attention_bias"] = backbone.relative_attention_bias.weight
-    for name, parameter in model.head.named_parameters():  # sequence: dense, out; token: out; pooled: none
-        state[f"head.{name}"] = parameter
-    return {name: tensor.detach().float().contiguous().cpu() for name, tensor in state.items()}
+    return state
 
 
 def torch_head(model: RetentionModel) -> Head:
@@ -470,10 +480,7 @@ def export_torch_weights(model: RetentionModel, staging: Path, vocab_size: int) 
     path = staging / C.WEIGHTS_FILE
     save_file(torch_state(model), str(path))
     architecture = torch_architecture(model)
-    weights = from_state(load_file(str(path)), architecture, model.spec.head)  # what the service reads
-    runner = Runner(
-        weights, manifest_schedule(model), torch_head(model), model_max_length(model), graphs=False
-    )
+    runner = torch_runner(model, load_file(str(path)), architecture)  # what the service reads
     session = open_session(staging / C.MODEL_FILE)
     names = [spec.name for spec in model.spec.inputs]
     worst, cases = 0.0, 0
@@ -492,6 +499,18 @@ def export_torch_weights(model: RetentionModel, staging: Path, vocab_size: int) 
         worst, cases = max(worst, diff), cases + 1
     parity = C.TorchParity(cases=cases, max_abs_diff=worst, kept_tokens_equal=True)
     return C.TorchWeights(architecture=architecture, bytes=path.stat().st_size, parity=parity)
+
+
+def torch_runner(model: RetentionModel, state: dict[str, torch.Tensor], architecture: C.Architecture) -> Any:
+    """The torch backend's forward over ``state`` (both paths' runners for a two-path model), eager."""
+    original, copy = branch_states(state)
+
+    def runner(path_state: dict[str, torch.Tensor]) -> Runner:
+        weights = from_state(path_state, architecture, model.spec.head)
+        schedule = manifest_schedule(model)
+        return Runner(weights, schedule, torch_head(model), model_max_length(model), graphs=False)
+
+    return runner(original) if copy is None else TwoPathRunner(runner(original), runner(copy))
 
 
 def model_max_length(model: RetentionModel) -> int:
@@ -900,9 +919,7 @@ def export_model(
         export_onnx(model, staging / C.MODEL_FILE, vocab_size)
         validate_onnx(model, staging / C.MODEL_FILE, vocab_size)
         # The torch backend's forward runs one set of encoder weights: a two-path model is served by
-        # onnxruntime only (no weights.safetensors; the torch backend refuses a directory without it).
-        two_paths = model.pruned_backbone is not None
-        torch_weights = None if two_paths else export_torch_weights(model, staging, vocab_size)
+        torch_weights = export_torch_weights(model, staging, vocab_size)
         variants = {"fp32": C.Variant(file=C.MODEL_FILE, precision="fp32")}
         if int8:
             quantize_int8(staging / C.MODEL_FILE, staging / C.INT8_MODEL_FILE)
@@ -912,7 +929,9 @@ def export_model(
         manifest = manifest.model_copy(
             update={
                 "torch_weights": torch_weights,
-                "pruned_branch": pruned_branch_info(model, staging, variants) if two_paths else None,
+                "pruned_branch": (
+                    None if model.pruned_backbone is None else pruned_branch_info(model, staging, variants)
+                ),
             }
         )
         if measure is not None:

@@ -251,6 +251,29 @@ class OpenAIEmbeddingResponse(BaseModel):
     usage: OpenAIUsage
 
 
+class CudaGraphs(BaseModel):
+    """A model's CUDA graphs (torch backend on a GPU): one per shape plan, replayed instead of launching
+    every kernel of the forward."""
+
+    limit: int = Field(
+        description="graphs its cache keeps: RETENTION_MAX_CUDA_GRAPHS + those captured at load"
+    )
+    held: int = Field(description="graphs held now")
+    planned_at_load: int = Field(
+        description="plans of the server's runs (its batch and length buckets under "
+        "RETENTION_MAX_BATCH_TOKENS, at default_rho and 1): what the load wanted captured"
+    )
+    captured_at_load: int = Field(
+        description="of them, captured before any request: at most RETENTION_CUDA_GRAPHS_AT_LOAD, "
+        "fewer while the device has under a quarter of its memory free"
+    )
+    load_stopped: str | None = Field(description="why the load captured fewer than planned; null: it did not")
+    captured_on_request: int = Field(description="plans a request met first, captured on its path")
+    capture_failures: int = Field(description="plans whose capture failed: they run eagerly, never retried")
+    eager_runs: int = Field(description="runs of those plans, each answered eagerly")
+    evictions: int = Field(description="graphs dropped from the full cache, least recently used first")
+
+
 class ModelSummary(BaseModel):
     name: str
     task: str
@@ -265,6 +288,10 @@ class ModelSummary(BaseModel):
     providers: list[str]
     backend: str = Field(default="onnxruntime", description="what runs it: onnxruntime or torch")
     device: str = Field(default="cpu", description="where it runs: cpu, cuda:0")
+    cuda_graphs: CudaGraphs | None = Field(
+        default=None,
+        description="its CUDA graphs; null: none are captured (onnxruntime, the CPU, graphs off)",
+    )
     pruned_branch_bytes: int | None = Field(
         default=None,
         description="bytes of the weights only rho < 1 runs, in the served variant (a two-path model: "

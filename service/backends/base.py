@@ -11,11 +11,14 @@ one's module is imported, so the CPU serving image never imports torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
 import numpy as np
+
+from service.serving import GraphCache
 
 BackendKind = Literal["onnxruntime", "torch"]
 BACKENDS: tuple[BackendKind, ...] = ("onnxruntime", "torch")
@@ -52,6 +55,8 @@ class BackendInfo:
     device: str  # "cpu", "cuda:0"
     providers: list[str]  # onnxruntime's execution providers; the torch backend's device and graph mode
     precision: str  # what the weights compute in: fp32, int8 (onnxruntime), bf16 (torch)
+    # reads the backend's CUDA graphs now; None: it captures none (onnxruntime, the CPU, graphs off)
+    graphs: Callable[[], GraphCache | None] | None = None
 
 
 @dataclass(frozen=True)

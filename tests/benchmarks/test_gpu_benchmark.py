@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu, report
+from benchmarks import gpu, gpu_forward, report
 from experiments import gpu_fit
 from tests.tiny import write_squad_paragraphs
 
@@ -38,6 +38,13 @@ def test_dry_run_measures_the_forward_on_the_cpu_and_claims_no_gpu(tmp_path: Pat
     assert cells and all(c["sequences_per_second"] > 0 for c in cells)
     # Nothing here is a GPU number: every cell says so and device memory is explicitly null.
     assert all(c["peak_memory_bytes"] is None and not c["cuda_graph"] for c in cells)
+    # The serving precision first, the profiler started before anything could be captured, the SDPA
+    # kernel of every cell named.
+    assert payload["forward"]["order"] == ["tiny bf16", "tiny fp32"]
+    assert payload["forward"]["profiler"] == "before any capture"
+    precisions = [c["precision"] for c in cells]
+    assert precisions == sorted(precisions, key=lambda p: p != gpu_forward.SERVING_PRECISION)
+    assert all(c["sdpa_backend"] in gpu_forward.SDPA_CHOICES.values() for c in cells)
     table = (tmp_path / "gpu.md").read_text()
     assert f"Device: {gpu.DRY_RUN_DEVICE} (no GPU number here)" in table and "GPU:" not in table
     assert_report_shows(tmp_path)
@@ -189,3 +196,97 @@ def test_join_refuses_a_wheel_with_a_piece_missing(tmp_path: Path) -> None:
     joined = wheel_script("join", gpu_dir, site)
     assert joined.returncode != 0 and "checksum mismatch" in joined.stderr
     assert not site.exists()
+
+
+def test_the_serving_cells_come_first_and_a_failing_profile_loses_only_itself() -> None:
+    """bf16 before fp32 and the base shape first within it: a budget that runs out loses fp32 cells; a
+    profile that raises is recorded on its variant and in the failures, the cell kept."""
+    assert gpu_forward.groups(gpu_forward.SHAPES) == [
+        ("base", "bf16"),
+        ("minilm", "bf16"),
+        ("base", "fp32"),
+        ("minilm", "fp32"),
+    ]
+    plan = gpu_forward.ForwardPlan("cpu", True, gpu_forward.DRY_SHAPES, (1,), (16,), lambda: 1.0)
+    failures: list[str] = []
+
+    def broken() -> None:
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+
+    assert gpu_forward.profiled(broken, plan, failures, "retention@0.5 bf16 8 × 256") == {
+        "profile_error": "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"
+    }
+    assert failures == ["profile of retention@0.5 bf16 8 × 256: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"]
+
+
+def test_the_sdpa_kernel_is_read_from_the_call_and_a_graph_takes_its_eager_twins() -> None:
+    import torch
+    import torch.nn.functional as F
+
+    query = torch.randn(2, 2, 16, 8)
+    mask = torch.zeros(2, 1, 1, 16)
+    choice = gpu_forward.sdpa_backend(
+        lambda: F.scaled_dot_product_attention(query, query, query, attn_mask=mask)
+    )
+    assert choice in gpu_forward.SDPA_CHOICES.values()
+    assert gpu_forward.sdpa_backend(lambda: query.sum()) == "none"
+    calls = {
+        "retention@0.5": lambda: F.scaled_dot_product_attention(query, query, query),
+        "retention@0.5-graph": lambda: None,
+    }
+    backends = gpu_forward.attention_backends(calls, [], "bf16 2 × 16")
+    assert backends["retention@0.5-graph"] == backends["retention@0.5"] != "none"
+
+
+def test_the_service_part_reads_what_requests_cost_in_captures_from_metrics() -> None:
+    """Our server's /metrics as the service part parses it: the CUDA graph counters of a model around a
+    cell (the real Metrics registry, a backend reporting its graphs); none for a model without graphs."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from benchmarks import gpu_service
+    from service.metrics import Metrics, ModelBackend
+    from service.serving import GraphCache
+
+    state = {"captured_on_request": 0, "eager_runs": 0}
+
+    def cache() -> GraphCache:
+        return GraphCache(
+            limit=70,
+            held=9,
+            planned_at_load=40,
+            captured_at_load=6,
+            load_stopped="the limit of 6 plans",
+            captured_on_request=state["captured_on_request"],
+            capture_failures=1,
+            eager_runs=state["eager_runs"],
+            evictions=0,
+        )
+
+    metrics = Metrics()
+    metrics.init_model(
+        "graphed", "embedding", "tiny", "bf16", 0, ModelBackend("torch", "cuda:0", graphs=cache)
+    )
+    metrics.init_model("plain", "embedding", "tiny", "fp32", 0, ModelBackend("torch", "cpu"))
+
+    def samples() -> gpu_service.Samples:
+        text = metrics.render().decode()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): float(s.value)
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    before = samples()
+    state.update(captured_on_request=3, eager_runs=5)
+    after = samples()
+    assert gpu_service.our_graphs(before, after, "graphed") == {
+        "held": 9.0,
+        "captured_at_load": 6.0,
+        "captured_during_cell": 3.0,
+        "capture_failures_during_cell": 0.0,
+        "eager_runs_during_cell": 5.0,
+        "evictions_during_cell": 0.0,
+    }
+    assert gpu_service.our_graphs(before, after, "plain") is None
+    metrics.forget_model("graphed", "embedding", "tiny", "bf16")
+    assert ("retention_cuda_graphs", (("model", "graphed"),)) not in samples()

@@ -150,7 +150,7 @@ def test_a_plan_is_compiled_once_reused_and_evicted_least_recent_first(merging_m
     ours.run(ragged_feeds(manifest, (1.0,) * 2, 20, 3))  # the dense plan
     ours.run(ragged_feeds(manifest, (0.3,) * 5, 60, 4))  # another batch and length bucket
     assert len(runner.compiled) == 2 and plans[0] not in runner.compiled
-    assert runner.captures == 0  # the CPU runs the plans eagerly
+    assert runner.stats.captured == 0 and runner.stats.evictions == 1  # the CPU runs the plans eagerly
 
 
 def test_plans_bound_every_row_and_take_the_dense_branch_at_rho_one() -> None:

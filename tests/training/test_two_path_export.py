@@ -14,9 +14,11 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnx import numpy_helper
+from safetensors.torch import load_file
 
-from retention_core.contract import INT8_MODEL_FILE, MANIFEST_FILE, MODEL_FILE, Manifest
-from service.backends.base import ModelLoadError
+from retention_core.contract import INT8_MODEL_FILE, MANIFEST_FILE, MODEL_FILE, WEIGHTS_FILE, Manifest
+from retention_core.tasks import task_spec
+from retention_torch.two_path import PRUNED_BRANCH_PREFIX
 from service.backends.torch_backend import open_torch
 from service.settings import Settings
 from tests.service.conftest import running, settings_for
@@ -27,6 +29,8 @@ from training.model import RetentionModel
 
 TASKS = ("embedding", "classification", "qa")  # a pooled, a sequence and a token head
 FULL, HALF = 1.0, 0.5
+TORCH_TOLERANCE = 1e-4  # the torch backend against the graph (training.export.LOGIT_ATOL)
+TORCH_CPU_BOUND = 1e-6  # a row in runs of other rows (tests/service/test_backend_batch_invariance.py)
 MIXED_FP32_TOLERANCE = 1e-5  # a mixed batch's other graph: last-ulp differences (measured ≤ 2e-7)
 
 
@@ -139,9 +143,11 @@ def test_manifest_and_models_state_what_the_copy_costs(tmp_path: Path) -> None:
     assert copy_only_bytes(onnx.load(str(original / MODEL_FILE))) == 0
     # a one-path manifest does not carry the field at all: its bytes are what they were before it existed
     assert "pruned_branch" not in json.loads((original / MANIFEST_FILE).read_text())
-    assert manifest.torch_weights is None  # the torch backend runs one set of weights
-    with pytest.raises(ModelLoadError, match="two-path model"):
-        open_torch(two_path, manifest, model.spec, Settings())
+    # the torch backend's weights carry both paths: the copy's encoder under its own prefix
+    assert manifest.torch_weights is not None and manifest.torch_weights.parity.kept_tokens_equal
+    stored = load_file(str(two_path / WEIGHTS_FILE))
+    copy_tensors = [name for name in stored if name.startswith(PRUNED_BRANCH_PREFIX)]
+    assert sum(stored[name].numel() for name in copy_tensors) == parameters
 
     with running(settings_for(two_path.parent, precision="int8")) as (_, client):
         summary = client.get("/models").json()["models"][0]
@@ -150,6 +156,35 @@ def test_manifest_and_models_state_what_the_copy_costs(tmp_path: Path) -> None:
     assert summary["pruned_branch_bytes"] == int8
     assert detail["pruned_branch"] == {"parameters": parameters, "bytes": {"fp32": fp32, "int8": int8}}
     assert vector.status_code == 200, vector.text
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_the_torch_backend_runs_each_row_on_its_own_path(tmp_path: Path, task: str) -> None:
+    """ρ = 1 rows on the original's weights (the original export's torch outputs, bit for bit), ρ < 1 rows
+    on the copy's (the two-path graph's outputs), a mixed run each row its own."""
+    _, two_path, original = exported(tmp_path, task)
+    backends = {
+        directory: open_torch(directory, Manifest.read(directory), task_spec(task), Settings())
+        for directory in (two_path, original)
+    }
+    try:
+        session = ort.InferenceSession(str(two_path / MODEL_FILE), providers=["CPUExecutionProvider"])
+        for rhos in ([FULL] * 3, [HALF] * 3, [FULL, HALF, HALF]):
+            values = feeds(session, rhos)
+            mine, theirs = backends[two_path].run(values), backends[original].run(values)
+            graph = session.run(None, values)
+            for row, rho in enumerate(rhos):
+                if rho >= FULL and len(set(rhos)) == 1:
+                    assert np.array_equal(mine[0][row], theirs[0][row])
+                elif rho >= FULL:  # split off the mixed run: a run of other rows (torch's CPU GEMMs)
+                    np.testing.assert_allclose(mine[0][row], theirs[0][row], rtol=0, atol=TORCH_CPU_BOUND)
+                else:
+                    assert not np.allclose(mine[0][row], theirs[0][row], atol=1e-3)
+                np.testing.assert_allclose(mine[0][row], graph[0][row], atol=TORCH_TOLERANCE)
+                assert np.array_equal(mine[1][row], graph[1][row])
+    finally:
+        for backend in backends.values():
+            backend.close()
 
 
 def test_the_tiny_models_agree_with_torch_in_every_branch(tmp_path: Path) -> None:

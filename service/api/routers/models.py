@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from fastapi import APIRouter, Query
 
 from retention_core.schedule import token_work_curve
 from service.api.deps import ServerDep, SettingsDep
 from service.api.faces import FACES
 from service.api.routers.common import ERROR_RESPONSES
-from service.api.schemas import ModelDetail, ModelList, ModelSummary, ScheduleCurve
+from service.api.schemas import CudaGraphs, ModelDetail, ModelList, ModelSummary, ScheduleCurve
 from service.serving import ServedModel, ServerState
 
 router = APIRouter(prefix="/models", tags=["models"])
@@ -22,6 +24,7 @@ def summarize_model(model: ServedModel, state: ServerState) -> ModelSummary:
     manifest = model.manifest
     is_default = state.defaults.get(model.task) == model.name
     face = FACES.get(manifest.task)
+    graphs = None if model.graphs is None else model.graphs()
     return ModelSummary(
         name=model.name,
         task=manifest.task,
@@ -34,6 +37,7 @@ def summarize_model(model: ServedModel, state: ServerState) -> ModelSummary:
         providers=list(model.providers),
         backend=model.backend_kind,
         device=model.device,
+        cuda_graphs=None if graphs is None else CudaGraphs(**asdict(graphs)),
         pruned_branch_bytes=None
         if manifest.pruned_branch is None
         else manifest.pruned_branch.bytes.get(model.precision),

@@ -13,7 +13,9 @@ One exported embedding model (its fp32 ``model.onnx``), quantized both ways by
   by each graph at each ρ, paired per query: per-token − fp32 and per-token − per-tensor at the same ρ,
   and each against fp32 dense;
 - **speed**: the first ``--documents`` paragraphs at their own lengths (≤ 256 tokens), batches of 8, every
-  graph at every ρ in the same interleaved rounds; per ρ, per-token seconds against per-tensor's.
+  graph at every ρ in the same interleaved rounds; per ρ, per-token seconds against per-tensor's;
+- **where the time goes** (``--profile``): onnxruntime's profiler on one batch of 8 × 256 SQuAD tokens,
+  kernel time by operator type per int8 graph at ρ 1 and 0.5 (``experiments.op_profile``'s reading).
 
 Decided before the run: per-token int8 is adopted if its vectors are identical alone and batched (max
 difference 0), it is within 0.2 nDCG@10 of fp32 at ρ = 1 and no worse than per-tensor int8 at ρ 0.5
@@ -45,6 +47,7 @@ ENCODE_BATCH = 32  # rows per run when encoding a retrieval set (length-sorted, 
 
 
 def graph_files(export: Path, workdir: Path) -> dict[str, Path]:
+    """fp32 ``model.onnx`` and its two int8 forms, in ``workdir``."""
     from training.export import PER_TENSOR as TENSOR_SCALES
     from training.export import PER_TOKEN as TOKEN_SCALES
     from training.export import quantize_int8
@@ -141,6 +144,36 @@ def quality(sessions: dict[str, Any], tokenizer: Any, name: str) -> dict[str, An
     return {"queries": len(queries), "documents": len(documents), "cells": cells}
 
 
+PROFILED_RHOS, PROFILE_ITERATIONS, PROFILE_BATCH = (1.0, 0.5), 10, 8
+PROFILE_TOP = 10  # operator types per graph in the table (the JSON keeps all)
+
+
+def profiled(files: dict[str, Path], tokenizer: Any, threads: int, workdir: Path) -> dict[str, Any]:
+    """Kernel milliseconds per call by operator type, each int8 graph at ``PROFILED_RHOS``, on the first
+    ``PROFILE_BATCH`` SQuAD dev paragraphs cut or padded to ``MAX_LENGTH`` tokens."""
+    from dataclasses import asdict
+
+    from experiments.op_profile import profile_variant
+
+    rows = [row[:MAX_LENGTH] for row in dataset_rows(tokenizer, "squad", PROFILE_BATCH, MAX_LENGTH)]
+    feeds = padded(rows)
+    profiles: dict[str, Any] = {}
+    for name in (PER_TOKEN, PER_TENSOR):
+        session_inputs = {graph_input.name for graph_input in ort_session(files[name], threads).get_inputs()}
+        for rho in PROFILED_RHOS:
+            call = {**feeds, "rho": np.full(len(rows), rho, np.float32)}
+            call = {key: value for key, value in call.items() if key in session_inputs}
+            wall, kernels, operators = profile_variant(
+                files[name], call, threads, PROFILE_ITERATIONS, workdir, f"{name}-{rho:g}"
+            )
+            profiles[f"{name}@{rho:g}"] = {
+                "wall_milliseconds_per_call": wall,
+                "kernel_milliseconds_per_call": kernels,
+                "operators": [asdict(operator) for operator in operators],
+            }
+    return profiles
+
+
 def measure(args: Any) -> dict[str, Any]:
     from transformers import PreTrainedTokenizerFast
 
@@ -163,6 +196,7 @@ def measure(args: Any) -> dict[str, Any]:
             for name, session in sessions.items()
         }
         rounds = timed_rounds(runs, args.rounds, 1, args.max_seconds)
+        profiles = profiled(files, tokenizer, args.threads, Path(tmp)) if args.profile else {}
     speed = {
         f"{rho:g}": {
             name: speedups(
@@ -192,6 +226,7 @@ def measure(args: Any) -> dict[str, Any]:
         "invariance": checks,
         "quality": qualities,
         "speed": speed,
+        "profiles": profiles,
     }
 
 
@@ -244,6 +279,25 @@ def markdown(payload: dict[str, Any]) -> str:
                 f"| {rho} | {name} | {row['documents_per_second']:.1f} | {row['speed_vs_per_tensor']:.3f} "
                 f"({row['speedup_min']:.3f}–{row['speedup_max']:.3f}) |"
             )
+    if payload.get("profiles"):
+        lines += [
+            "",
+            "Where the time goes: onnxruntime's profiler, one batch of 8 SQuAD paragraphs padded to the "
+            f"longest, {PROFILE_ITERATIONS} calls; kernel milliseconds per call by operator type "
+            f"(the {PROFILE_TOP} largest).",
+            "",
+            "| graph@ρ | wall ms | kernel ms | operators (ms) |",
+            "|---|---:|---:|---|",
+        ]
+        for name, profile in payload["profiles"].items():
+            top = ", ".join(
+                f"{row['operator']} {row['milliseconds_per_call']:.1f}"
+                for row in profile["operators"][:PROFILE_TOP]
+            )
+            lines.append(
+                f"| {name} | {profile['wall_milliseconds_per_call']:.1f} | "
+                f"{profile['kernel_milliseconds_per_call']:.1f} | {top} |"
+            )
     machine = payload.get("machine", {})
     lines += [
         "",
@@ -266,6 +320,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--max-seconds", type=float, default=1200.0)
+    parser.add_argument("--profile", action="store_true", help="also where each int8 graph's time goes")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     return publish(measure(args), markdown, args.out, MODULE, argv, machine=True, started=started)

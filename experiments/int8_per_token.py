@@ -81,7 +81,8 @@ def random_batches(count: int, rng: np.random.Generator) -> list[list[int]]:
 
 def invariance(session: Any, rows: list[list[int]], rho: float) -> dict[str, float]:
     alone = [embed(session, [row], rho) for row in rows]
-    vectors, kept = np.zeros_like(np.stack([a[0][0] for a in alone])), [None] * len(rows)
+    vectors = np.zeros_like(np.stack([a[0][0] for a in alone]))
+    kept: list[np.ndarray] = [np.empty(0)] * len(rows)
     for batch in random_batches(len(rows), np.random.default_rng(SEED)):
         batch_vectors, batch_kept = embed(session, [rows[i] for i in batch], rho)
         for position, index in enumerate(batch):

@@ -28,9 +28,16 @@ class RowRunner(Protocol):
 
 
 class RunOutputs(Protocol):
-    main: np.ndarray
-    kept_counts: np.ndarray
-    survival_depth: np.ndarray
+    """A run's outputs: ``retention_torch.runner.RunResult`` and ``MixedOutputs``."""
+
+    @property
+    def main(self) -> np.ndarray: ...
+
+    @property
+    def kept_counts(self) -> np.ndarray: ...
+
+    @property
+    def survival_depth(self) -> np.ndarray: ...
 
 
 def prefixed(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

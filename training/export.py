@@ -611,8 +611,8 @@ def int8_weights(
 
 # A weight MatMul whose input has values this many times its 99.9th percentile stays fp32: a token's int8
 # scale is set by its largest value (one per tensor before per-token scales), so such outliers leave the
-# bulk of the values a few of the 255 steps. all-mpnet-base-v2's FFN output projections in layers 7-11 reach 25-48× (int8
-# cosine to fp32 0.89 with them, 0.99 without); every GEMM of MiniLM stays under 15×
+# bulk of the values a few of the 255 steps. all-mpnet-base-v2's FFN output projections in layers 7-11
+# reach 25-48× (int8 cosine to fp32 0.89 with them, 0.99 without); every GEMM of MiniLM stays under 15×
 # (docs/experiments/2026-11-27-mpnet-int8.md).
 OUTLIER_RATIO = 20.0
 OUTLIER_PERCENTILE = 99.9

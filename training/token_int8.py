@@ -22,8 +22,8 @@ output names (q keeps x's shape, so the quantizer's ``MatMulInteger`` reads it u
 row). Its dequantization ``Cast(int32 y) × (scale × weight_scale)`` becomes ``dequantized_per_row``:
 onnxruntime's optimizer would fuse the product form into ``MatMulIntegerToFloat``, whose activation scale
 is one per tensor or per column, and ran it with the wrong scales (MiniLM's int8 lost 3–6 nDCG@10; fine
-with the optimizer off). ``QuantizeLinear`` / ``DequantizeLinear`` along axis 0 of the flattened rows do in one
-pass each what Div, Round, Add, Cast and two Muls did.
+with the optimizer off). ``QuantizeLinear`` / ``DequantizeLinear`` along axis 0 of the flattened rows
+do in one pass each what Div, Round, Add, Cast and two Muls did.
 """
 
 from __future__ import annotations

@@ -195,7 +195,9 @@ class PrunedBranch(BaseModel):
     the original's weights and operators, ρ < 1 a copy of the encoder trained to work on fewer tokens (a
     mixed batch runs both, each row taking its own). What that costs beyond the original model."""
 
-    parameters: int = Field(ge=0, description="the copy's parameters")
+    parameters: int = Field(
+        ge=0, description="the copy's parameters (those it stores apart from the original's)"
+    )
     bytes: dict[str, int] = Field(
         description="per variant: bytes of the weights only the rho < 1 path reads (the copy's)"
     )

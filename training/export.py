@@ -432,9 +432,16 @@ def torch_state(model: RetentionModel) -> dict[str, torch.Tensor]:
         state[f"scorers.{i}.v.weight"], state[f"scorers.{i}.v.bias"] = scorer.v.weight, scorer.v.bias
     for name, parameter in model.head.named_parameters():  # sequence: dense, out; token: out; pooled: none
         state[f"head.{name}"] = parameter
-    if model.pruned_backbone is not None:
-        state |= prefixed(encoder_state(model.pruned_backbone))
+    if model.pruned_backbone is not None:  # the copy's tensors, but those it shares with the original
+        state |= prefixed(copy_only(encoder_state(model.pruned_backbone), encoder_state(model.backbone)))
     return {name: tensor.detach().float().contiguous().cpu() for name, tensor in state.items()}
+
+
+def copy_only(copy: dict[str, torch.Tensor], original: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The copy's tensors that differ from the original's (a table it keeps as the original's,
+    ``copy_embeddings: original``, is stored once: ``retention_torch.two_path.branch_states`` reads the
+    original's in its place)."""
+    return {name: tensor for name, tensor in copy.items() if not torch.equal(tensor, original[name])}
 
 
 def encoder_state(backbone: Any) -> dict[str, torch.Tensor]:
@@ -952,8 +959,13 @@ def pruned_branch_info(
     """What a two-path model costs beyond its original: the copy's parameters, and per variant the bytes
     of the weights only the copy's pass reads (``copy_only_bytes``)."""
     assert model.pruned_backbone is not None
+    originals = dict(model.backbone.named_parameters())
     return C.PrunedBranch(
-        parameters=sum(param.numel() for param in model.pruned_backbone.parameters()),
+        parameters=sum(  # a tensor the copy keeps as the original's is stored once: not the copy's
+            param.numel()
+            for name, param in model.pruned_backbone.named_parameters()
+            if not torch.equal(param, originals[name])
+        ),
         bytes={
             name: copy_only_bytes(onnx.load(str(staging / variant.file)))
             for name, variant in variants.items()

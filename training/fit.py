@@ -102,7 +102,8 @@ def build_model(recipe: Recipe, backbone: EncoderBackbone) -> RetentionModel:
         model.freeze_backbone()
         model.head.requires_grad_(False)
     if recipe.pruned_branch_copy:  # ρ < 1 trains weights of its own; ρ = 1 stays the frozen original
-        model.add_pruned_branch()
+        assert recipe.retrofit is not None
+        model.add_pruned_branch(own_embeddings=recipe.retrofit.copy_embeddings == "own")
     return model
 
 

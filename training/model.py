@@ -232,14 +232,18 @@ class RetentionModel(nn.Module):
         self.backbone.requires_grad_(False)
         self.backbone.eval()
 
-    def add_pruned_branch(self) -> EncoderBackbone:
+    def add_pruned_branch(self, own_embeddings: bool = True) -> EncoderBackbone:
         """Give the pruned branch weights of its own: a trainable copy of the backbone as it is now (the
         original's weights), which the soft pass and the pruned pass at ρ < 1 run from then on. The
-        backbone itself stays what ρ = 1 runs (frozen by ``freeze_backbone`` in a retrofit)."""
+        backbone itself stays what ρ = 1 runs (frozen by ``freeze_backbone`` in a retrofit).
+        ``own_embeddings`` False: the copy's embeddings stay the original's (frozen), so the export,
+        which stores a weight of identical bytes once, shares the tables between the paths."""
         if self.pruned_backbone is not None:
             raise ValueError("this model already has a pruned branch")
         branch = copy.deepcopy(self.backbone)
         branch.requires_grad_(True)
+        if not own_embeddings:
+            branch.embeddings.requires_grad_(False)
         branch.train(self.training)
         self.pruned_backbone = branch
         return branch

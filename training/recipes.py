@@ -46,6 +46,7 @@ class DatasetSpec(Strict):
 ScoreShift = Literal["none", "quantile", "calibrated"]
 # The weights a retrofit's pruned branch (ρ < 1) runs: the original's ("shared") or a trained copy ("copy").
 PrunedBranch = Literal["shared", "copy"]
+CopyEmbeddings = Literal["own", "original"]
 
 
 class RetentionSpec(Strict):
@@ -274,6 +275,12 @@ class RetrofitSpec(TeacherStudentSpec):
         "original's outputs), while rho = 1 stays the original model exactly (RetentionModel."
         "add_pruned_branch; docs/experiments/2026-11-28-pruned-branch.md). Needs freeze_backbone",
     )
+    copy_embeddings: CopyEmbeddings = Field(
+        default="own",
+        description="with pruned_branch 'copy': 'own' trains the copy's embedding tables too; 'original' "
+        "keeps them the original's (frozen, so the export stores them once: the copy's extra weights "
+        "shrink by the tables' bytes)",
+    )
 
     @model_validator(mode="after")
     def _copy_keeps_the_original(self) -> RetrofitSpec:
@@ -282,6 +289,8 @@ class RetrofitSpec(TeacherStudentSpec):
                 "retrofit.pruned_branch 'copy' keeps the original model on the rho = 1 path: it needs "
                 "freeze_backbone (no --backbone-lr)"
             )
+        if self.copy_embeddings != "own" and self.pruned_branch != "copy":
+            raise ValueError("retrofit.copy_embeddings needs pruned_branch 'copy'")
         return self
 
 

@@ -154,6 +154,24 @@ def test_recipe_builds_a_frozen_original_and_a_trainable_copy(tmp_path: Path) ->
         assert torch.equal(loaded.state_dict()[name], value), name
 
 
+def test_a_copy_can_keep_the_original_embeddings() -> None:
+    """``copy_embeddings: original``: the copy's embedding tables do not train (the export then stores
+    them once); its layers do."""
+    recipe = copy_recipe()
+    assert recipe.retrofit is not None
+    shared = recipe.model_copy(
+        update={"retrofit": recipe.retrofit.model_copy(update={"copy_embeddings": "original"})}
+    )
+    model, _ = tiny_model("embedding", config=PRODUCT)
+    built = build_model(shared, model.backbone)
+    assert built.pruned_backbone is not None
+    trainable = {id(param) for group in parameter_groups(built, shared) for param in group["params"]}
+    assert not {id(param) for param in built.pruned_backbone.embeddings.parameters()} & trainable
+    assert {id(param) for param in built.pruned_backbone.layers.parameters()} <= trainable
+    with pytest.raises(ValidationError, match="copy_embeddings needs pruned_branch 'copy'"):
+        RetrofitSpec(copy_embeddings="original")
+
+
 def test_copy_needs_the_frozen_original() -> None:
     with pytest.raises(ValidationError, match="needs freeze_backbone"):
         RetrofitSpec(pruned_branch="copy", freeze_backbone=False)

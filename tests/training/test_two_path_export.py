@@ -203,3 +203,62 @@ def test_the_tiny_models_agree_with_torch_in_every_branch(tmp_path: Path) -> Non
         got = session.run(None, values)
         np.testing.assert_allclose(got[0], expected.logits.numpy(), atol=1e-5)
         assert np.array_equal(got[1], expected.kept_counts.numpy())
+
+
+def test_a_copy_that_keeps_the_original_embeddings_stores_them_once(tmp_path: Path) -> None:
+    """``copy_embeddings: original``: the copy's embedding tables stay the original's (frozen in
+    training), so the graph holds them once, the manifest counts only the copy's own parameters and
+    ``weights.safetensors`` leaves them out of the copy's prefix; the torch backend reads the original's
+    in their place and still agrees with the graph on both paths (the export's parity check ran)."""
+    original, model = branched("embedding")
+    assert model.pruned_backbone is not None
+    frozen_tables = {"embeddings." + name for name, _ in model.pruned_backbone.embeddings.named_parameters()}
+    generator = torch.Generator().manual_seed(11)
+    with torch.no_grad():  # train everything of the copy but its embeddings
+        for name, param in model.pruned_backbone.named_parameters():
+            if name not in frozen_tables:
+                param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    own_dir, shared_dir = tmp_path / "own" / "own", tmp_path / "shared" / "shared"
+    _, perturbed_all = branched("embedding")
+    perturb(perturbed_all)
+    export_model(perturbed_all, tiny_recipe("embedding", name="own"), tokenizer_of(), own_dir, int8=True)
+    export_model(model, tiny_recipe("embedding", name="shared"), tokenizer_of(), shared_dir, int8=True)
+
+    manifest = Manifest.read(shared_dir)
+    assert manifest.pruned_branch is not None and manifest.torch_weights is not None
+    copy = dict(model.pruned_backbone.named_parameters())
+    own_parameters = sum(param.numel() for name, param in copy.items() if name not in frozen_tables)
+    table_parameters = sum(copy[name].numel() for name in frozen_tables)
+    assert manifest.pruned_branch.parameters == own_parameters
+    assert manifest.pruned_branch.bytes["fp32"] == own_parameters * 4
+    own_manifest = Manifest.read(own_dir)
+    assert own_manifest.pruned_branch is not None
+    assert own_manifest.pruned_branch.parameters == own_parameters + table_parameters
+    # the ONNX file is smaller by the tables' bytes, the torch weights too
+    saved = (own_dir / MODEL_FILE).stat().st_size - (shared_dir / MODEL_FILE).stat().st_size
+    assert abs(saved - table_parameters * 4) < 4096
+    stored = load_file(str(shared_dir / WEIGHTS_FILE))
+    assert not [name for name in stored if name.startswith(PRUNED_BRANCH_PREFIX + "embeddings.")]
+    assert manifest.torch_weights.parity.kept_tokens_equal
+
+    # served: ρ = 1 is the original export's vector, ρ < 1 the copy's, on both backends
+    session = ort.InferenceSession(str(shared_dir / MODEL_FILE), providers=["CPUExecutionProvider"])
+    backend = open_torch(shared_dir, manifest, task_spec("embedding"), Settings())
+    try:
+        for rhos in ([FULL] * 3, [HALF] * 3):
+            values = feeds(session, rhos)
+            with torch.no_grad():
+                expected = model.forward_pruned(
+                    *(torch.from_numpy(values[name]) for name in ("input_ids", "attention_mask", "rho"))
+                )
+            graph = session.run(None, values)
+            np.testing.assert_allclose(graph[0], expected.logits.numpy(), atol=1e-5)
+            np.testing.assert_allclose(backend.run(values)[0], graph[0], atol=TORCH_TOLERANCE)
+    finally:
+        backend.close()
+    dense = original.forward_unpruned(
+        *(torch.from_numpy(feeds(session, [FULL] * 3)[name]) for name in ("input_ids", "attention_mask"))
+    )
+    np.testing.assert_allclose(
+        session.run(None, feeds(session, [FULL] * 3))[0], dense.logits.detach().numpy(), atol=1e-5
+    )

@@ -166,6 +166,7 @@ class Load:
     seconds: float
     rate: float = 0.0
     concurrency: int = 0
+    retry_delay_s: float | None = None  # closed loop: a 429's body sent again after this long
 
 
 def drive(
@@ -190,6 +191,7 @@ def drive(
         "OVERLOAD_OUT": str(out),
         "OVERLOAD_BODIES": str(bodies),
         "OVERLOAD_GRACE_S": str(grace),
+        "OVERLOAD_RETRY_DELAY_S": "" if load.retry_delay_s is None else str(load.retry_delay_s),
     }
     locust = Path(sys.executable).with_name("locust")
     command = [

@@ -7,7 +7,8 @@ One locust user drives the whole load:
   regardless of responses (each arrival is its own greenlet, so a slow answer never delays the next
   send). Latency counts from the scheduled arrival, so a client-side delay is charged to the server
   (no coordinated omission).
-- ``OVERLOAD_MODE=closed``: ``OVERLOAD_CONCURRENCY`` greenlets send back to back (capacity probe).
+- ``OVERLOAD_MODE=closed``: ``OVERLOAD_CONCURRENCY`` greenlets send back to back (capacity probe); with
+  ``OVERLOAD_RETRY_DELAY_S`` a refused one retries its body after that delay (a retry storm).
 
 Every request becomes one JSON line in ``OVERLOAD_OUT``: its offset, latency (from the scheduled
 arrival), status, Retry-After, served rho and rho_reason. Bodies: ``OVERLOAD_BODIES`` (a JSON file: a list
@@ -32,6 +33,10 @@ PATH = os.environ.get("OVERLOAD_PATH", "/classify?rho=1")
 OUT = os.environ.get("OVERLOAD_OUT", "overload.jsonl")
 BODIES: list[dict[str, Any]] = json.loads(open(os.environ["OVERLOAD_BODIES"]).read())  # noqa: SIM115
 GRACE_S = float(os.environ.get("OVERLOAD_GRACE_S", "35"))  # wait this long for answers after the last send
+# Closed loop: a client refused (429) sends the same body again after this many seconds, whatever the
+# Retry-After (the retry storm of benchmarks/retry_storm.py); unset: it moves on to its next body.
+RETRY_DELAY_TEXT = os.environ.get("OVERLOAD_RETRY_DELAY_S", "")
+RETRY_DELAY_S = float(RETRY_DELAY_TEXT) if RETRY_DELAY_TEXT else None
 
 
 class Driver(FastHttpUser):
@@ -40,7 +45,7 @@ class Driver(FastHttpUser):
     network_timeout = 60.0
     connection_timeout = 10.0
 
-    def one(self, index: int, scheduled: float, origin: float, sink: list[dict[str, Any]]) -> None:
+    def one(self, index: int, scheduled: float, origin: float, sink: list[dict[str, Any]]) -> dict[str, Any]:
         record: dict[str, Any] = {"at_s": scheduled - origin, "send_lag_s": time.monotonic() - scheduled}
         try:
             with self.client.post(
@@ -60,6 +65,7 @@ class Driver(FastHttpUser):
         except Exception as exc:  # connection refused / reset: recorded as status 0
             record.update(status=0, latency_s=time.monotonic() - scheduled, error=type(exc).__name__)
         sink.append(record)
+        return record
 
     @task
     def drive(self) -> None:
@@ -88,5 +94,8 @@ class Driver(FastHttpUser):
     def closed_loop(self, worker: int, origin: float, sink: list[dict[str, Any]]) -> None:
         index = worker
         while time.monotonic() - origin < SECONDS:
-            self.one(index, time.monotonic(), origin, sink)
+            record = self.one(index, time.monotonic(), origin, sink)
+            if RETRY_DELAY_S is not None and record["status"] == 429:
+                gevent.sleep(RETRY_DELAY_S)  # the same body again, Retry-After ignored
+                continue
             index += CONCURRENCY

@@ -124,6 +124,18 @@ class Settings(BaseSettings):
         "at most this often a second in all (hold = refusals held now / this; Little's law), between "
         "refusal_hold_s and max_refusal_hold_s",
     )
+    refusals_per_answer: float = Field(
+        default=2.0,
+        ge=0.0,
+        description="the storm's retry budget also follows the server's speed: at most this many held "
+        "clients' returns a second per request answered a second (measured), never above "
+        "refusal_retry_budget_per_s nor below min_refusal_retry_budget_per_s; 0: the fixed budget only",
+    )
+    min_refusal_retry_budget_per_s: float = Field(
+        default=10.0,
+        gt=0.0,
+        description="the storm's retry budget while few requests are answered (refusals_per_answer)",
+    )
     max_refusal_hold_s: float = Field(
         default=8.0,
         ge=0.0,

@@ -81,6 +81,8 @@ class RequestMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                if status < 300 and scope.get("path") in self.tasks:
+                    self.holds.answered(time.monotonic())
                 if status == 429:
                     headers = list(message.get("headers") or [])
                     await self.holds.hold(headers)

@@ -128,7 +128,11 @@ def test_refusals_are_held_the_setting_while_calm_and_longer_under_a_storm(model
     # under a storm: long enough that the held clients return at most the budget a second, capped
     storm = RefusalHold(
         settings_for(
-            models_root, refusal_hold_s=1.0, refusal_retry_budget_per_s=200.0, max_refusal_hold_s=8.0
+            models_root,
+            refusal_hold_s=1.0,
+            refusal_retry_budget_per_s=200.0,
+            max_refusal_hold_s=8.0,
+            refusals_per_answer=0.0,  # the fixed budget
         )
     )
     storm.held = 99  # + this one: 100 held / 200 a second = 0.5 s, under the calm hold
@@ -138,6 +142,30 @@ def test_refusals_are_held_the_setting_while_calm_and_longer_under_a_storm(model
     storm.held = 3999  # 20 s wanted: the cap
     assert storm.seconds([(b"retry-after", b"3")]) == 8.0
     assert RefusalHold(settings_for(models_root, refusal_hold_s=0.0)).seconds([]) == 0.0  # no hold at all
+
+
+def test_the_storm_budget_follows_the_rate_the_server_answers_at(models_root: Path) -> None:
+    """``refusals_per_answer``: a server answering 30 requests a second lets the held clients return 60
+    times a second, not the fixed 200 (a slow CPU's refusals would take the model's time); no answers:
+    the floor; a fast server: the fixed budget caps it."""
+    settings = settings_for(
+        models_root,
+        refusal_hold_s=1.0,
+        refusal_retry_budget_per_s=200.0,
+        refusals_per_answer=2.0,
+        min_refusal_retry_budget_per_s=10.0,
+    )
+    holds = RefusalHold(settings)
+    assert holds.budget_per_s(100.0) == 10.0  # nothing answered yet: the floor
+    for i in range(600):  # 30 answers a second for 20 s (ten time constants)
+        holds.answered(80.0 + i / 30)
+    assert holds.budget_per_s(100.0) == pytest.approx(60.0, rel=0.05)
+    holds.held = 299  # 300 held / 60 a second: 5 s
+    assert holds.seconds([(b"retry-after", b"1")], now=100.0) == pytest.approx(5.0, rel=0.05)
+    for i in range(4000):  # 200 answers a second: the fixed budget caps the following one
+        holds.answered(100.0 + i / 200)
+    assert holds.budget_per_s(120.0) == 200.0
+    assert holds.budget_per_s(200.0) == 10.0  # the answers stopped long ago: the floor again
 
 
 def test_held_refusals_beyond_the_cap_are_answered_at_once(models_root: Path) -> None:

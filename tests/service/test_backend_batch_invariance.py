@@ -15,6 +15,7 @@ from retention_core.contract import Manifest
 from retention_core.tasks import task_spec
 from service.backends import open_backend
 from service.backends.base import Backend
+from tests.batch_rows import padded_feeds, per_row
 from tests.service.conftest import settings_for
 from tests.training.test_batch_invariance import LENGTHS, SEQUENCE_HEAD_BOUND, SIDES, texts
 
@@ -36,25 +37,9 @@ def run_rows(backend: Backend, names: list[str], rows: list[np.ndarray], rhos: l
     """Each row's (main output, kept counts, survival depth) from one run of ``rows`` padded to the
     longest, cut to its own tokens where an output has a token axis."""
     width = max(len(row) for row in rows)
-    ids = np.zeros((len(rows), width), np.int64)
-    mask = np.zeros_like(ids)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)], mask[i, : len(row)] = row, 1
-    protected = np.zeros_like(mask)
-    protected[:, :2] = mask[:, :2]
-    values = {
-        "input_ids": ids,
-        "attention_mask": mask,
-        "rho": np.array(rhos, np.float32),
-        "token_type_ids": np.zeros_like(mask),
-        "protected_mask": protected,
-    }
+    values = padded_feeds(rows, rhos, width)
     outputs = backend.run({name: values[name] for name in names})
-    per_row = []
-    for i, row in enumerate(rows):
-        mine = [output[i] for output in outputs if output is not None]
-        per_row.append([value[: len(row)] if value.shape[:1] == (width,) else value for value in mine])
-    return per_row
+    return per_row([output for output in outputs if output is not None], rows, width)
 
 
 @pytest.mark.parametrize("side", sorted(SIDES))

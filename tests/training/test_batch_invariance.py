@@ -4,7 +4,7 @@ budgets — in fp32 and in int8, for every head (pooled, sequence, token), on th
 both paths of the two-path one.
 
 Exact, not within a tolerance, because nothing in the graph mixes rows: int8 activations are quantized
-per token (``training.token_int8``) and the int32 GEMM is exact; mean pooling is a batched MatMul (one
+per token (``training.export.token_int8``) and the int32 GEMM is exact; mean pooling is a batched MatMul (one
 (1, T) × (T, d) product per row) rather than onnxruntime's ReduceSum, whose addition order follows the
 whole tensor's shape; padded keys add exact zeros to the attention sums. Padding a row never changes
 its bits either."""
@@ -18,6 +18,7 @@ import onnxruntime as ort
 import pytest
 
 from retention_core.contract import INT8_MODEL_FILE, MODEL_FILE
+from tests.batch_rows import padded_feeds, per_row
 from tests.training.test_two_path_export import TASKS, exported
 
 LENGTHS = (5, 16, 9, 30, 12, 3, 25, 40)  # ragged; 40 is the longest, so every other row is padded
@@ -48,27 +49,11 @@ def run_rows(
     """``rows`` (token ids) padded to ``length`` (default: the longest) in one run → each row's outputs
     (main output, kept counts, survival depth), cut to its own tokens where an output has a token axis."""
     width = length or max(len(row) for row in rows)
-    ids = np.zeros((len(rows), width), np.int64)
-    mask = np.zeros_like(ids)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)], mask[i, : len(row)] = row, 1
-    protected = np.zeros_like(mask)
-    protected[:, :2] = mask[:, :2]  # a QA question's first tokens
-    values = {
-        "input_ids": ids,
-        "attention_mask": mask,
-        "rho": np.array(rhos, np.float32),
-        "token_type_ids": np.zeros_like(mask),
-        "protected_mask": protected,
-    }
+    values = padded_feeds(rows, rhos, width)
     outputs = session.run(
         None, {graph_input.name: values[graph_input.name] for graph_input in session.get_inputs()}
     )
-    per_row = []
-    for i, row in enumerate(rows):
-        mine = [output[i] for output in outputs]
-        per_row.append([value[: len(row)] if value.shape[:1] == (width,) else value for value in mine])
-    return per_row
+    return per_row(outputs, rows, width)
 
 
 def texts() -> list[np.ndarray]:

@@ -56,6 +56,8 @@ RUN python -m venv /opt/venv \
        fi
 COPY pyproject.toml README* ./
 COPY retention_core ./retention_core
+# onnxruntime sessions, opened one way (the service's ONNX Runtime backend)
+COPY retention_ort ./retention_ort
 # the task packages (retention_core.tasks.SHIPPED_TASKS): their spec, codec and face parts serve; never
 # their training and learn parts, which import training (absent here)
 COPY retention_tasks ./retention_tasks
@@ -65,7 +67,7 @@ RUN pip install --no-compile --no-deps . \
     && if python -c "import torch" 2>/dev/null; then echo "torch must not be in the serving image" >&2 && exit 1; fi
 # The installed copy, not the sources in /src.
 WORKDIR /
-RUN python -c "import retention_core, service, onnxruntime, tokenizers" \
+RUN python -c "import retention_core, retention_ort, service, onnxruntime, tokenizers" \
     && if python -c "import training" 2>/dev/null; then echo "training must not be in the serving image" >&2 && exit 1; fi
 
 # ------------------------------------------------------------------------------ serving: runtime
@@ -145,6 +147,7 @@ RUN python -m venv /opt/venv \
          --require-hashes -r constraints/train.lock.txt
 COPY pyproject.toml README* ./
 COPY retention_core ./retention_core
+COPY retention_ort ./retention_ort
 COPY retention_tasks ./retention_tasks
 # the torch forward the export checks weights.safetensors with (training.export)
 COPY retention_torch ./retention_torch

@@ -6,7 +6,7 @@ through optimum-intel; neither imports with the transformers this project pins (
 wants transformers < 4.58, optimum-intel 2.2.0 < 5.6, both fail at import). So each peer is built here
 with the runtime itself, the way those backends build it:
 
-- ``onnx``: the optimum-style export (``training.optimize.export_sentence_embedding``: the encoder and
+- ``onnx``: the optimum-style export (``training.export.optimize.export_sentence_embedding``: the encoder and
   mean pooling, eager attention) in an onnxruntime session at its default optimisation level, as
   optimum's ``ORTModel`` opens it (no transformer-optimizer fusion: that is our reference).
 - ``onnx-int8-<preset>``: that export through onnxruntime's dynamic quantizer with the settings of
@@ -136,8 +136,8 @@ def this_cpu_preset() -> str:
 # ---------------------------------------------------------------------- building the peers
 def export_onnx(checkpoint: Path, workdir: Path) -> tuple[Path, Path]:
     """(unfused, fused): the optimum-style export of ``checkpoint`` and the ORT-optimizer-fused form
-    (``training.optimize.build_dense_peer``, the frontier's peer builder)."""
-    from training.optimize import build_dense_peer
+    (``training.export.optimize.build_dense_peer``, the frontier's peer builder)."""
+    from training.export.optimize import build_dense_peer
 
     graphs = build_dense_peer(checkpoint, workdir)
     return graphs.unfused, graphs.fused
@@ -367,7 +367,7 @@ def squad_texts(data: Path | None, calibration: Path | None, count: int) -> tupl
     """The first ``count`` distinct SQuAD dev paragraphs (the frontier's documents) and distinct SQuAD
     train paragraphs for calibration."""
     from benchmarks.retrieval_parts import DATASETS, data_file, read_retrieval_set
-    from training.data import default_data_root, read_jsonl_gz
+    from training.recipes.data import default_data_root, read_jsonl_gz
 
     documents = read_retrieval_set(data_file(DATASETS["squad"], data), None, DATASETS["squad"]).paragraphs[
         :count

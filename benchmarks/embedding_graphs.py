@@ -28,7 +28,7 @@ class Graphs:
     """What the variants run, built once: ONNX files, their fusion counts, and where the peer comes
     from (a checkpoint directory sentence-transformers can load too)."""
 
-    model: Any  # training.model.RetentionModel
+    model: Any  # training.engine.model.RetentionModel
     checkpoint: Path
     files: dict[str, Path]  # "peer-onnx", "peer-fused", "ours-onnx" and, with --int8, their int8 forms
     fusion: dict[str, Any]
@@ -42,7 +42,7 @@ def tiny_checkpoint(directory: Path, seed: int = 0, family: str = "bert") -> Pat
     import torch
     from transformers import AutoModel
 
-    from training.encoders import load_tokenizer
+    from training.engine.encoders import load_tokenizer
     from training.tiny import TINY_TOKENIZER, tiny_config
 
     torch.manual_seed(seed)
@@ -56,13 +56,13 @@ def our_model(
     run_dir: Path | None, recipe: Path, checkpoint: Path, schedule: dict[str, Any] | None = None
 ) -> Any:
     """Our embedding model: a trained run, or the checkpoint with fresh scorers and the schedule of
-    ``recipe`` (a recipe file); ``schedule``: settings that replace its own (``training.fit.with_schedule``;
-    None values keep its own)."""
+    ``recipe`` (a recipe file); ``schedule``: settings that replace its own
+    (``training.fitting.fit.with_schedule``; None values keep its own)."""
     import torch
 
-    from training.encoders import load_backbone
-    from training.fit import build_model, load_run, with_schedule
-    from training.recipes import load_recipe
+    from training.engine.encoders import load_backbone
+    from training.fitting.fit import build_model, load_run, with_schedule
+    from training.recipes.recipe import load_recipe
 
     if run_dir is not None:
         model, loaded, _ = load_run(run_dir)
@@ -77,9 +77,9 @@ def our_model(
 def peer_checkpoint(quick: bool, run_dir: Path | None, backbone: str, workdir: Path) -> Path:
     """The checkpoint the dense peer and sentence-transformers load: a tiny random one (``quick``), a
     run's backbone, or ``backbone``."""
-    from training.encoders import resolve_backbone_path
-    from training.fit import RECIPE_FILE
-    from training.recipes import Recipe
+    from training.engine.encoders import resolve_backbone_path
+    from training.fitting.fit import RECIPE_FILE
+    from training.recipes.recipe import Recipe
 
     if quick:
         return tiny_checkpoint(workdir / "tiny-checkpoint")
@@ -94,8 +94,9 @@ def build_graphs(args: argparse.Namespace, workdir: Path, schedule: dict[str, An
     their int8 forms; the fusion counts of both."""
     import onnx
 
-    from training.export import all_nodes, export_onnx
-    from training.optimize import build_dense_peer, fused_attention_count
+    from training.export.graph import export_onnx
+    from training.export.optimize import build_dense_peer, fused_attention_count
+    from training.export.two_path import all_nodes
 
     checkpoint = peer_checkpoint(args.quick, args.run_dir, args.backbone, workdir)
     peer = build_dense_peer(checkpoint, workdir)  # raises unless attention fused (where ORT can fuse it)
@@ -121,7 +122,7 @@ def build_graphs(args: argparse.Namespace, workdir: Path, schedule: dict[str, An
 
 def int8_graphs(files: dict[str, Path], workdir: Path) -> dict[str, Path]:
     """Dynamic int8 weights of the fused peer and of our graphs (``<name>-int8``)."""
-    from training.export import quantize_int8
+    from training.export.int8 import quantize_int8
 
     quantized = {}
     for name in [name for name in ("peer-fused", "ours-onnx") if name in files]:

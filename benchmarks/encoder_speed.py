@@ -1,5 +1,5 @@
 """Encoder throughput: pruned ONNX (fp32, int8) at several ρ vs the dense ONNX model (as exported, and
-fused by ``training.optimize``) vs Hugging Face transformers in PyTorch (SDPA); medians of paired
+fused by ``training.export.optimize``) vs Hugging Face transformers in PyTorch (SDPA); medians of paired
 ratios over interleaved rounds. Graphs come from the pretrained backbone with fresh scorers (timings do
 not depend on weights) unless ``--run-dir``.
 
@@ -44,8 +44,8 @@ def classifier(quick: bool, backbone: Any, schedule_power: float, run_dir: Path 
     or an encoder already built)."""
     import torch
 
-    from training.encoders import load_backbone
-    from training.model import RetentionConfig, RetentionModel
+    from training.engine.encoders import load_backbone
+    from training.engine.model import RetentionConfig, RetentionModel
 
     config = RetentionConfig(schedule_power=schedule_power)
     if quick:
@@ -53,7 +53,7 @@ def classifier(quick: bool, backbone: Any, schedule_power: float, run_dir: Path 
 
         return tiny_model("classification", config=config)[0]
     if run_dir is not None:
-        from training.fit import load_run
+        from training.fitting.fit import load_run
 
         return load_run(run_dir)[0].eval()
     torch.manual_seed(0)
@@ -63,8 +63,8 @@ def classifier(quick: bool, backbone: Any, schedule_power: float, run_dir: Path 
 
 def export_graphs(model: Any, workdir: Path) -> tuple[Path, Path]:
     """The pruned graph (ρ an input) and the dense graph of the same weights, exported into ``workdir``."""
-    from training.dense_graph import export_dense_onnx
-    from training.export import export_onnx
+    from training.export.dense_graph import export_dense_onnx
+    from training.export.graph import export_onnx
 
     pruned, dense = workdir / "pruned.onnx", workdir / "dense.onnx"
     export_onnx(model, pruned, model.backbone.info_vocab_size)
@@ -76,8 +76,8 @@ def build_graphs(args: argparse.Namespace, workdir: Path) -> tuple[Any, dict[str
     """Export pruned + dense (+ fused dense, + int8) graphs; return them with the torch model for the HF
     baseline. The fused dense graph is onnxruntime's transformer optimizer's (every layer's attention
     fused, or it raises)."""
-    from training.export import quantize_int8
-    from training.optimize import optimize_for_cpu, require_fused_attention
+    from training.export.int8 import quantize_int8
+    from training.export.optimize import optimize_for_cpu, require_fused_attention
 
     model = classifier(args.quick, args.backbone, args.schedule_power, args.run_dir)
     pruned, dense = export_graphs(model, workdir)

@@ -234,7 +234,7 @@ def build_graphs(
 ) -> embedding_graphs.Graphs:
     """Our exported graph (with ``schedule``'s settings), the fused dense peer and their int8 forms
     (``benchmarks.embedding_graphs.build_graphs``), and a fused peer of each layer exit."""
-    from training.optimize import build_dense_peer
+    from training.export.optimize import build_dense_peer
 
     graphs = embedding_graphs.build_graphs(args, workdir, schedule)
     if args.pruned_branch_retrieval is not None:
@@ -251,7 +251,8 @@ def pruned_branch_graphs(
 ) -> dict[str, Path]:
     """The two-path graph of ``--pruned-branch-run`` (the same schedule settings as ours) and its int8
     form; ``--quick``: the tiny checkpoint's model with a fresh copy as its pruned branch."""
-    from training.export import export_onnx, quantize_int8
+    from training.export.graph import export_onnx
+    from training.export.int8 import quantize_int8
 
     model = embedding_graphs.our_model(args.pruned_branch_run, args.recipe, checkpoint, schedule)
     if args.pruned_branch_run is None:
@@ -272,7 +273,7 @@ def torch_sdpa_run(checkpoint: Path, batches: list[Feeds], threads: int) -> Run:
     import torch
     from transformers import AutoModel
 
-    from training.optimize import PEER_INPUTS, SentenceEmbeddingGraph
+    from training.export.optimize import PEER_INPUTS, SentenceEmbeddingGraph
 
     torch.set_num_threads(threads)
     load = partial(AutoModel.from_pretrained, str(checkpoint), local_files_only=True)
@@ -442,7 +443,7 @@ def schedule_options(args: argparse.Namespace, keep_none: bool = False) -> dict[
 
 def check_same_run(run_dir: Path | None, payload: dict[str, Any]) -> None:
     """Exit unless the retrieval file measured this run's weights (where both say which they are)."""
-    from training.fit import WEIGHTS_FILE
+    from training.fitting.fit import WEIGHTS_FILE
 
     recorded = payload.get("run_weights_sha1")
     if run_dir is None or recorded is None:

@@ -62,7 +62,7 @@ def versions() -> dict[str, Any]:
     try:
         import onnxruntime as ort
 
-        from training.export import versions as export_versions
+        from training.export.manifest import versions as export_versions
 
         found: dict[str, Any] = {**export_versions(), "onnxruntime_providers": ort.get_available_providers()}
     except ImportError:

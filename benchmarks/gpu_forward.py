@@ -109,8 +109,8 @@ def selection() -> Any:
     """The product's embedding selection, read from its recipe (models/recipes/minilm-embed.yaml), so the
     check follows the recipe: merging, leading share, floor, pruning interval, schedule power."""
     from benchmarks.embedding_graphs import PRODUCT_RECIPE
-    from training.fit import retention_config
-    from training.recipes import load_recipe
+    from training.fitting.fit import retention_config
+    from training.recipes.recipe import load_recipe
 
     return retention_config(load_recipe(PRODUCT_RECIPE))
 
@@ -139,10 +139,9 @@ def build(shape: dict[str, int], plan: ForwardPlan, precision: str) -> Built:
     from transformers import AutoModel, BertConfig
 
     from retention_torch.weights import from_state
-    from training.encoders import EncoderBackbone
-    from training.export import torch_architecture, torch_head, torch_state
-    from training.fit import manifest_schedule
-    from training.model import RetentionModel
+    from training.engine.encoders import EncoderBackbone
+    from training.engine.model import RetentionModel, manifest_schedule
+    from training.export.torch_weights import torch_architecture, torch_head, torch_state
 
     torch.manual_seed(0)
     sizes: dict[str, Any] = {"vocab_size": VOCAB, "max_position_embeddings": MAX_POSITIONS, **shape}
@@ -168,11 +167,10 @@ def groups(shapes: dict[str, dict[str, int]]) -> list[tuple[str, str]]:
 
 def token_work(schedule: Any, rho: float, length: int) -> float:
     """Share of dense encoder token-work a full row of ``length`` does at ``rho`` (the speed limit's
-    inverse)."""
-    from retention_core.schedule import keep_counts
+    inverse): ``retention_core.schedule.token_work_curve``, the last layer's queries included."""
+    from retention_core.schedule import token_work_curve
 
-    counts = keep_counts(schedule, np.array([rho], np.float32), np.array([length]), np.array([1]))
-    return float(counts.sum() / (length * schedule.num_points))
+    return token_work_curve(schedule, length, [rho])[0]
 
 
 def dense_call(model: Any, ids: np.ndarray, device: str) -> Callable[[], np.ndarray]:

@@ -183,7 +183,7 @@ def shuffled_paragraphs(path: Path, seed: int) -> list[str]:
 
 
 def squad_dev_path() -> Path:
-    from training.data import default_data_root
+    from training.recipes.data import default_data_root
 
     root = default_data_root()
     if root is None:
@@ -194,7 +194,7 @@ def squad_dev_path() -> Path:
 def write_assets(directory: Path, seed: int) -> Path:
     """SQuAD dev paragraphs (seeded order) as a JSON list and the MiniLM tokenizer: what a machine
     without the data root or the backbone package reads."""
-    from training.encoders import DEFAULT_BACKBONE, load_tokenizer
+    from training.engine.encoders import DEFAULT_BACKBONE, load_tokenizer
 
     texts = shuffled_paragraphs(squad_dev_path(), seed)
     directory.mkdir(parents=True, exist_ok=True)
@@ -228,7 +228,7 @@ def tokenizer_for(assets: Path | None) -> Any:
     ``--write-assets`` saved."""
     from transformers import AutoTokenizer
 
-    from training.encoders import DEFAULT_BACKBONE, load_tokenizer
+    from training.engine.encoders import DEFAULT_BACKBONE, load_tokenizer
 
     try:
         return load_tokenizer(DEFAULT_BACKBONE)
@@ -272,9 +272,9 @@ def build(shape_name: str, shape: dict[str, int], root: Path, tokenizer: Any, pl
     from transformers import AutoModel, BertConfig
 
     from benchmarks.gpu_forward import MAX_POSITIONS, selection
-    from training.encoders import EncoderBackbone
-    from training.export import export_model
-    from training.model import RetentionModel
+    from training.engine.encoders import EncoderBackbone
+    from training.engine.model import RetentionModel
+    from training.export.install import export_model
     from training.tiny import tiny_recipe
 
     started = time.perf_counter()

@@ -19,8 +19,8 @@ import httpx
 from benchmarks.harness import publish
 from benchmarks.overload import Policy, server
 from retention_core.metrics import squad_scores
-from training.data import EVAL_SEED, load_split, shuffled
-from training.recipes import DatasetSpec
+from training.recipes.data import EVAL_SEED, load_split, shuffled
+from training.recipes.recipe import DatasetSpec
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 RHOS = (0.2, 0.3, 0.5, 0.7, 1.0)

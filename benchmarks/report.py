@@ -13,7 +13,7 @@ from benchmarks.harness import figure, label_axes, markdown_table
 from retention_core.machine import recorded_cpu_class
 
 if TYPE_CHECKING:
-    from training.evaluation import TaskEvaluation
+    from training.tasks.registry import TaskEvaluation
 
 RESULTS = Path("results")
 DOCS = Path("docs")
@@ -93,13 +93,13 @@ def task_evaluation(payload: dict[str, Any]) -> TaskEvaluation:
     """How the task of an eval.json is evaluated (its table, metrics, headline), from the training
     registry: a task registered anywhere, a test included, gets its section with no table here. An
     eval.json written before reports named their task is classification's."""
-    from training.tasks import training_task
+    from training.tasks.registry import training_task
 
     return training_task(payload.get("task", "classification")).evaluation
 
 
 def quality_section(payload: dict[str, Any], source: Path, title: str = "Quality vs ρ") -> list[str]:
-    from training.evaluation import paired_table
+    from training.evaluation.reporting import paired_table
 
     meta = payload["meta"]
     table = task_evaluation(payload).table(payload) + paired_table(payload)

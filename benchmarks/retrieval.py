@@ -282,7 +282,7 @@ def retrieval_benchmark(
     schedule = schedule_overrides(args)
     import torch
 
-    from training.data import EVAL_SEED
+    from training.recipes.data import EVAL_SEED
 
     start = time.perf_counter()
     model, recipe, tokenizer = load_embedding_run(run_dir, schedule)

@@ -25,7 +25,7 @@ LEARNED = "learned"
 TRUNCATION = "truncation"
 CUTOFF = RANKING_CUTOFF
 BATCH_SIZE = 32
-ENCODER = "torch forward_pruned (training.evaluation.predict_rows), fp32, CPU"
+ENCODER = "torch forward_pruned (training.evaluation.running.predict_rows), fp32, CPU"
 METRICS = (f"ndcg@{CUTOFF}", f"mrr@{CUTOFF}", "recall@1", f"recall@{CUTOFF}")
 COSINE_QUANTILES = (5, 50, 95)
 DECIMALS = 4
@@ -152,7 +152,7 @@ def read_retrieval_set(
     ``limit_queries`` queries after a seeded shuffle (all documents are always searched).
     ``limit_documents``: only the first N distinct documents, in file order, and their queries (a
     smaller search, for long documents on a small machine)."""
-    from training.data import EVAL_SEED, read_jsonl_gz, shuffled
+    from training.recipes.data import EVAL_SEED, read_jsonl_gz, shuffled
 
     pairs = dataset.pairs(read_jsonl_gz(path))
     if limit_documents is not None:
@@ -179,8 +179,8 @@ class Encoder:
     batch_size: int = BATCH_SIZE
 
     def codec(self) -> Any:
-        """The embedding codec at ``max_length`` (``training.evaluation.evaluation_codec``)."""
-        from training.evaluation import evaluation_codec
+        """The embedding codec at ``max_length`` (``training.tasks.codecs.evaluation_codec``)."""
+        from training.tasks.codecs import evaluation_codec
 
         return evaluation_codec("embedding", self.tokenizer, self.max_length)
 
@@ -198,7 +198,7 @@ class Encoder:
         schedule alone fixes it (every selector keeps the same counts; [CLS] is protected)."""
         import torch
 
-        from training import selection as R
+        from training.engine import selection as R
 
         num_real = torch.tensor(list(lengths), dtype=torch.long)  # (N,)
         rhos = torch.full((len(lengths),), float(rho))  # (N,)
@@ -214,7 +214,7 @@ class Encoder:
 
     def encode(self, texts: Sequence[str], method: str, rho: Budget) -> tuple[np.ndarray, float]:
         """Vectors (N, d) and the mean encoder token-work fraction of the pass."""
-        from training.evaluation import predict_rows
+        from training.evaluation.running import predict_rows
 
         rows = self.rows(texts)
         if method.startswith(LAYER_EXIT):
@@ -231,8 +231,9 @@ class Encoder:
 
     def layer_exit(self, rows: list[Any], num_layers: int) -> tuple[np.ndarray, float]:
         """The dense model stopped after ``num_layers`` layers: vectors (N, d), token-work k / L."""
-        from training.evaluation import length_sorted_chunks, rows_to_tensors
-        from training.model import layer_exit
+        from training.engine.baselines import layer_exit
+        from training.evaluation.running import length_sorted_chunks
+        from training.tasks.codecs import rows_to_tensors
 
         vectors: list[np.ndarray] = [np.empty(0)] * len(rows)
         for members in length_sorted_chunks([len(row) for row in rows], self.batch_size):
@@ -245,7 +246,7 @@ class Encoder:
     def pruned_predictions(self, rows: list[Any], method: str, rho: Budget) -> list[Any]:
         """``forward_pruned`` over the rows at one ρ, or at each row's own ρ (rows sharing a ρ run
         together: ``predict_rows`` takes one ρ per call). One ρ is one call over every row, in order."""
-        from training.evaluation import make_selector, predict_rows
+        from training.evaluation.running import make_selector, predict_rows
 
         per_row = [float(rho)] * len(rows) if not isinstance(rho, tuple) else list(rho)
         if len(per_row) != len(rows):
@@ -272,17 +273,19 @@ ONNX_METHODS = (DENSE, LEARNED, TRUNCATION)  # what the exported graph can run (
 
 @dataclass
 class OnnxEncoder(Encoder):
-    """The run's exported graph in onnxruntime (``training.export.export_onnx``: what the service serves),
-    fp32 or its int8 form (``training.export.quantize_int8``): dense is the graph at ρ = 1, learned at ρ,
-    truncation the graph at ρ = 1 on each document's first tokens. The torch encoder's other methods
-    (random, attention, leading, layer exit) need a selector the graph does not have."""
+    """The run's exported graph in onnxruntime (``training.export.graph.export_onnx``: what the service
+    serves), fp32 or its int8 form (``training.export.int8.quantize_int8``): dense is the graph at ρ = 1,
+    learned at ρ, truncation the graph at ρ = 1 on each document's first tokens. The torch encoder's other
+    methods (random, attention, leading, layer exit) need a selector the graph does not have."""
 
     session: Any = None
     graph: str = "onnx"
-    fp32_matmuls: tuple[str, ...] = ()  # int8: the weight MatMuls left fp32 (training.export.quantize_int8)
+    fp32_matmuls: tuple[
+        str, ...
+    ] = ()  # int8: the weight MatMuls left fp32 (training.export.int8.quantize_int8)
 
     def encode(self, texts: Sequence[str], method: str, rho: Budget) -> tuple[np.ndarray, float]:
-        from training.evaluation import onnx_predict_rows
+        from training.evaluation.running import onnx_predict_rows
 
         if method not in ONNX_METHODS:
             raise ValueError(f"--graph {self.graph} runs {ONNX_METHODS}, not {method!r}")
@@ -301,8 +304,9 @@ class OnnxEncoder(Encoder):
 
 def onnx_encoder(model: Any, tokenizer: Any, max_length: int, graph: str, workdir: Path) -> OnnxEncoder:
     """Export the model (and quantize it for ``onnx-int8``) into ``workdir``; its session's encoder."""
-    from retention_core.onnx import open_session
-    from training.export import export_onnx, quantize_int8
+    from retention_ort import open_session
+    from training.export.graph import export_onnx
+    from training.export.int8 import quantize_int8
 
     path = workdir / "model.onnx"
     export_onnx(model, path, model.backbone.info_vocab_size)
@@ -317,11 +321,12 @@ def onnx_encoder(model: Any, tokenizer: Any, max_length: int, graph: str, workdi
 def encoder_description(encoder: Encoder) -> str:
     if isinstance(encoder, OnnxEncoder):
         precision = (
-            f"int8 weights, {INT8_GRAPHS[encoder.graph]} activation scales (training.export.quantize_int8)"
+            f"int8 weights, {INT8_GRAPHS[encoder.graph]} activation scales "
+            "(training.export.int8.quantize_int8)"
             if encoder.graph in INT8_GRAPHS
             else "fp32"
         )
-        return f"the exported graph in onnxruntime (training.export.export_onnx), {precision}, CPU"
+        return f"the exported graph in onnxruntime (training.export.graph.export_onnx), {precision}, CPU"
     return ENCODER
 
 
@@ -341,7 +346,7 @@ def truncated_length(length: int, work: float) -> int:
 def truncated_to_work(row: Any, work: float) -> Any:
     """The first tokens of a [CLS] … [SEP] row, [SEP] re-appended: ``truncated_length`` tokens in all,
     so the dense pass over them does ``work`` of the full row's token-work."""
-    from training.evaluation import sub_row
+    from training.evaluation.codec_loop import sub_row
 
     length = len(row)
     return sub_row(row, [*range(truncated_length(length, work) - 1), length - 1])
@@ -448,8 +453,8 @@ def load_embedding_run(run_dir: Path, schedule: dict[str, Any] | None = None) ->
     """The run's model (eval mode, CPU), recipe and tokenizer; an embedding run or exit.
     ``schedule``: evaluate with these schedule settings instead of the run's own (``--min-kept-tokens``,
     ``--leading-share``, ``--pruning-interval``;
-    ``training.fit.with_schedule``)."""
-    from training.fit import load_run, with_schedule
+    ``training.fitting.fit.with_schedule``)."""
+    from training.fitting.fit import load_run, with_schedule
 
     model, recipe, tokenizer = load_run(run_dir)
     if recipe.task != "embedding":
@@ -464,7 +469,7 @@ def dataset_cache(cache_dir: Path | None, dataset: Dataset) -> Path | None:
 
 def data_file(dataset: Dataset, path: Path | None = None) -> Path:
     """``path`` (``--data``), else the set's file under the data root; exit without either."""
-    from training.data import default_data_root
+    from training.recipes.data import default_data_root
 
     root = default_data_root() if path is None else None
     if path is None and root is None:
@@ -474,7 +479,7 @@ def data_file(dataset: Dataset, path: Path | None = None) -> Path:
 
 def run_fields(run_dir: Path, recipe: Any, dataset: Dataset, data_path: Path) -> dict[str, Any]:
     """What every retrieval result says about the run and the data it searched."""
-    from training.fit import WEIGHTS_FILE
+    from training.fitting.fit import WEIGHTS_FILE
 
     return {
         "run": str(run_dir),

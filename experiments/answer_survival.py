@@ -69,10 +69,11 @@ def answer_survival(run_dir: Path, rhos: list[float], questions: int) -> dict[st
 
     from benchmarks.harness import describe
     from retention_tasks.classification.learn import RANDOM_SEED
-    from training.data import EVAL_SEED, load_split, shuffled
-    from training.fit import load_run
-    from training.model import PrunedInputs, attention_selector, random_selector
-    from training.tasks import training_task
+    from training.engine.baselines import attention_selector, random_selector
+    from training.engine.model import PrunedInputs
+    from training.fitting.fit import load_run
+    from training.recipes.data import EVAL_SEED, load_split, shuffled
+    from training.tasks.registry import training_task
 
     model, recipe, tokenizer = load_run(run_dir)
     model = model.eval()

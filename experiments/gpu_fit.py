@@ -61,7 +61,7 @@ def minilm_backbone() -> tuple[Any, str]:
     """The packaged all-MiniLM-L6-v2 when installed, else its shape with random weights."""
     from transformers import BertConfig
 
-    from training.encoders import DEFAULT_BACKBONE, backbone_from_config, load_backbone
+    from training.engine.encoders import DEFAULT_BACKBONE, backbone_from_config, load_backbone
 
     try:
         return load_backbone(DEFAULT_BACKBONE), f"{DEFAULT_BACKBONE} weights"
@@ -72,7 +72,7 @@ def minilm_backbone() -> tuple[Any, str]:
 def fit_recipe(plan: Plan) -> Any:
     """The embedding recipe's quick profile, logging every step (each log line syncs the device, so its
     clock is the step's). A dry run shrinks its batch and length; ``--assets`` supplies its texts."""
-    from training.recipes import load_recipe
+    from training.recipes.recipe import load_recipe
 
     recipe = load_recipe(DEFAULT_RECIPE, PROFILE).model_copy(update={"log_every": 1})
     if plan.dry_run:
@@ -92,8 +92,8 @@ def step_seconds(log_path: Path) -> list[float]:
 def seconds_per_step(plan: Plan, device: str, steps: int, inputs: tuple[Any, Any, list[Any]]) -> float:
     """Median seconds per step of ``steps`` steps of the recipe on ``device``, warm-up steps dropped; a
     fresh backbone per fit (a fit trains it): the tiny one in a dry run, else MiniLM."""
-    from training.encoders import backbone_from_config
-    from training.fit import LOG_FILE, fit
+    from training.engine.encoders import backbone_from_config
+    from training.fitting.fit import LOG_FILE, fit
     from training.tiny import tiny_config
 
     recipe, tokenizer, rows = inputs
@@ -117,7 +117,7 @@ def seconds_per_step(plan: Plan, device: str, steps: int, inputs: tuple[Any, Any
 
 
 def measure_fit(plan: Plan) -> dict[str, Any]:
-    from training.fit import training_rows
+    from training.fitting.fit import training_rows
 
     recipe = fit_recipe(plan)
     tokenizer = tokenizer_for(plan.assets)
@@ -152,10 +152,10 @@ def measure_fit(plan: Plan) -> dict[str, Any]:
 def write_assets(directory: Path) -> None:
     """What the fit needs where neither the backbone package nor the data root is: the tokenizer and the
     file of the recipe's training split, in the data root's layout (checked by loading it)."""
-    from training.data import REGISTRY, default_data_root
-    from training.encoders import load_tokenizer
-    from training.fit import training_rows
-    from training.recipes import load_recipe
+    from training.engine.encoders import load_tokenizer
+    from training.fitting.fit import training_rows
+    from training.recipes.data import REGISTRY, default_data_root
+    from training.recipes.recipe import load_recipe
 
     recipe = load_recipe(DEFAULT_RECIPE, PROFILE)
     load_tokenizer(recipe.backbone).save_pretrained(str(directory / TOKENIZER_DIR))

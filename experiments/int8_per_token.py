@@ -3,7 +3,7 @@ docs/experiments/2026-11-29-batch-invariant-int8.md): does a text get the same v
 batch, and what does it cost?
 
 One exported embedding model (its fp32 ``model.onnx``), quantized both ways by
-``training.export.quantize_int8`` (``activations="token"``: the product's; ``"tensor"``: before):
+``training.export.int8.quantize_int8`` (``activations="token"``: the product's; ``"tensor"``: before):
 
 - **invariance**: ``--texts`` SQuAD dev paragraphs embedded one at a time and in random batches of 1–32
   (the same shuffled order for every graph) at each ρ; per graph and ρ the largest absolute difference,
@@ -48,9 +48,9 @@ ENCODE_BATCH = 32  # rows per run when encoding a retrieval set (length-sorted, 
 
 def graph_files(export: Path, workdir: Path) -> dict[str, Path]:
     """fp32 ``model.onnx`` and its two int8 forms, in ``workdir``."""
-    from training.export import PER_TENSOR as TENSOR_SCALES
-    from training.export import PER_TOKEN as TOKEN_SCALES
-    from training.export import quantize_int8
+    from training.export.int8 import PER_TENSOR as TENSOR_SCALES
+    from training.export.int8 import PER_TOKEN as TOKEN_SCALES
+    from training.export.int8 import quantize_int8
 
     files = {FP32: export / "model.onnx"}
     for name, scales in ((PER_TOKEN, TOKEN_SCALES), (PER_TENSOR, TENSOR_SCALES)):

@@ -49,8 +49,8 @@ def measure(
 ) -> Payload:
     from retention_tasks.classification.learn import TRUNCATION_METHODS, tokenize_rows
     from training.__main__ import machine_description
-    from training.data import EVAL_SEED, load_split, shuffled
-    from training.fit import load_run, with_min_kept_tokens
+    from training.fitting.fit import load_run, with_min_kept_tokens
+    from training.recipes.data import EVAL_SEED, load_split, shuffled
 
     model, recipe, loaded_tokenizer = load_run(run_dir)
     tokenizer: Any = loaded_tokenizer  # a Hugging Face fast tokenizer
@@ -182,11 +182,11 @@ def schedule_work(
 
     from retention_core.tasks import task_spec
     from retention_tasks.classification.learn import tokenize_rows
-    from training import selection as R
     from training.__main__ import machine_description
-    from training.data import load_split
-    from training.encoders import load_tokenizer, resolve_backbone_path
-    from training.recipes import load_recipe
+    from training.engine import selection as R
+    from training.engine.encoders import load_tokenizer, resolve_backbone_path
+    from training.recipes.data import load_split
+    from training.recipes.recipe import load_recipe
 
     recipe = load_recipe(recipe_path, profile)
     rows = load_split(recipe.dataset, split)

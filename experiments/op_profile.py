@@ -4,8 +4,8 @@ for the dense peer a user would serve and for our graph at several ρ, on the sa
     python -m experiments.op_profile --out results/experiments/op-profile/op_profile.json  # MiniLM, 8 × 256
     python -m experiments.op_profile --quick --out /tmp/op_profile.json     # tiny model, seconds
 
-Variants: ``peer-fused`` (``training.optimize.build_dense_peer``: the model as optimum exports it,
-fused by onnxruntime's transformer optimizer) and ``ours@ρ`` (our exported graph, ``training.export``,
+Variants: ``peer-fused`` (``training.export.optimize.build_dense_peer``: the model as optimum exports it,
+fused by onnxruntime's transformer optimizer) and ``ours@ρ`` (our exported graph, ``training.export.graph``,
 what the service serves), each in fp32 and, with ``--int8``, with dynamic int8 weights. Each variant
 runs ``--iterations`` profiled calls after a warm-up; a row gives, per operator type, milliseconds of
 kernel time per call and its share of the variant's kernel time, and per variant the wall time per
@@ -118,9 +118,10 @@ def profile_variant(
 
 def graphs(args: argparse.Namespace, workdir: Path) -> dict[str, Path]:
     """The fused dense peer and our exported graph (fp32; with ``--int8`` their dynamic int8 forms)."""
-    from training.encoders import DEFAULT_BACKBONE
-    from training.export import export_onnx, quantize_int8
-    from training.optimize import build_dense_peer
+    from training.engine.encoders import DEFAULT_BACKBONE
+    from training.export.graph import export_onnx
+    from training.export.int8 import quantize_int8
+    from training.export.optimize import build_dense_peer
 
     checkpoint = peer_checkpoint(args.quick, args.run_dir, DEFAULT_BACKBONE, workdir)
     model = our_model(args.run_dir, DEFAULT_RECIPE, checkpoint)

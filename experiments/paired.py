@@ -30,7 +30,7 @@ def outcomes(
 
 def paired(correct: np.ndarray, reference: np.ndarray) -> dict[str, float | int]:
     """Mean of correct − reference (percentage points) and its standard error over the same examples."""
-    from training.evaluation import paired_difference
+    from training.evaluation.reporting import paired_difference
 
     stats = paired_difference(correct, reference)
     diff = correct.astype(np.int8) - reference.astype(np.int8)  # (N,) in {-1, 0, 1}

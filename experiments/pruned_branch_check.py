@@ -39,7 +39,7 @@ TIMED_RHOS, TIMING_ROUNDS = (0.5, 0.3), 15
 
 def graph_vectors(path: Path, feeds: list[dict[str, np.ndarray]], rho: float) -> np.ndarray:
     """(N, d): the exported graph's main output over ``feeds`` (batches of ids and masks) at ``rho``."""
-    from retention_core.onnx import open_session
+    from retention_ort import open_session
 
     session = open_session(path)
     return np.concatenate(
@@ -58,7 +58,7 @@ def exported_check(
 
     from retention_core.contract import INT8_MODEL_FILE, MODEL_FILE, Manifest
     from retention_core.text import pad_token_id
-    from training.evaluation import evaluation_codec, rows_to_tensors
+    from training.tasks.codecs import evaluation_codec, rows_to_tensors
 
     codec = evaluation_codec("embedding", tokenizer, max_length)
     rows = [codec.encode(text).rows[0] for text in texts]
@@ -95,7 +95,7 @@ def exported_check(
 
 def timed_pair(two_path: Path, frozen: Path, batch: dict[str, np.ndarray]) -> dict[str, Any]:
     """Median seconds of one batch on each graph at each timed ρ, the two interleaved round by round."""
-    from retention_core.onnx import open_session
+    from retention_ort import open_session
 
     sessions = {"two_path": open_session(two_path), "frozen": open_session(frozen)}
     result: dict[str, Any] = {"batch": list(batch["input_ids"].shape)}
@@ -117,7 +117,7 @@ def vectors(model: Any, tokenizer: Any, texts: list[str], max_length: int, unpru
     import torch
 
     from retention_core.text import pad_token_id
-    from training.evaluation import evaluation_codec, rows_to_tensors
+    from training.tasks.codecs import evaluation_codec, rows_to_tensors
 
     codec = evaluation_codec("embedding", tokenizer, max_length)
     rows = [codec.encode(text).rows[0] for text in texts]
@@ -154,8 +154,8 @@ def check(
 ) -> dict[str, Any]:
     import torch
 
-    from training.encoders import load_backbone
-    from training.fit import load_run
+    from training.engine.encoders import load_backbone
+    from training.fitting.fit import load_run
 
     model, recipe, tokenizer = load_run(run_dir)
     frozen, frozen_recipe, _ = load_run(frozen_dir)

@@ -63,8 +63,8 @@ def measure(
 ) -> Payload:
     from retention_tasks.classification.learn import tokenize_rows
     from training.__main__ import machine_description
-    from training.data import EVAL_SEED, load_split, shuffled
-    from training.fit import load_run
+    from training.fitting.fit import load_run
+    from training.recipes.data import EVAL_SEED, load_split, shuffled
 
     joint_meta, joint_accuracy = joint_results(joint_dir)
     grid: dict[str, dict[float, tuple[np.ndarray, np.ndarray]]] = {}

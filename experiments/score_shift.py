@@ -32,7 +32,7 @@ def score_shift(num_tokens: int = DEFAULT_TOKENS) -> dict[str, object]:
     import torch
 
     from benchmarks.harness import describe
-    from training import terms as R
+    from training.engine import terms as R
 
     generator = torch.Generator().manual_seed(SEED)
     cells = []

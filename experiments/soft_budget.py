@@ -23,13 +23,13 @@ def soft_budget(run_dir: Path, rhos: list[float], examples: int) -> dict[str, ob
     import torch
 
     from benchmarks.harness import describe
-    from training.data import EVAL_SEED, load_split, shuffled
-    from training.fit import load_run
-    from training.gates import SoftGates
-    from training.tasks import training_task
+    from training.fitting.fit import load_run
+    from training.fitting.objective import soft_gates
+    from training.recipes.data import EVAL_SEED, load_split, shuffled
+    from training.tasks.registry import training_task
 
     model, recipe, tokenizer = load_run(run_dir)
-    gates = SoftGates.from_recipe(recipe)  # the gate kind and score shift the run trained with
+    gates = soft_gates(recipe)  # the gate kind and score shift the run trained with
     rows = shuffled(load_split(recipe.dataset, recipe.dataset.validation_split), EVAL_SEED, examples)
     batch = training_task(recipe.task).make_batch(rows, tokenizer, recipe.max_length)
     per_rho: dict[str, dict[str, list[float]]] = {}

@@ -79,9 +79,9 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from sentence_transformers import SentenceTransformer
 
     from benchmarks.embedding_graphs import our_model
-    from retention_core.onnx import open_session
-    from training.encoders import load_tokenizer, resolve_backbone_path
-    from training.export import export_onnx
+    from retention_ort import open_session
+    from training.engine.encoders import load_tokenizer, resolve_backbone_path
+    from training.export.graph import export_onnx
 
     checkpoint = (
         tiny_checkpoint(workdir / "checkpoint", family=args.family)
@@ -94,7 +94,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     if args.quick:
         texts = random_texts(tokenizer, args.texts)
     else:
-        from training.data import default_data_root
+        from training.recipes.data import default_data_root
 
         data_root = args.data_root or default_data_root()
         if data_root is None:

@@ -3,7 +3,7 @@
 ``python -m experiments.train_step models/recipes/squad.yaml --profile quick-dense --steps 4 --rounds 3
 --out results/experiments/train-step/train-step-precision.json``
 
-The recipe's model, objective and batch size, a real batch from its training data, ``training.fit``'s
+The recipe's model, objective and batch size, a real batch from its training data, ``training.fitting.fit``'s
 own ``train_step``: the precisions interleaved round by round (this machine's speed swings over
 minutes), each round the median of ``--steps`` steps after one untimed step. Reported: the per-round
 seconds and the median ratio fp32 / bf16.
@@ -26,11 +26,11 @@ PRECISIONS = ("fp32", "bf16")
 
 
 def step_seconds(recipe_path: Path, profile: str, steps: int, rounds: int) -> dict[str, Any]:
-    from training.encoders import load_backbone, load_tokenizer
-    from training.fit import PRECISIONS as AUTOCAST
-    from training.fit import StepSchedule, initial_state, train_step, training_rows, usable_cores
-    from training.objective import Objective
-    from training.recipes import load_recipe
+    from training.engine.encoders import load_backbone, load_tokenizer
+    from training.fitting.fit import PRECISIONS as AUTOCAST
+    from training.fitting.fit import StepSchedule, initial_state, train_step, training_rows, usable_cores
+    from training.fitting.objective import Objective
+    from training.recipes.recipe import load_recipe
 
     recipe = load_recipe(recipe_path, profile)
     objective = Objective.from_recipe(recipe)

@@ -7,7 +7,7 @@ ids, interleaved rounds, the same kept tokens in every variant:
   outermost graph);
 - ``two-path-weights-one-level``: the same graph with the copy's own weights moved into the outer ``If``'s
   else branch (one level above the copy's pass, as the frozen graph's weights are above its pass:
-  ``training.export.with_weights_beside_their_pass``, what the export now does);
+  ``training.export.two_path.with_weights_beside_their_pass``, what the export now does);
 - ``frozen-pass`` / ``copy-pass``: each pruned pass alone as a top-level graph (weights local);
 - ``frozen-no-prepacking``: the frozen graph with onnxruntime's weight prepacking off.
 
@@ -43,7 +43,7 @@ NO_PREPACKING = "frozen-no-prepacking"
 def variant_files(frozen: Path, two_path: Path, workdir: Path) -> dict[str, Path]:
     import onnx
 
-    from training.export import unjoined, with_weights_beside_their_pass
+    from training.export.two_path import unjoined, with_weights_beside_their_pass
 
     frozen_model, two_path_model = onnx.load(str(frozen)), onnx.load(str(two_path))
     frozen_parts, two_path_parts = unjoined(frozen_model), unjoined(two_path_model)

@@ -3,22 +3,24 @@
 The one statement of the schedule, for every side that needs it:
 
 - ``ScheduleSettings`` and the ``Schedule*`` field types: the five settings a graph bakes into its
-  schedule, their defaults, bounds and meaning, declared once. The recipe (``training.recipes``), the
+  schedule, their defaults, bounds and meaning, declared once. The recipe (``training.recipes.recipe``), the
   trained model's ``RetentionConfig`` and the manifest's ``contract.Schedule`` reuse them.
 - ``keep_fractions`` (the share of real tokens kept entering each layer, the kept-token floor included
   when the rows' lengths are given), ``keep_counts`` (the graph's counts), ``mean_kept_fraction`` (the
-  cost model's share of a row's token-work) and ``token_work`` / ``token_work_curve`` (the fraction of
-  dense encoder token-work, what ``GET /models/{name}/schedule`` gives the explorer page).
+  cost model's share of a row's token-work), ``token_layers`` (token-work itself: the one definition,
+  which a request's usage, training's evaluation and the benchmarks all count with), ``token_work`` (its
+  fraction of the dense model's) and ``token_work_curve`` (what ``GET /models/{name}/schedule`` gives the
+  explorer page).
 
-The arithmetic is the graph's (``training.selection.keep_counts``, traced into every ``model.onnx``):
+The arithmetic is the graph's (``training.engine.selection.keep_counts``, traced into every ``model.onnx``):
 float32 fractions ``ρ^(((g+1)/G)^power)`` per group g of G = ⌈P / k⌉ (k the pruning interval), rounded
 half up against the real tokens, at least the protected tokens, at least the kept-token floor
 min(min_kept_tokens, n_real), at least 1, at most n_real. Numpy only: a backend that needs the counts
 before it runs (the torch backend sizes its static shapes with them) reads them here, without a device
 round trip; ``tests/service/test_torch_backend.py`` checks them against the ONNX graph's ``kept_counts``
 and ``tests/test_schedule_agreement.py`` every reader against one another. The graph's own copy stays
-in torch (``training.selection``): it is traced into ``model.onnx``, and torch's float32 ``pow`` differs
-from numpy's in the last bit, so the soft pass reads it too (training's numbers stay bit-for-bit).
+in torch (``training.engine.selection``): it is traced into ``model.onnx``, and torch's float32 ``pow``
+differs from numpy's in the last bit, so the soft pass reads it too (training's numbers stay bit-for-bit).
 """
 
 from __future__ import annotations
@@ -166,16 +168,25 @@ def mean_kept_fraction(schedule: ScheduleShape, rho: float, length: int = 0) -> 
     return sum(max(rho**exponent, least) for exponent in exponents) / points
 
 
-def token_work(schedule: ScheduleShape, counts: np.ndarray, num_real: np.ndarray) -> np.ndarray:
-    """Fraction of dense encoder token-work each row does: counts (B, P), real tokens (B,) → (B,) float64.
+def token_layers(counts: np.ndarray, last_layer_queries: int | None) -> np.ndarray:
+    """Encoder token-work, the one definition: the token-layers each row computes, Σ over layers of the
+    tokens entering the layer, the last layer counting only its queries when the head reads a fixed number
+    of positions (``last_layer_queries``: 1 for [CLS]). counts (B, P) → (B,) float64 (exact: integers).
 
-    Σ_layers tokens processed / (n_real · P), the last layer counting only its queries when the head
-    reads a fixed number of positions (``last_layer_queries``: 1 for [CLS]); the definition of
-    ``retention_core.usage.token_work`` (a request's) and ``training.selection.encoder_token_work``."""
+    The dense model's is n_real · P (``token_work``). A request's usage (``retention_core.usage``), the
+    explorer's curve, training's evaluation (``training.engine.selection.encoder_token_work``: this on
+    tensors) and the benchmarks all count with it."""
     work = counts.astype(np.float64)  # (B, P)
-    if schedule.last_layer_queries is not None:
-        work[:, -1] = float(schedule.last_layer_queries)
-    return work.sum(1) / (np.asarray(num_real, dtype=np.float64) * counts.shape[1])
+    if last_layer_queries is not None:
+        work[:, -1] = float(last_layer_queries)
+    return work.sum(1)
+
+
+def token_work(counts: np.ndarray, num_real: np.ndarray, last_layer_queries: int | None) -> np.ndarray:
+    """Fraction of dense encoder token-work each row does: ``token_layers`` / (n_real · P). counts (B, P),
+    real tokens (B,) → (B,) float64."""
+    dense = np.asarray(num_real, dtype=np.float64) * counts.shape[1]  # (B,)
+    return token_layers(counts, last_layer_queries) / dense
 
 
 def token_work_curve(schedule: ScheduleShape, length: int, rhos: Sequence[float]) -> list[float]:
@@ -184,4 +195,4 @@ def token_work_curve(schedule: ScheduleShape, length: int, rhos: Sequence[float]
     rho = np.asarray(rhos, dtype=np.float32)  # (R,)
     real = np.full(len(rho), length, dtype=np.int64)  # (R,)
     counts = keep_counts(schedule, rho, real, np.ones_like(real))  # (R, P)
-    return [float(value) for value in token_work(schedule, counts, real)]
+    return [float(value) for value in token_work(counts, real, schedule.last_layer_queries)]

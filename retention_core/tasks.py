@@ -2,7 +2,7 @@
 
 A ``TaskSpec`` names the graph's inputs and outputs (the ONNX contract), the kind of head the encoder
 ends in and the codec that turns requests into graph rows and graph outputs into answers. Training
-adds the torch side of a task (batches, loss, evaluation) in ``training.tasks``; the service its HTTP
+adds the torch side of a task (batches, loss, evaluation) in ``training.tasks.registry``; the service its HTTP
 face in ``service.api.faces``.
 
 A task is one package found by one list (``task_packages``: the shipped ``SHIPPED_TASKS``, then those
@@ -33,7 +33,8 @@ from retention_core.contract import DEFAULT_MAX_WINDOWS, OPTIONAL_OUTPUTS, Manif
 # "token": the head reads every position → (B, T, C); dropped tokens are restored with their last state.
 # "pooled": the mean of the final states of the tokens that reach the end → (B, d), no parameters; at
 # ρ = 1 every real token does, so it is exactly the dense model's mean pooling. Nothing is restored:
-# dropped tokens' earlier-layer states would pull the mean away from the model's (training/embedding.py).
+# dropped tokens' earlier-layer states would pull the mean away from the model's
+# (training/tasks/embedding.py).
 # A CLS-pooled model (manifest.embedding.pooling == "cls") pools the final [CLS] state instead; the graph
 # outputs the pooled vector either way, so serving does not depend on the pooling.
 HeadKind = Literal["sequence", "token", "pooled"]
@@ -100,7 +101,7 @@ class TaskSpec:
     @property
     def last_layer_queries(self) -> int | None:
         """A head that reads only [CLS] lets the last layer compute one query. A pooled head's depends on
-        the model's pooling (CLS pooling: 1, training.model.RetentionModel.last_layer_queries); the
+        the model's pooling (CLS pooling: 1, training.engine.model.RetentionModel.last_layer_queries); the
         manifest's ``schedule.last_layer_queries`` records what each graph does."""
         return 1 if self.head == "sequence" else None
 

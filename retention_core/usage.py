@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from retention_core.contract import Manifest
+from retention_core.schedule import token_layers
 
 BYTES_PER_FLOAT = 4
 
@@ -27,23 +28,20 @@ class Work:
 
 
 def token_work(manifest: Manifest, row_lengths: list[int], kept_counts: np.ndarray) -> Work:
-    """Same definition as training's ``encoder_token_work``: sum over layers of kept counts (the last
-    layer counting ``schedule.last_layer_queries`` queries when set) / (real tokens x layers).
+    """A request's token-work: the token-layers its rows computed (``retention_core.schedule.token_layers``,
+    the one definition: the last layer counting ``schedule.last_layer_queries`` queries when set) against
+    the dense model's on the same rows (real tokens x layers).
 
     kept_counts (R, L) int64, one row per graph row.
     """
     counts = kept_counts.astype(np.float64)  # (R, L)
     layers = counts.shape[1]
-    work = counts.copy()
-    queries = manifest.schedule.last_layer_queries
-    if queries is not None:
-        work[:, -1] = float(queries)
     processed = int(sum(row_lengths))
     floor = manifest.schedule.min_kept_tokens
     return Work(
         processed_tokens=processed,
         kept_tokens_per_layer=[int(v) for v in kept_counts.sum(axis=0)],
-        computed=float(work.sum()),
+        computed=float(token_layers(kept_counts, manifest.schedule.last_layer_queries).sum()),
         dense=float(processed * layers),
         activation_bytes=activation_bytes(manifest, counts),
         min_kept_tokens=floor,

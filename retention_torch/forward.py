@@ -17,8 +17,8 @@ tokens. Attention is ``scaled_dot_product_attention`` with padding, merged-token
 relative-position bias summed into one additive mask; a plan without any padding slot and without
 merging passes no mask at all, so SDPA may use its flash kernel.
 
-The arithmetic is ``training.selection``'s and ``training.model``'s (the export checks this forward
-against ``model.onnx`` on its validation grid); the shapes are the static ones.
+The arithmetic is ``training.engine.selection``'s and ``training.engine.model``'s (the export checks this
+forward against ``model.onnx`` on its validation grid); the shapes are the static ones.
 
 Shapes: B batch, T slots entering a layer, K slots it keeps, D dropped candidates, d hidden, H heads,
 P pruning points (one per layer), r scorer size.
@@ -36,7 +36,7 @@ from retention_core.contract import Architecture, Schedule
 from retention_core.schedule import is_pruning_point
 from retention_torch.weights import LayerWeights, ModelWeights, ScorerWeights
 
-# The same constants as training.selection (the ONNX graph's), so selection orders tokens identically.
+# The same constants as training.engine.selection (the ONNX graph's), so selection orders tokens identically.
 PROTECTED_SCORE_BONUS = 1e4
 EXCLUDED_SCORE = -1e9
 MASKED_ATTENTION_BIAS = -1e9
@@ -280,7 +280,7 @@ def merge_dropped(
     kept_sizes: torch.Tensor,
     kept: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fold every real token a point drops into its most similar kept one (``training.selection.
+    """Fold every real token a point drops into its most similar kept one (``training.engine.selection.
     merge_dropped``'s size-weighted mean). The dropped tokens of row b are the ranks count[b] …
     n_valid[b] − 1 of ``order`` (B, T); D = T candidates keep the shape static. → states (B, K, d),
     sizes (B, K)."""

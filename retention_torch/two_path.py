@@ -1,5 +1,5 @@
 """The two-path model on the torch backend: rows at ρ ≥ 1 run the original's weights, rows at ρ < 1 the
-copy the retrofit trained for them (``training.model.RetentionModel.add_pruned_branch``), as the ONNX
+copy the retrofit trained for them (``training.engine.model.RetentionModel.add_pruned_branch``), as the ONNX
 graph's ``If`` choices do.
 
 ``weights.safetensors`` holds the original's tensors under their usual names and the copy's encoder

@@ -1,8 +1,8 @@
 """The torch backend's weights: the names ``weights.safetensors`` stores them under, and loading them.
 
-The export (``training.export.torch_state``) writes an encoder's tensors under these names whatever the
-Hugging Face family called them; QKV is stored packed ((3d, d) = [Q; K; V]) so a layer projects the
-three in one GEMM. Loading casts the encoder to the serving dtype (bf16 on a GPU) and keeps the
+The export (``training.export.torch_weights.torch_state``) writes an encoder's tensors under these names
+whatever the Hugging Face family called them; QKV is stored packed ((3d, d) = [Q; K; V]) so a layer
+projects the three in one GEMM. Loading casts the encoder to the serving dtype (bf16 on a GPU) and keeps the
 scorers in fp32: their scores order the tokens, where bf16's 8 bits of mantissa would reorder ties.
 """
 
@@ -65,7 +65,7 @@ class LayerWeights:
 
 @dataclass(frozen=True)
 class ScorerWeights:
-    """s_t = vᵀ tanh(W h_t + U m_{t-1}) + b (``training.selection.RetentionScorer``), fp32."""
+    """s_t = vᵀ tanh(W h_t + U m_{t-1}) + b (``training.engine.selection.RetentionScorer``), fp32."""
 
     W: tuple[torch.Tensor, torch.Tensor]  # (r, d), (r,)
     U: torch.Tensor  # (r, d)

@@ -76,7 +76,7 @@ fi
 cd "$WORK"
 step "import retention_core and service (and their runtime dependencies)"
 "$VENV/bin/python" -c "import retention_core, service, onnxruntime, tokenizers, fastapi, uvicorn, prometheus_client; print('service from', service.__file__)"
-"$VENV/bin/python" -c "import service.api.app, retention_core.tasks"
+"$VENV/bin/python" -c "import service.api.app, service.backends.onnx_backend, retention_core.tasks"
 HAS_CLIENTS=0
 if "$VENV/bin/python" -c "import clients.batch" 2>/dev/null; then
   HAS_CLIENTS=1

@@ -42,7 +42,7 @@ SERVICE_S="${GPU_CHECK_SERVICE_S:-220}"
 MAX_MIB=64
 # What the parts import beyond torch and numpy (which the image's torch brings): our pins of the Hugging
 # Face stack (the image's may be another major version), pydantic (the recipes), PyYAML. Installed whole
-# into $SITE, ahead of the image's site-packages. onnxruntime (CPU; retention_core.onnx) and onnx
+# into $SITE, ahead of the image's site-packages. onnxruntime (CPU; retention_ort) and onnx
 # (training.export) are the image's own: their 28 MiB wheel would push the call past its 64 MiB with
 # the working tree. The service part's server stack (the image has none of fastapi, starlette, uvicorn,
 # pydantic-settings, python-dotenv, opentelemetry-api (fastapi imports it), sniffio (anyio imports it));

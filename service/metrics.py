@@ -138,7 +138,7 @@ class Metrics:
         )
         self.inference_duration = Histogram(
             "retention_inference_duration_seconds",
-            "onnxruntime time per batch",
+            "seconds of one backend run (a batch is cut into runs)",
             ["model"],
             buckets=LATENCY_BUCKETS,
             registry=r,
@@ -147,11 +147,11 @@ class Metrics:
         self.in_flight = Gauge("retention_in_flight_requests", "HTTP requests being served", registry=r)
         self.rejections = Counter("retention_rejections_total", "rejected requests", ["reason"], registry=r)
         self.batch_size = Histogram(
-            "retention_batch_size", "rows per ONNX run", ["model"], buckets=BATCH_SIZE_BUCKETS, registry=r
+            "retention_batch_size", "rows per backend run", ["model"], buckets=BATCH_SIZE_BUCKETS, registry=r
         )
         self.batch_tokens = Histogram(
             "retention_batch_tokens",
-            "padded tokens per ONNX run",
+            "padded tokens per backend run",
             ["model"],
             buckets=TOKEN_BUCKETS,
             registry=r,
@@ -195,7 +195,7 @@ class Metrics:
         self.model_memory = Gauge(
             "retention_model_memory_bytes",
             "resident memory the process grew by while the model loaded and warmed up (weights, "
-            "onnxruntime buffers): what serving it costs beside the others",
+            "the backend's buffers): what serving it costs beside the others",
             ["model"],
             registry=r,
         )
@@ -249,7 +249,7 @@ class Metrics:
         )
         self.cost_per_run = Gauge(
             "retention_cost_model_run_seconds",
-            "cost model: fixed seconds per ONNX run",
+            "cost model: fixed seconds per backend run",
             ["model"],
             registry=r,
         )
@@ -366,7 +366,7 @@ class Metrics:
                 self.cost_per_token.remove(model, rho_label(rho))
 
     def record_run(self, model: str, rows: int, padded_tokens: int, seconds: float) -> None:
-        """One ONNX run of a batch."""
+        """One backend run of a batch."""
         self.batch_size.labels(model=model).observe(rows)
         self.batch_tokens.labels(model=model).observe(padded_tokens)
         self.inference_duration.labels(model=model).observe(seconds)

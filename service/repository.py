@@ -79,6 +79,12 @@ class Catalog:
         report.removed = sorted(name for name in old.models if name not in self.models)
         return report
 
+    def dropped_since(self, old: Catalog) -> list[LoadedModel]:
+        """The models ``old`` served that this catalog does not (removed, or replaced by a fresh load):
+        their backends close once their in-flight runs end (``service.server``)."""
+        kept = {id(model) for model in self.models.values()}
+        return [model for model in old.models.values() if id(model) not in kept]
+
 
 class ModelRepository:
     """The model directories under ``settings.models_dir``: what is there (``scan``, ``signature``) and
@@ -165,6 +171,8 @@ class ModelRepository:
             if model.name in new_models:
                 errors[rel] = f"{directory.name}: duplicate model name {model.name!r}"
                 log.error("model directory %s not loaded: duplicate name %s", rel, model.name)
+                if model is not old:  # loaded just now, never served: nothing can be running on it
+                    model.backend.close()
                 continue
             new_models[model.name] = model
             if version:

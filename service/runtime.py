@@ -121,6 +121,28 @@ def load_model(directory: Path, settings: Settings, name: str | None = None) -> 
         raise ModelLoadError(f"{label}: unknown task {manifest.task!r}") from exc
     resident_before = _resident_bytes()
     backend = open_backend(directory, manifest, spec, settings)
+    try:
+        model = _checked(directory, manifest, spec, tokenizer, int(pad_id), backend, settings, name)
+    except BaseException:
+        backend.close()  # a directory that did not load holds no session
+        raise
+    model.memory_bytes = max(0, _resident_bytes() - resident_before)
+    return model
+
+
+def _checked(
+    directory: Path,
+    manifest: Manifest,
+    spec: TaskSpec,
+    tokenizer: Tokenizer,
+    pad_id: int,
+    backend: Backend,
+    settings: Settings,
+    name: str | None,
+) -> LoadedModel:
+    """The model on its opened ``backend``: its output width checked against the manifest, its codec
+    built and warmed up. Raises ``ModelLoadError``."""
+    label = directory.name
     dim = backend.output_width
     if spec.num_outputs is None and isinstance(dim, int) and dim != len(manifest.labels):
         raise ModelLoadError(
@@ -146,7 +168,7 @@ def load_model(directory: Path, settings: Settings, name: str | None = None) -> 
         tokenizer=tokenizer,
         codec=codec,
         spec=spec,
-        pad_id=int(pad_id),
+        pad_id=pad_id,
         fingerprint=fingerprint(directory),
         providers=list(backend.info.providers),
         backend_kind=backend.info.kind,
@@ -161,7 +183,6 @@ def load_model(directory: Path, settings: Settings, name: str | None = None) -> 
             raise ModelLoadError(f"{label}: warm-up inference failed") from exc
     else:
         model.warmed_up = True
-    model.memory_bytes = max(0, _resident_bytes() - resident_before)
     return model
 
 

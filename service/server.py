@@ -3,6 +3,11 @@
 ``ModelServer`` implements ``service.serving.Server``, all the HTTP layer sees: it resolves a request's
 model, hands the request to that model's batcher (admission and the rho=auto controller,
 ``service.scheduling``) and swaps in what the repository (``service.repository``) loads on a reload.
+
+A model the repository drops (its directory removed or replaced) keeps its batcher until the requests
+it holds are answered and its runs have ended; then its backend is closed (``Backend.close``: the
+onnxruntime session released, the torch backend's CUDA graphs freed). Every backend still serving is
+closed the same way when the server stops.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import logging
 import time
 
 from retention_core.codecs.base import Row
+from service.backends import check_settings
 from service.errors import ModelNotFound, NotReady, Overloaded, ShuttingDown, TaskMismatch
 from service.metrics import Metrics, ModelBackend
 from service.repository import Catalog, ModelRepository, Signature
@@ -38,10 +44,19 @@ def model_backend(model: LoadedModel) -> ModelBackend:
     )
 
 
+def release(model: LoadedModel) -> None:
+    """Close ``model``'s backend (no run of it may be in flight): a failure is logged, never raised."""
+    try:
+        model.backend.close()
+    except Exception:
+        log.exception("model %s: closing its backend failed", model.name)
+
+
 class ModelServer:
     """The repository's models, each behind its own ``Batcher`` (``service.serving.Server``)."""
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        check_settings(settings)  # the chosen backend's own settings fail here, not at each load
         self.settings = settings
         self.metrics = metrics
         self.repository = ModelRepository(settings)
@@ -197,6 +212,7 @@ class ModelServer:
     def _swap(self, catalog: Catalog) -> None:
         """Install ``catalog`` with a batcher per model (kept where the model is unchanged), at once."""
         new_models = catalog.models
+        dropped = {id(model) for model in catalog.dropped_since(self.catalog)}
         old_batchers = self._batchers
         batchers: dict[str, Batcher] = {}
         for name, model in new_models.items():
@@ -224,12 +240,20 @@ class ModelServer:
                 self.metrics.forget_model(
                     old.name, old.task, old.manifest.backbone.name_or_path, old.precision
                 )
-            task = asyncio.get_running_loop().create_task(batcher.close(self.settings.drain_timeout_s))
+            task = asyncio.get_running_loop().create_task(self._retire(batcher, id(old) in dropped))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
 
+    async def _retire(self, batcher: Batcher, dropped: bool) -> None:
+        """Drain a batcher the swap replaced (its queued requests answered, up to drain_timeout_s, and its
+        runs ended); then, when its model left the repository, close that model's backend."""
+        await batcher.close(self.settings.drain_timeout_s)
+        if dropped:
+            release(batcher.model)
+
     async def close(self) -> None:
-        """Graceful shutdown: not ready any more, queued work finishes (up to drain_timeout_s)."""
+        """Graceful shutdown: not ready any more, queued work finishes (up to drain_timeout_s), then every
+        backend is closed."""
         self.stopping = True
         if self._watcher is not None:
             self._watcher.cancel()
@@ -237,6 +261,8 @@ class ModelServer:
                 await self._watcher
         batchers = list(self._batchers.values())
         await asyncio.gather(*(b.close(self.settings.drain_timeout_s) for b in batchers), *self._closing)
+        for model in self.catalog.models.values():
+            release(model)
 
 
 def as_server(server: ModelServer) -> Server:

@@ -1,6 +1,11 @@
 """Service configuration: one ``Settings`` object, built once in ``create_app`` (env prefix ``RETENTION_``).
 
-Nothing here reads the environment at import time; ``Settings()`` does, when it is constructed.
+Nothing here reads the environment at import time; ``Settings()`` does, when it is constructed. What
+only one backend reads lives with that backend: the ONNX Runtime backend's settings (``RETENTION_PRECISION``,
+``INTER_OP_THREADS``, ``USE_CUDA``, ``CPU_MEM_ARENA``, ``ORT_MEM_PATTERN``) are
+``service.backends.onnx_backend.OnnxSettings``, read from the same environment variables; given to
+``Settings(...)`` as keywords (a test's, a Ray Serve config's ``args``) they are kept as its extra
+fields and handed to that backend (``OnnxSettings.of``).
 """
 
 from __future__ import annotations
@@ -15,21 +20,21 @@ from retention_core.contract import DEFAULT_MAX_WINDOWS
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RETENTION_", env_nested_delimiter="__", extra="ignore")
+    # extra="allow": keywords for a backend's own settings (``OnnxSettings.of`` reads them); the
+    # environment's unknown RETENTION_* variables are not kept (the backend reads its own)
+    model_config = SettingsConfigDict(env_prefix="RETENTION_", env_nested_delimiter="__", extra="allow")
 
     # ------------------------------------------------------------------ models
     models_dir: Path = Field(default=Path("models"), description="root holding one directory per model")
     default_models: dict[str, str] = Field(
         default_factory=dict, description="task -> model name; else the first model of that task (sorted)"
     )
-    precision: Literal["fp32", "int8"] = Field(
-        default="fp32", description="preferred ONNX variant; falls back to fp32 when a model lacks it"
-    )
     intra_op_threads: int = Field(
-        default=0, ge=0, description="onnxruntime intra-op threads (0 = ORT default)"
+        default=0,
+        ge=0,
+        description="CPU threads one run uses: onnxruntime's intra-op threads, torch's on the CPU (0 = the "
+        "backend's default, one per core)",
     )
-    inter_op_threads: int = Field(default=1, ge=1)
-    use_cuda: bool = Field(default=True, description="use CUDAExecutionProvider when onnxruntime offers it")
     backend: Literal["onnxruntime", "torch"] = Field(
         default="onnxruntime",
         description="what runs the models: onnxruntime (model.onnx; the CPU image) or torch (the model "
@@ -59,15 +64,6 @@ class Settings(BaseSettings):
         "server's runs (its batch and length buckets under max_batch_tokens, at default rho and 1), "
         "fewest padded tokens first; fewer while the device has under a quarter of its memory free",
     )
-    cpu_mem_arena: bool = Field(
-        default=True,
-        description="onnxruntime's CPU memory arena (fast reuse; keeps its peak); false: plain allocations",
-    )
-    ort_mem_pattern: bool = Field(
-        default=False,
-        description="onnxruntime's memory pattern: one allocation plan kept per input shape seen; off, "
-        "since batches come in many shapes (rows x padded length)",
-    )
     warmup: bool = True
     reload_interval_s: float = Field(
         default=0.0,
@@ -76,7 +72,7 @@ class Settings(BaseSettings):
     )
 
     # ------------------------------------------------------------------ batching / backpressure
-    max_batch_tokens: int = Field(default=8192, ge=1, description="padded tokens per ONNX run")
+    max_batch_tokens: int = Field(default=8192, ge=1, description="padded tokens per backend run")
     max_batch_wait_ms: float = Field(default=2.0, ge=0.0, description="how long a batch waits to fill")
     max_queue_requests: int = Field(default=256, ge=1, description="requests waiting per model before 429")
     retry_after_s: int = Field(default=1, ge=1, description="Retry-After sent with 429")
@@ -148,8 +144,9 @@ class Settings(BaseSettings):
     pad_multiple: int = Field(
         default=16,
         ge=1,
-        description="padded row length is rounded up to a multiple of this: ORT sees few shapes, so its "
-        "memory arena stays flat under varied traffic",
+        description="padded row length is rounded up to a multiple of this: the backend sees few shapes "
+        "(onnxruntime's memory arena stays flat under varied traffic); a backend that pads to buckets of "
+        "its own (torch's CUDA graphs) uses those",
     )
     drain_timeout_s: float = Field(default=30.0, ge=0.0, description="graceful shutdown: wait for in-flight")
 

@@ -1,5 +1,7 @@
 """The dependency direction of the packages: core ← training, core ← service, never training ↔ service;
-inside ``training/``, module imports form a DAG with the retention math (selection, terms) at the bottom.
+the core imports neither torch nor onnxruntime (``retention_torch`` and ``retention_ort`` hold them);
+inside ``training/``, rooms (one part of the pipeline each) import down a DAG with the retention engine at
+the bottom, and nothing outside a room imports its private names.
 
 Read from the source (every ``import`` statement, lazy ones inside functions and ``TYPE_CHECKING``
 blocks included), so a cycle hidden behind a function-level import fails here too.
@@ -25,7 +27,9 @@ FORBIDDEN = {
         "tests",
         "torch",
         "transformers",
+        "onnxruntime",
         "retention_torch",
+        "retention_ort",
         "retention_tasks",  # read by name from the one list of tasks (retention_core.tasks.task_packages)
     },
     "service": {
@@ -49,6 +53,9 @@ FORBIDDEN = {
         "onnxruntime",
     },
 }
+# onnxruntime sessions opened one way (the service's ONNX Runtime backend, the export, evaluation,
+# benchmarks): onnxruntime alone, nothing of the project (not even the core)
+FORBIDDEN["retention_ort"] = FORBIDDEN[CORE] - {"onnxruntime", "retention_ort"} | {CORE}
 # The one service module allowed torch: the torch backend, imported only when RETENTION_BACKEND=torch.
 TORCH_BACKEND = REPO / "service" / "backends" / "torch_backend.py"
 
@@ -152,6 +159,16 @@ def test_core_imports_neither_training_nor_service() -> None:
     assert violations(CORE) == []
 
 
+def test_no_core_module_opens_onnxruntime_sessions() -> None:
+    """Sessions are opened by ``retention_ort``, outside the core: no core module reaches it."""
+    modules = sorted((REPO / CORE).rglob("*.py"))
+    assert modules and reaching(modules, ("retention_ort", "onnxruntime")) == []
+
+
+def test_the_session_package_imports_nothing_of_the_project() -> None:
+    assert violations("retention_ort") == []
+
+
 def test_service_never_imports_training() -> None:
     assert violations("service") == []
 
@@ -205,21 +222,136 @@ def test_the_scanner_sees_lazy_imports(tmp_path: Path) -> None:
     assert imported_packages(source) == {"service", "training"}
 
 
-def test_training_modules_import_without_cycles() -> None:
-    """``training/`` imports form a DAG: selection ← terms ← gates ← model ← objective ← fit ← __main__,
-    export and evaluation above the model. A cycle (the model importing the objective that imports the task
-    registry that imports the model) fails here, whether it hides behind a lazy import or not."""
-    graph = import_graph(REPO / "training", "training")
-    assert "training.model" in graph and graph["training.objective"]  # the scanner read the package
-    assert find_cycle(graph) == []
+# The rooms of ``training/``, each named for its part of the pipeline, and the rooms each may import: a DAG
+# with the retention engine at the bottom. A room is a subpackage (``training/<room>/``) or, at the top, one
+# module (the CLI, the tiny models); ``training/__init__.py`` imports nothing.
+TRAINING_ROOMS: dict[str, set[str]] = {
+    "engine": set(),  # the retention math, the model and its heads, probe and baselines, the backbones
+    "recipes": {"engine"},  # the recipe schema and the datasets a recipe names
+    "tasks": {"engine", "recipes"},  # the task plug-in types and registry, batches, codecs, embedding
+    "evaluation": {"engine", "recipes", "tasks"},  # running predictions, the codec loop, reporting
+    "fitting": {"engine", "recipes", "tasks"},  # the objective, the training loop and runs, retrofits
+    "export": {"engine", "recipes"},  # graph + parity, two-path, int8, torch weights, manifest, install
+    "tiny": {"engine", "recipes", "tasks", "export"},  # tiny random models (tests, quick benchmarks)
+    "__main__": {"engine", "recipes", "tasks", "evaluation", "fitting", "export"},  # the CLI
+}
+
+
+def room_of(module: str) -> str | None:
+    """The room of a module of ``training`` (``training.<room>[.…]``); None for the package itself and for
+    modules of other packages."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "training" and len(parts) > 1 else None
+
+
+def room_graph() -> dict[str, set[str]]:
+    """room → the other rooms its modules import (lazy and ``TYPE_CHECKING`` imports included)."""
+    graph: dict[str, set[str]] = {}
+    for module, imported in package_graph(REPO / "training", "training").items():
+        room = room_of(module)
+        if room is None:  # training/__init__.py
+            assert imported == set(), imported
+            continue
+        others = {room_of(name) for name in imported} - {None, room}
+        graph.setdefault(room, set()).update(other for other in others if other is not None)
+    return graph
+
+
+def test_training_is_rooms_importing_down_the_pipeline() -> None:
+    """Every module of ``training/`` lives in a declared room and imports only the rooms below its own:
+    the engine imports no other room; recipes, tasks, evaluation, fitting and export build on it; the CLI
+    sits on top. A room importing up (the engine reading a recipe, export reading the fitting loop) fails
+    here, lazy imports included."""
+    graph = room_graph()
+    assert set(graph) == set(TRAINING_ROOMS)
+    upward = {room: sorted(imported - TRAINING_ROOMS[room]) for room, imported in graph.items()}
+    assert {room: rooms for room, rooms in upward.items() if rooms} == {}
+    assert find_cycle(TRAINING_ROOMS) == []  # the allowed directions are a DAG
+    assert graph["engine"] == set() and graph["__main__"]  # the scanner read the rooms
 
 
 def test_the_retention_math_imports_no_other_training_module() -> None:
-    """The bottom of the DAG: ``training/selection.py`` (the inference path) imports nothing of the
-    package, ``training/terms.py`` (the training terms) only the selection."""
-    graph = import_graph(REPO / "training", "training")
-    assert graph["training.selection"] == set()
-    assert graph["training.terms"] == {"training.selection"}
+    """The bottom of the engine: ``training/engine/selection.py`` (the inference path) imports nothing of
+    the package, ``training/engine/terms.py`` (the training terms) only the selection."""
+    graph = package_graph(REPO / "training", "training")
+    assert graph["training.engine.selection"] == set()
+    assert graph["training.engine.terms"] == {"training.engine.selection"}
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` of a Name / Attribute chain; None for anything else."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+def private_imports(path: Path, room: str | None) -> list[str]:
+    """``path imports module._name`` for every private name of a ``training`` module that ``path``, in
+    ``room`` (None: outside ``training/``), takes from another room: ``from training.x.y import _name``,
+    or ``alias._name`` where ``alias`` names a module of training (``from training.x import y as alias``,
+    ``import training.x.y``)."""
+    tree = parse(path)
+    name = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    found: list[str] = []
+    aliases: dict[str, str] = {}  # local name → what it names in training
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and room_of(node.module or ""):
+            for alias in node.names:
+                target = f"{node.module}.{alias.name}"
+                if is_private(alias.name) and room_of(target) != room:
+                    found.append(f"{name} imports {target}")
+                aliases[alias.asname or alias.name] = target
+        elif isinstance(node, ast.Import):
+            aliases.update({alias.asname: alias.name for alias in node.names if alias.asname})
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and is_private(node.attr):
+            base = dotted(node.value) or ""
+            target = f"{aliases.get(base, base)}.{node.attr}"
+            if room_of(target) is not None and room_of(target) != room:
+                found.append(f"{name} imports {target}")
+    return sorted(set(found))
+
+
+# Every package that may import training: none takes a private name out of a room.
+TRAINING_IMPORTERS = ("training", "benchmarks", "experiments", "tests", "retention_tasks", "scripts")
+
+
+def test_nothing_outside_a_room_imports_its_private_names() -> None:
+    """A room's private (``_name``) names are its own; the other rooms, benchmarks, experiments, tests and
+    the task packages import its public names."""
+    found = []
+    for package in TRAINING_IMPORTERS:
+        for path in sorted((REPO / package).rglob("*.py")):
+            module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+            found += private_imports(path, room_of(module))
+    assert found == []
+
+
+def test_the_private_name_check_sees_each_form(tmp_path: Path) -> None:
+    """The check itself: a private name imported by name or read off a module alias (also lazily) from
+    outside its room; inside the room it is allowed."""
+    source = tmp_path / "study.py"
+    source.write_text(
+        "import training.export.two_path\n"
+        "from training.export.two_path import _branch\n"
+        "from training.engine import model as M\n"
+        "def f():\n"
+        "    from training.engine.model import RetentionModel\n"
+        "    return M._scatter_valid, training.export.two_path._initializer_key, RetentionModel\n"
+    )
+    assert private_imports(source, None) == [
+        f"{source} imports training.engine.model._scatter_valid",
+        f"{source} imports training.export.two_path._branch",
+        f"{source} imports training.export.two_path._initializer_key",
+    ]
+    assert private_imports(source, "export") == [f"{source} imports training.engine.model._scatter_valid"]
 
 
 def test_the_cycle_finder_sees_a_cycle_behind_lazy_imports(tmp_path: Path) -> None:
@@ -288,13 +420,16 @@ def test_the_package_scan_sees_a_cycle_through_a_subpackage(tmp_path: Path) -> N
     assert find_cycle(package_graph(package, "pkg")) == []
 
 
-# Import every core module in a fresh interpreter where torch and transformers cannot be imported.
+# Import every core module in a fresh interpreter where torch, transformers and onnxruntime cannot be
+# imported.
 NO_TORCH = """
 import importlib, pkgutil, sys
 
+ABSENT = ("torch", "transformers", "onnxruntime", "retention_ort", "training", "service")
+
 class Absent:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("torch", "transformers", "training", "service"):
+        if name.split(".")[0] in ABSENT:
             raise ImportError(f"{name} is absent in this check")
         return None
 
@@ -323,6 +458,7 @@ SERVING_VIEW = [
 COMPOSITION_ROOT = REPO / "service" / "api" / "app.py"
 HOLDS_A_SESSION = (
     "onnxruntime",
+    "retention_ort",
     "torch",
     "retention_torch",
     "service.backends",
@@ -343,6 +479,15 @@ def test_the_http_layer_never_sees_onnxruntime() -> None:
     assert len(paths) > 5 and reaching(paths, HOLDS_A_SESSION) == []
 
 
+# A request's budget is a pure decision the HTTP layer calls: no FastAPI in it (a unit test reads it).
+BUDGET = REPO / "service" / "api" / "budget.py"
+
+
+def test_the_budget_is_decided_without_fastapi() -> None:
+    assert imported_packages(BUDGET) & {"fastapi", "starlette"} == set()
+    assert service_imports_outside([BUDGET], ("service.serving", "service.settings")) == []
+
+
 # The HTTP layer's whole view of the service: ``service.serving`` (the server protocol, what it takes and
 # returns) and the shared modules below; never the scheduler (it returns facts, the HTTP layer writes
 # the headers). Its composition root builds the server besides.
@@ -352,6 +497,7 @@ HTTP_SEES = (
     "service.errors",
     "service.settings",
     "service.metrics",
+    "service.rates",
 )
 ROOT_BUILDS = ("service.server",)
 
@@ -454,9 +600,10 @@ def test_the_onnxruntime_server_imports_without_torch() -> None:
     assert "torch loaded: False" in result.stdout
 
 
-# The modules every layer shares (metrics, errors, settings, serving) sit below all of them: none imports
-# the scheduler, the server, the loader, the backends or the HTTP layer (no arrow runs back up).
-SHARED = [REPO / "service" / name for name in ("metrics.py", "errors.py", "settings.py", "serving.py")]
+# The modules every layer shares (metrics, errors, settings, serving, rates) sit below all of them: none
+# imports the scheduler, the server, the loader, the backends or the HTTP layer (no arrow runs back up).
+SHARED_MODULES = ("metrics.py", "errors.py", "settings.py", "serving.py", "rates.py")
+SHARED = [REPO / "service" / name for name in SHARED_MODULES]
 ABOVE_SHARED = (
     "service.scheduling",
     "service.server",
@@ -490,7 +637,7 @@ PART_NEVER_IMPORTS = {
     "face": ("training", "learn"),
 }
 # Files of each part at least: the four shipped tasks and the tests' toys (a toy may keep its codec in its
-# spec; the embedding task's training math is the generic training.embedding)
+# spec; the embedding task's training math is the generic training.tasks.embedding)
 PART_MINIMUM = {"spec": 6, "training": 6, "face": 6, "codec": 4, "learn": 3}
 
 
@@ -521,7 +668,9 @@ def test_each_part_of_a_task_package_keeps_to_its_side() -> None:
 def test_the_part_check_sees_a_face_importing_training(tmp_path: Path) -> None:
     """The check itself: a face importing the training side (lazily), a spec importing a face."""
     face = tmp_path / "face.py"
-    face.write_text("def f():\n    from training.tasks import TrainingTask\n    return TrainingTask\n")
+    face.write_text(
+        "def f():\n    from training.tasks.registry import TrainingTask\n    return TrainingTask\n"
+    )
     spec = tmp_path / "spec.py"
     spec.write_text("from retention_tasks.qa.face import FACE\n")
     assert part_violations([face], "face") == [f"{face} imports training"]

@@ -17,6 +17,7 @@ PACKAGES = (
     "training",
     "service",
     "retention_core",
+    "retention_ort",
     "retention_tasks",
 )
 # Locustfiles are not modules to import: locust runs them with their load's settings in the environment

@@ -1,6 +1,6 @@
 """Every reader of the keep schedule agrees with the core's statement of it (``retention_core.schedule``):
-the graph's torch arithmetic (``training.selection``, traced into ``model.onnx``) and the model's soft-pass
-targets, the core in numpy, the service's cost model, a request's token-work accounting, and what
+the graph's torch arithmetic (``training.engine.selection``, traced into ``model.onnx``) and the model's
+soft-pass targets, the core in numpy, the service's cost model, a request's token-work accounting, and what
 ``GET /models/{name}/schedule`` gives the explorer page, over a grid of schedules (power, kept-token floor,
 leading share, merging, pruning interval 1/2/3, last-layer queries), ρ values and row lengths.
 """
@@ -30,11 +30,10 @@ from service.api.routers.models import SCHEDULE_GRID
 from service.scheduling.cost import schedule_fraction
 from tests.service.conftest import running, settings_for
 from tests.tiny import TINY_LAYERS, build_tiny_model_dir, tiny_model
-from training import selection as S
-from training.evaluation import exit_layers
-from training.fit import SCHEDULE_FIELDS
-from training.model import RetentionConfig
-from training.recipes import RetentionSpec
+from training.engine import selection as S
+from training.engine.model import SCHEDULE_FIELDS, RetentionConfig
+from training.evaluation.running import exit_layers
+from training.recipes.recipe import RetentionSpec
 
 RHOS = np.array([0.01, 0.05, 0.1, 0.2, 0.25, 0.3, 0.33, 0.5, 0.6, 0.7, 0.75, 0.9, 0.99, 1.0], np.float32)
 LENGTHS = (1, 2, 3, 5, 8, 16, 17, 40, 128, 333, 512)
@@ -122,7 +121,7 @@ def test_every_reader_computes_the_same_schedule(schedule: Schedule) -> None:
         assert np.allclose(cost, fractions.astype(np.float64).mean(1), rtol=2e-6, atol=0)
 
         # token-work: the core, a request's accounting (usage) and training's per-row torch form
-        work = token_work(schedule, counts, real)  # (R,)
+        work = token_work(counts, real, schedule.last_layer_queries)  # (R,)
         manifest = served_manifest(schedule)
         per_request = [
             request_token_work(manifest, [length], counts[i : i + 1]).fraction for i in range(len(rho))
@@ -160,7 +159,7 @@ def test_the_models_soft_targets_and_exit_layers_read_the_schedule_with_its_inte
     interval: int, floor: int
 ) -> None:
     """``RetentionModel.keep_fractions`` (the soft pass's targets, the open-gate ablation) and
-    ``evaluation.exit_layers`` honour the pruning interval, as the graph's counts do."""
+    ``running.exit_layers`` honour the pruning interval, as the graph's counts do."""
     config = RetentionConfig(schedule_power=0.5, min_kept_tokens=floor, pruning_interval=interval)
     model, _ = tiny_model("classification", config=config)
     schedule = Schedule(power=0.5, num_points=TINY_LAYERS, min_kept_tokens=floor, pruning_interval=interval)

@@ -62,15 +62,16 @@ from tests.task_packages.toy_rerank.spec import SPEC, TASK
 from tests.task_packages.toy_rerank.training import DATASET, FOLDER, HEADLINE, METRICS
 from tests.test_toy_task import listed_pieces, module_dicts, resolve, short_run
 from tests.tiny import tiny_model, tiny_recipe, write_rows
-from training import evaluation as E
 from training.__main__ import main as training_main
 from training.__main__ import parser as training_parser
-from training.data import REGISTRY
-from training.fit import fit
-from training.model import RetentionModel
-from training.recipes import Recipe
-from training.retrofit import retrofit_recipe
-from training.tasks import TRAINING_TASKS
+from training.engine.model import RetentionModel
+from training.evaluation.methods import CODEC_METHODS, TRUNCATION
+from training.fitting.fit import fit
+from training.fitting.retrofit import retrofit_recipe
+from training.recipes.data import REGISTRY
+from training.recipes.recipe import Recipe
+from training.tasks.codecs import rows_to_tensors
+from training.tasks.registry import TRAINING_TASKS
 
 PASSAGES = 4  # per training and evaluation example
 WORDS = ["apple", "river", "stone", "cloud", "green", "house", "light", "music", "paper", "table"]
@@ -113,8 +114,8 @@ class Built:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
-    """Trained (training.fit), exported and evaluated through the CLI once for the module, with the task
-    listed only meanwhile: each test lists it again (``registered``)."""
+    """Trained (training.fitting.fit), exported and evaluated through the CLI once for the module, with the
+    task listed only meanwhile: each test lists it again (``registered``)."""
     tmp_path = tmp_path_factory.mktemp("toy-rerank")
     root = tmp_path / "data"
     for split, offset in (("validation", 0), ("test", 3)):
@@ -175,13 +176,13 @@ def test_a_reranker_is_trained_exported_and_evaluated_with_ranking_metrics(
 
     report = json.loads(built.eval_json.read_text())
     assert report["task"] == TASK and report["meta"]["num_examples"] == 12
-    assert set(report["results"]) == set(E.CODEC_METHODS)
+    assert set(report["results"]) == set(CODEC_METHODS)
     for by_rho in report["results"].values():
         for cell in by_rho.values():
             assert set(METRICS) <= set(cell) and all(0.0 <= cell[name] <= 100.0 for name in METRICS)
     dense = {method: by_rho["1"][HEADLINE] for method, by_rho in report["results"].items()}
     assert len(set(dense.values())) == 1  # at ρ = 1 every method is the dense model
-    truncated = report["results"][E.TRUNCATION]["0.5"]
+    truncated = report["results"][TRUNCATION]["0.5"]
     assert truncated["token_work"] < 1.0  # the baseline cut passages, not the query
 
     # The results page's section: its table of the registered metrics, the paired differences, the plot's
@@ -218,7 +219,7 @@ def test_a_reranker_is_served_over_http(built: Built, registered: None) -> None:
     assert answered.ranking == sorted(range(len(BODY_PASSAGES)), key=lambda i: -answered.scores[i])
     # The service's scores are the trained model's.
     rows = served_codec.encode(QUERY, *BODY_PASSAGES).rows
-    feeds = E.rows_to_tensors(rows, pad_token_id(served_codec.tokenizer))
+    feeds = rows_to_tensors(rows, pad_token_id(served_codec.tokenizer))
     with torch.no_grad():
         logits = built.trained.forward_pruned(
             feeds["input_ids"],
@@ -408,8 +409,8 @@ def test_removing_the_entry_removes_it_everywhere(built: Built) -> None:
 FRESH_PROCESS = """
 from retention_core.tasks import TASKS
 from service.api.faces import FACES
-from training.data import REGISTRY
-from training.tasks import TRAINING_TASKS
+from training.recipes.data import REGISTRY
+from training.tasks.registry import TRAINING_TASKS
 print(sorted(TASKS), sorted(TRAINING_TASKS), sorted(FACES), "toy_rerank_queries" in REGISTRY)
 """
 

@@ -36,9 +36,11 @@ from tests.task_packages.toy_parity.face import PATH, ParityResponse
 from tests.task_packages.toy_parity.spec import LABELS, TASK
 from tests.task_packages.toy_parity.training import DATASET, FOLDER
 from tests.tiny import tiny_model, tiny_recipe, write_rows
-from training import evaluation as E
 from training.__main__ import main as training_main
-from training.fit import LOG_FILE, fit
+from training.evaluation.methods import CODEC_METHODS
+from training.evaluation.reporting import PAIRED, PER_EXAMPLE_FILE
+from training.fitting.fit import LOG_FILE, fit
+from training.tasks.codecs import rows_to_tensors
 
 WORDS = ["apple", "river", "stone", "cloud", "green", "house", "light", "music", "paper", "table"]
 
@@ -90,7 +92,7 @@ def test_a_task_added_in_a_test_trains_exports_evaluates_and_is_served(
     recipe = short_run(tiny_recipe(TASK, labels=LABELS), toy_task)
     assert recipe.dataset.name == DATASET and recipe.labels == LABELS
 
-    # Train (training.fit reads the registries only).
+    # Train (training.fitting.fit reads the registries only).
     run_dir = tmp_path / "run"
     trained = fit(
         recipe,
@@ -115,17 +117,17 @@ def test_a_task_added_in_a_test_trains_exports_evaluates_and_is_served(
     out = tmp_path / "results"
     training_main(["evaluate", str(run_dir), "--out", str(out), "--rhos", "0.5", "1.0"])
     report = json.loads((out / "eval.json").read_text())
-    assert set(report["results"]) == set(E.CODEC_METHODS) and report["meta"]["num_examples"] == 12
+    assert set(report["results"]) == set(CODEC_METHODS) and report["meta"]["num_examples"] == 12
     dense = {method: by_rho["1"]["accuracy"] for method, by_rho in report["results"].items()}
     assert len(set(dense.values())) == 1  # at ρ = 1 every method is the dense model
     assert "| learned |" in (out / "eval.md").read_text()
     # Paired differences to the dense cell, and the per-example scores they came from beside eval.json.
-    saved = json.loads((out / E.PER_EXAMPLE_FILE).read_text())
+    saved = json.loads((out / PER_EXAMPLE_FILE).read_text())
     assert saved["metric"] == "accuracy" and len(saved["scores"]["random"]["0.5"]) == 12
     for method, by_rho in report["results"].items():
-        assert by_rho["1"][E.PAIRED] == {"examples": 12, "difference": 0.0, "standard_error": 0.0}
+        assert by_rho["1"][PAIRED] == {"examples": 12, "difference": 0.0, "standard_error": 0.0}
         pruned = np.mean(saved["scores"][method]["0.5"]) - np.mean(saved["scores"]["learned"]["1"])
-        assert by_rho["0.5"][E.PAIRED]["difference"] == pytest.approx(pruned)
+        assert by_rho["0.5"][PAIRED]["difference"] == pytest.approx(pruned)
         assert "per_example" not in by_rho["0.5"]
     assert "± paired standard error" in (out / "eval.md").read_text()
     # ... and in the docs page's section of the run (benchmarks report: its table and metrics read from
@@ -138,7 +140,7 @@ def test_a_task_added_in_a_test_trains_exports_evaluates_and_is_served(
     training_main(
         ["evaluate", str(run_dir), "--out", str(out), "--rhos", "0.3", "--methods", "random", "--merge"]
     )
-    merged = json.loads((out / E.PER_EXAMPLE_FILE).read_text())["scores"]
+    merged = json.loads((out / PER_EXAMPLE_FILE).read_text())["scores"]
     assert (
         set(merged["random"]) == {"0.3", "0.5", "1"}
         and merged["learned"]["1"] == saved["scores"]["learned"]["1"]
@@ -148,9 +150,7 @@ def test_a_task_added_in_a_test_trains_exports_evaluates_and_is_served(
         ["evaluate", str(run_dir), "--out", str(paired_out), "--rhos", "0.5", "--paired-reference", str(out)]
     )
     paired_report = json.loads((paired_out / "eval.json").read_text())
-    assert (
-        paired_report["results"]["learned"]["0.5"][E.PAIRED] == report["results"]["learned"]["0.5"][E.PAIRED]
-    )
+    assert paired_report["results"]["learned"]["0.5"][PAIRED] == report["results"]["learned"]["0.5"][PAIRED]
     with pytest.raises(SystemExit, match="paired-reference"):
         training_main(
             ["evaluate", str(run_dir), "--out", str(paired_out), "--paired-reference", str(tmp_path)]
@@ -201,7 +201,7 @@ def test_a_task_added_in_a_test_trains_exports_evaluates_and_is_served(
     )
     # The service's answers are the trained model's answers.
     trained.eval()
-    feeds = E.rows_to_tensors(rows, pad_token_id(tokenizer))
+    feeds = rows_to_tensors(rows, pad_token_id(tokenizer))
     with torch.no_grad():
         logits = trained.forward_pruned(
             feeds["input_ids"], feeds["attention_mask"], torch.ones(len(rows))

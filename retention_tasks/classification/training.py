@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from retention_tasks.classification import learn as classification
 from retention_tasks.classification.spec import SPEC
-from training import embedding
-from training.data import SplitSource, holdout, not_holdout
-from training.retrofit_recipes import classification_recipe
-from training.tasks import TrainingTask
+from training.fitting.retrofit_recipes import classification_recipe
+from training.recipes.data import SplitSource, holdout, not_holdout
+from training.tasks.embedding import dense_targets
+from training.tasks.registry import TrainingTask
 
 __all__ = ["DATASETS", "SPEC", "TRAINING"]
 
@@ -23,7 +23,7 @@ TRAINING = TrainingTask(
         loss=classification.teacher_divergence,
         evaluation=classification.EVALUATION,
         reference_dataset="imdb",
-        teacher=embedding.dense_targets,  # the dense pass (ρ = 1): the original model's logits
+        teacher=dense_targets,  # the dense pass (ρ = 1): the original model's logits
     ),
     retrofit_recipe=classification_recipe,
     # The pruned branch's copy was measured on embeddings only: classification keeps the frozen retrofit

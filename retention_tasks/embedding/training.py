@@ -1,22 +1,24 @@
-"""The torch side of embeddings: its batches, loss (to the original model's dense vectors) and evaluation
-(``training/embedding.py``), its retrofit recipe, and its dataset."""
+"""The torch side of embeddings: its batches and loss (to the original model's dense vectors;
+``training/tasks/embedding.py``), its evaluation (``training/evaluation/embedding.py``), its retrofit
+recipe, and its dataset."""
 
 from __future__ import annotations
 
 from retention_tasks.embedding.spec import SPEC
-from training import embedding
-from training.data import SplitSource, holdout, not_holdout, unique_texts
-from training.retrofit_recipes import embedding_recipe
-from training.tasks import TrainingTask
+from training.evaluation.embedding import EVALUATION
+from training.fitting.retrofit_recipes import embedding_recipe
+from training.recipes.data import SplitSource, holdout, not_holdout, unique_texts
+from training.tasks.embedding import dense_targets, embedding_batch, embedding_loss
+from training.tasks.registry import TrainingTask
 
 __all__ = ["DATASETS", "SPEC", "TRAINING"]
 
 TRAINING = TrainingTask(
-    make_batch=embedding.embedding_batch,
-    loss=embedding.embedding_loss,
-    evaluation=embedding.EVALUATION,
+    make_batch=embedding_batch,
+    loss=embedding_loss,
+    evaluation=EVALUATION,
     reference_dataset="squad_contexts",
-    teacher=embedding.dense_targets,
+    teacher=dense_targets,
     retrofit_recipe=embedding_recipe,
     # The two-path model: measured above the frozen retrofit on every retrieval set tried, ρ = 1 still the
     # original bit for bit (docs/experiments/2026-11-28-pruned-branch.md); ~7x a frozen step's cost.

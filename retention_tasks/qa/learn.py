@@ -1,4 +1,4 @@
-"""Extractive QA (SQuAD v1.1): task adapter for ``training.fit`` and evaluation.
+"""Extractive QA (SQuAD v1.1): task adapter for ``training.fitting.fit`` and evaluation.
 
 Pre- and post-processing are the serving codec's (``retention_tasks.qa.codec.QACodec``), so training
 windows, evaluation windows and served windows are the same (evaluation also keeps the service's cap on
@@ -33,13 +33,23 @@ from retention_core.codecs.base import Encoded, Row
 from retention_core.metrics import squad_scores
 from retention_core.text import pad_token_id
 from retention_tasks.qa.codec import QAContext, QAWindow
-from training import evaluation as E
-from training.batch import Batch, softmax_divergence
-from training.data import Example
-from training.recipes import Recipe
+from training.evaluation.codec_loop import (
+    CodecLoop,
+    codec_quality_curve,
+    codec_results,
+    codec_task_evaluation,
+    sub_row,
+    truncation_keep,
+)
+from training.evaluation.methods import CODEC_METHODS
+from training.recipes.data import Example
+from training.recipes.recipe import Recipe
+from training.tasks.batch import Batch, softmax_divergence
+from training.tasks.codecs import EVERY_WINDOW, evaluation_codec, rows_to_tensors, task_codec
+from training.tasks.registry import Curve, EvaluationRun
 
 DOC_STRIDE = 128  # the QACodec default the service uses
-METHODS = E.CODEC_METHODS
+METHODS = CODEC_METHODS
 METRICS = ("exact_match", "f1")  # per cell of the report, percent
 QUALITY_METRIC = "f1"  # what ``onnx_quality_curve`` measures (0-1) for the manifest
 MASKED_LOGIT = -1e9  # start/end logit of padding positions in the loss
@@ -79,7 +89,7 @@ def encode(codec: Any, row: Example) -> Encoded:
 
 def qa_batch(rows: list[Example], tokenizer: Any, max_length: int) -> Batch:
     """All windows of all questions; targets (N, 2) start/end token positions."""
-    codec = E.task_codec("qa", tokenizer, max_length, options=E.EVERY_WINDOW)
+    codec = task_codec("qa", tokenizer, max_length, options=EVERY_WINDOW)
     windows: list[Row] = []
     targets: list[tuple[int, int]] = []
     for row in rows:
@@ -89,7 +99,7 @@ def qa_batch(rows: list[Example], tokenizer: Any, max_length: int) -> Batch:
         for window_row, window in zip(encoded.rows, state.windows, strict=True):
             windows.append(window_row)
             targets.append(answer_tokens(window, start, text))
-    feeds = E.rows_to_tensors(windows, pad_token_id(codec.tokenizer))
+    feeds = rows_to_tensors(windows, pad_token_id(codec.tokenizer))
     return Batch(
         input_ids=feeds["input_ids"],
         attention_mask=feeds["attention_mask"],
@@ -132,8 +142,8 @@ def truncated_qa(encoded: Encoded, rho: float, min_kept: int = 0) -> tuple[Encod
     state: QAContext = encoded.context
     rows, windows, kept = [], [], []
     for row, window in zip(encoded.rows, state.windows, strict=True):
-        positions = E.truncation_keep(row, np.asarray(window.context_mask), rho, min_kept)
-        rows.append(E.sub_row(row, positions))
+        positions = truncation_keep(row, np.asarray(window.context_mask), rho, min_kept)
+        rows.append(sub_row(row, positions))
         windows.append(
             QAWindow(
                 tuple(window.context_mask[i] for i in positions), tuple(window.offsets[i] for i in positions)
@@ -143,34 +153,34 @@ def truncated_qa(encoded: Encoded, rho: float, min_kept: int = 0) -> tuple[Encod
     return replace(encoded, rows=rows, context=QAContext(state.context, tuple(windows))), kept
 
 
-def codec_loop(tokenizer: Any, max_length: int) -> E.CodecLoop:
+def codec_loop(tokenizer: Any, max_length: int) -> CodecLoop:
     """QA's part of the shared loop: the serving codec, SQuAD EM / F1 (0-1) of the decoded answer."""
-    codec = E.evaluation_codec("qa", tokenizer, max_length)
+    codec = evaluation_codec("qa", tokenizer, max_length)
 
     def score(row: Example, encoded: Encoded, outputs: list[np.ndarray]) -> dict[str, float]:
         answer = codec.decode(encoded, outputs)
         return squad_scores(str(answer["answer"]), gold_answers(row))
 
-    return E.CodecLoop(lambda row: encode(codec, row), score, truncated_qa, pad_token_id(codec.tokenizer))
+    return CodecLoop(lambda row: encode(codec, row), score, truncated_qa, pad_token_id(codec.tokenizer))
 
 
-def evaluate(run: E.EvaluationRun, rhos: Sequence[float], methods: Sequence[str] = METHODS) -> dict[str, Any]:
+def evaluate(run: EvaluationRun, rhos: Sequence[float], methods: Sequence[str] = METHODS) -> dict[str, Any]:
     """EM / F1 (percent) per method and ρ, plus kept fraction and encoder token-work.
 
     Returns ``{"task", "num_examples", "metric", "results": {method: {"<rho>": {...}}}}``.
     """
     EVALUATION.check_methods(methods)
-    results = E.codec_results(run, codec_loop(run.tokenizer, run.recipe.max_length), rhos, methods)
+    results = codec_results(run, codec_loop(run.tokenizer, run.recipe.max_length), rhos, methods)
     return {"task": "qa", "num_examples": len(run.examples), "metric": QUALITY_METRIC, "results": results}
 
 
-def onnx_quality_curve(onnx_path: Path, tokenizer: Any, rows: list[Example], recipe: Recipe) -> E.Curve:
+def onnx_quality_curve(onnx_path: Path, tokenizer: Any, rows: list[Example], recipe: Recipe) -> Curve:
     """F1 (0-1) of the exported graph itself at each of the recipe's evaluation ρ, through the serving
     codec: the manifest curve."""
     loop = codec_loop(tokenizer, recipe.max_length)
-    return E.codec_quality_curve(onnx_path, loop, rows, QUALITY_METRIC, recipe.evaluation)
+    return codec_quality_curve(onnx_path, loop, rows, QUALITY_METRIC, recipe.evaluation)
 
 
-EVALUATION = E.codec_task_evaluation(
+EVALUATION = codec_task_evaluation(
     evaluate, METRICS, lambda dataset: QUALITY_METRIC, onnx_quality_curve, headline=QUALITY_METRIC
 )

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from retention_tasks.qa import learn as qa
 from retention_tasks.qa.spec import SPEC
-from training.data import SplitSource, holdout, not_holdout
-from training.tasks import TrainingTask
+from training.recipes.data import SplitSource, holdout, not_holdout
+from training.tasks.registry import TrainingTask
 
 __all__ = ["DATASETS", "SPEC", "TRAINING"]
 

@@ -1,8 +1,8 @@
-"""Extractive summarization (SciTLDR-A, BBC News): task adapter for ``training.fit`` and evaluation.
+"""Extractive summarization (SciTLDR-A, BBC News): task adapter for ``training.fitting.fit`` and evaluation.
 
 Pre- and post-processing are the serving codec's (``retention_tasks.summarization.codec``); evaluation
 also keeps the service's cap on windows per document, training learns from every window. The BBC split
-rule lives with the other split rules in ``training.data``.
+rule lives with the other split rules in ``training.recipes.data``.
 
 Labels. SciTLDR-A rows carry ``extractive_labels`` (the oracle sentence). BBC News rows carry the
 article as one string and the summary as the extracted sentences, often joined *without* a space;
@@ -40,13 +40,25 @@ from retention_core.codecs.base import Encoded
 from retention_core.metrics import rouge_scores
 from retention_core.text import pad_token_id, split_sentences
 from retention_tasks.summarization.codec import SummaryContext, selection_size
-from training import evaluation as E
-from training.batch import Batch
-from training.data import Example
-from training.recipes import Recipe
+from training.evaluation.codec_loop import (
+    CodecLoop,
+    aggregate,
+    codec_quality_curve,
+    codec_results,
+    codec_task_evaluation,
+    percent,
+    sub_row,
+    truncation_keep,
+)
+from training.evaluation.methods import CODEC_METHODS
+from training.recipes.data import Example
+from training.recipes.recipe import Recipe
+from training.tasks.batch import Batch
+from training.tasks.codecs import EVERY_WINDOW, evaluation_codec, rows_to_tensors, task_codec
+from training.tasks.registry import Curve, EvaluationRun
 
 IGNORE_LABEL = -1.0
-METHODS = E.CODEC_METHODS
+METHODS = CODEC_METHODS
 METRICS = ("rouge1", "rouge2", "rougeL")  # per cell of the report, percent
 HEADLINE_METRIC = "rougeL"  # what a results page plots, on every dataset (the manifest's: quality_metric)
 # How many sentences evaluation selects, per dataset (kwargs of SummarizationCodec.decode).
@@ -108,7 +120,7 @@ def references(row: Example) -> list[str]:
 def summarization_batch(rows: list[Example], tokenizer: Any, max_length: int) -> Batch:
     """All windows of all documents. targets (N, S) sentence labels (IGNORE_LABEL = no such
     sentence); extra["segments"] (N, T) the window-local sentence of every token (-1 = none)."""
-    codec = E.task_codec("summarization", tokenizer, max_length, options=E.EVERY_WINDOW)
+    codec = task_codec("summarization", tokenizer, max_length, options=EVERY_WINDOW)
     windows, segments, labels = [], [], []
     for row in rows:
         sentences = row_sentences(row)
@@ -121,7 +133,7 @@ def summarization_batch(rows: list[Example], tokenizer: Any, max_length: int) ->
             windows.append(window_row)
             segments.append([local.get(index, -1) for index in mapping])
             labels.append([float(row_label[index]) for index in present])
-    feeds = E.rows_to_tensors(windows, pad_token_id(codec.tokenizer))
+    feeds = rows_to_tensors(windows, pad_token_id(codec.tokenizer))
     length = feeds["input_ids"].shape[1]
     width = max(1, max(len(label) for label in labels))
     segment_tensor = torch.full((len(windows), length), -1, dtype=torch.long)  # (N, T)
@@ -177,8 +189,8 @@ def truncated_summary(encoded: Encoded, rho: float, min_kept: int = 0) -> tuple[
     rows, mappings, kept = [], [], []
     for row, mapping in zip(encoded.rows, state.token_sentences, strict=True):
         content = np.asarray([index >= 0 for index in mapping])
-        positions = E.truncation_keep(row, content, rho, min_kept)
-        rows.append(E.sub_row(row, positions))
+        positions = truncation_keep(row, content, rho, min_kept)
+        rows.append(sub_row(row, positions))
         mappings.append(tuple(mapping[i] for i in positions))
         kept.append(len(positions) / len(row))
     return replace(encoded, rows=rows, context=SummaryContext(state.sentences, tuple(mappings))), kept
@@ -188,10 +200,10 @@ def selection_for(dataset: str) -> dict[str, Any]:
     return SELECTION.get(dataset, DEFAULT_SELECTION)
 
 
-def codec_loop(tokenizer: Any, max_length: int, selection: dict[str, Any]) -> E.CodecLoop:
+def codec_loop(tokenizer: Any, max_length: int, selection: dict[str, Any]) -> CodecLoop:
     """Summarization's part of the shared loop: the serving codec, ROUGE F1 (0-1, max over the
     references) of the sentences the codec selects."""
-    codec = E.evaluation_codec("summarization", tokenizer, max_length)
+    codec = evaluation_codec("summarization", tokenizer, max_length)
 
     def score(row: Example, encoded: Encoded, outputs: list[np.ndarray]) -> dict[str, float]:
         summary = codec.decode(encoded, outputs, **selection)
@@ -202,7 +214,7 @@ def codec_loop(tokenizer: Any, max_length: int, selection: dict[str, Any]) -> E.
         encoded: Encoded = codec.encode(row_sentences(row))
         return encoded
 
-    return E.CodecLoop(encode, score, truncated_summary, pad_token_id(codec.tokenizer))
+    return CodecLoop(encode, score, truncated_summary, pad_token_id(codec.tokenizer))
 
 
 def baselines(rows: list[Example], selection: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -211,15 +223,15 @@ def baselines(rows: list[Example], selection: dict[str, Any]) -> dict[str, dict[
     for row in rows:
         sentences = row_sentences(row)
         k = selection_size(len(sentences), selection.get("max_sentences"), selection.get("ratio"))
-        lead.append(E.percent(rouge_scores(selected_text(sentences, range(k)), references(row))))
+        lead.append(percent(rouge_scores(selected_text(sentences, range(k)), references(row))))
         labels = row_labels(row, sentences)
         chosen = [i for i, label in enumerate(labels) if label] or [0]
-        oracle.append(E.percent(rouge_scores(selected_text(sentences, chosen), references(row))))
-    return {"lead": E.aggregate(lead), "oracle": E.aggregate(oracle)}
+        oracle.append(percent(rouge_scores(selected_text(sentences, chosen), references(row))))
+    return {"lead": aggregate(lead), "oracle": aggregate(oracle)}
 
 
 def evaluate(
-    run: E.EvaluationRun,
+    run: EvaluationRun,
     rhos: Sequence[float],
     methods: Sequence[str] = METHODS,
     selection: dict[str, Any] | None = None,
@@ -240,7 +252,7 @@ def evaluate(
         "metric": quality_metric(dataset),
         "selection": selection,
         "reference_aggregate": "max",
-        "results": E.codec_results(run, loop, rhos, methods),
+        "results": codec_results(run, loop, rhos, methods),
         "baselines": baselines(run.examples, selection),
     }
 
@@ -251,13 +263,13 @@ def onnx_quality_curve(
     rows: list[Example],
     recipe: Recipe,
     selection: dict[str, Any] | None = None,
-) -> E.Curve:
+) -> Curve:
     """``quality_metric(dataset)`` F1 (0-1, max over references) of the exported graph at each of the
     recipe's evaluation ρ, through the serving codec: the manifest curve. ``selection`` defaults to the
     dataset's."""
     dataset = recipe.dataset.name
     loop = codec_loop(tokenizer, recipe.max_length, selection or selection_for(dataset))
-    return E.codec_quality_curve(onnx_path, loop, rows, quality_metric(dataset), recipe.evaluation)
+    return codec_quality_curve(onnx_path, loop, rows, quality_metric(dataset), recipe.evaluation)
 
 
-EVALUATION = E.codec_task_evaluation(evaluate, METRICS, quality_metric, onnx_quality_curve, HEADLINE_METRIC)
+EVALUATION = codec_task_evaluation(evaluate, METRICS, quality_metric, onnx_quality_curve, HEADLINE_METRIC)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from retention_tasks.summarization import learn as summarization
 from retention_tasks.summarization.spec import SPEC
-from training.data import SplitSource, bbc_keep
-from training.tasks import TrainingTask
+from training.recipes.data import SplitSource, bbc_keep
+from training.tasks.registry import TrainingTask
 
 __all__ = ["DATASETS", "SPEC", "TRAINING"]
 

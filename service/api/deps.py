@@ -1,5 +1,7 @@
-"""FastAPI dependencies (``Annotated[..., Depends]``): app state, API keys, query options, deadline, and
-``InferenceDep``, the one bundle an inference endpoint takes besides its body."""
+"""FastAPI dependencies (``Annotated[..., Depends]``): app state, API keys, query options, the timeout and
+latency-target headers, and ``InferenceDep``, the one bundle an inference endpoint takes besides its
+body. They parse what the client sent (422 on junk); the request's budget is decided from it in
+``service.api.budget``."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from pydantic import SecretStr
 from retention_core.rho import DECIMAL, parse_rho
 from service.errors import InvalidHeader, InvalidRequest, PayloadTooLarge, Unauthorized
 from service.metrics import Metrics
-from service.serving import ServedModel, Server, due_at
+from service.serving import ServedModel, Server
 from service.settings import Settings
 
 # What the OpenAPI schema promises for rho parameters (parsed by ``retention_core.rho.parse_rho``, which reads
@@ -176,44 +178,7 @@ LATENCY_TARGET_HEADER = "x-latency-target"
 SECONDS_SCHEMA = {"anyOf": [POSITIVE_SCHEMA]}
 
 
-def deadline_at(settings: Settings, arrival: float, timeout_s: float | None) -> float:
-    """A request's deadline (``time.monotonic()``): ``request_timeout_s`` after its arrival, or its
-    ``x-request-timeout`` (``timeout_s``) when that is shorter."""
-    budget = settings.request_timeout_s
-    if timeout_s is not None:
-        budget = min(budget, timeout_s)
-    return arrival + budget
-
-
-@dataclass(frozen=True)
-class Due:
-    """By when a request should be answered (``due_time``)."""
-
-    at: float  # time.monotonic(): its deadline, or its rho=auto target when sooner
-    by_target: bool  # its rho=auto target, not its deadline, is what a late answer would miss
-    target_s: float | None = None  # rho=auto: its latency target
-    auto_due: float | None = None  # rho=auto: arrival + that target
-
-
-def due_time(
-    settings: Settings, arrival: float, deadline: float, auto: bool, target_s: float | None = None
-) -> Due:
-    """The one due-time decision, made by the route (``inference.decide``) and by the refusal before the
-    body is read (``early.hint``): a fixed rho is due at its ``deadline``; rho=auto at its latency
-    target after ``arrival`` when sooner: ``target_s`` (the client's ``max_latency_ms`` or
-    ``x-latency-target``) capped by ``max_latency_target_s``, else ``auto_latency_target_s``."""
-    if not auto:
-        return Due(deadline, by_target=False)
-    target = settings.auto_latency_target_s
-    if target_s is not None:
-        target = min(target_s, settings.max_latency_target_s)
-    at = due_at(deadline, arrival + target)
-    return Due(at, at < deadline, target, arrival + target)
-
-
-async def request_deadline(
-    request: Request,
-    settings: SettingsDep,
+async def request_timeout(
     timeout: Annotated[
         str | None,
         Header(
@@ -222,14 +187,13 @@ async def request_deadline(
             json_schema_extra=SECONDS_SCHEMA,
         ),
     ] = None,
-) -> float:
-    """Absolute deadline (time.monotonic) of this request, counted from its arrival (``deadline_at``)."""
-    asked = header_seconds(timeout, TIMEOUT_HEADER)
-    start = getattr(request.state, "start", None) or time.monotonic()
-    return deadline_at(settings, float(start), asked)
+) -> float | None:
+    """The ``x-request-timeout`` header in seconds (the deadline: ``budget.deadline_at``). None when
+    absent; junk is a 422."""
+    return header_seconds(timeout, TIMEOUT_HEADER)
 
 
-DeadlineDep = Annotated[float, Depends(request_deadline)]
+TimeoutDep = Annotated[float | None, Depends(request_timeout)]
 
 
 async def latency_target(
@@ -250,15 +214,16 @@ LatencyTargetDep = Annotated[float | None, Depends(latency_target)]
 
 @dataclass(frozen=True)
 class InferenceContext:
-    """Everything an inference endpoint needs besides its body, resolved once per request."""
+    """Everything an inference endpoint needs besides its body, resolved once per request: what its
+    query and headers asked (its budget is decided from them and the body: ``service.api.budget``)."""
 
     query: QueryOptions
-    deadline: float  # time.monotonic()
     server: Server
     settings: Settings
     metrics: Metrics
     response: Response  # where the x-* headers go
-    arrival: float = 0.0  # time.monotonic() the request arrived: rho=auto targets count from it
+    arrival: float = 0.0  # time.monotonic() it arrived: its deadline and rho=auto target count from it
+    timeout_s: float | None = None  # the x-request-timeout header
     latency_target_s: float | None = None  # the x-latency-target header (body and query win over it)
 
     def model_for(self, task: str, named: str | None = None) -> ServedModel:
@@ -276,7 +241,7 @@ class InferenceContext:
 async def inference_context(
     request: Request,
     query: QueryDep,
-    deadline: DeadlineDep,
+    timeout: TimeoutDep,
     target: LatencyTargetDep,
     server: ServerDep,
     settings: SettingsDep,
@@ -284,7 +249,7 @@ async def inference_context(
     response: Response,
 ) -> InferenceContext:
     arrival = float(getattr(request.state, "start", None) or time.monotonic())
-    return InferenceContext(query, deadline, server, settings, metrics, response, arrival, target)
+    return InferenceContext(query, server, settings, metrics, response, arrival, timeout, target)
 
 
 InferenceDep = Annotated[InferenceContext, Depends(inference_context)]

@@ -15,7 +15,7 @@ model or a rho the query does not; the decision is conservative where it cannot 
 
 - no ``model`` in the query: the request is refused only when EVERY loaded model of the task would
   refuse it (whichever model the body names, it would be late);
-- the due time is decided by the route's own rule (``deps.due_time``);
+- the due time is decided by the route's own rule (``service.api.budget.due_time``);
 - no ``rho=auto`` in the query: the due time is the request deadline (the loosest a request can have),
   so a body that asks for ``rho=auto`` is only ever refused early by its deadline, the rest later;
 - anything unreadable (a malformed number or rho, read by the route's own parsers, an unknown model, a
@@ -35,7 +35,8 @@ from urllib.parse import parse_qs
 from starlette.types import Scope
 
 from retention_core.rho import parse_rho
-from service.api.deps import LATENCY_TARGET_HEADER, TIMEOUT_HEADER, deadline_at, due_time, positive_decimal
+from service.api.budget import Asked, Due, SentFields, due_time
+from service.api.deps import LATENCY_TARGET_HEADER, TIMEOUT_HEADER, positive_decimal
 from service.errors import Overloaded
 from service.serving import Server
 from service.settings import Settings
@@ -51,8 +52,7 @@ class Hint:
 
     task: str
     model: str | None  # the query's model; None: any model of the task
-    due: float  # time.monotonic() by which it must be answered (the loosest its body may make it)
-    by_target: bool  # a rho=auto target, not the deadline, sets ``due``
+    due: Due  # by when it must be answered (the loosest its body may make it)
 
 
 def header(scope: Scope, name: bytes) -> str | None:
@@ -92,22 +92,19 @@ def hint(scope: Scope, tasks: Mapping[str, str], settings: Settings, arrival: fl
     ok_timeout, timeout = seconds_or_none(header(scope, TIMEOUT_HEADER.encode()))
     if not ok_timeout:
         return None
-    deadline = deadline_at(settings, arrival, timeout)
     model = query.get("model", [None])[-1] or None
     try:
         rho = parse_rho(query.get("rho", [None])[-1], "rho", allow_auto=True)
     except ValueError:  # the route's 422
         return None
-    if rho != "auto":
-        due = due_time(settings, arrival, deadline, auto=False)
-        return Hint(task, model, due.at, due.by_target)
+    if rho != "auto":  # due at its deadline: the targets are not read
+        return Hint(task, model, due_time(settings, Asked(arrival, timeout, rho)))
     ok_query, target_ms = seconds_or_none(query.get("max_latency_ms", [None])[-1])
     ok_header, target_header_s = seconds_or_none(header(scope, LATENCY_TARGET_HEADER.encode()))
     if not (ok_query and ok_header):
         return None
-    asked = target_ms / 1000.0 if target_ms is not None else target_header_s
-    due = due_time(settings, arrival, deadline, auto=True, target_s=asked)
-    return Hint(task, model, due.at, due.by_target)
+    asked = Asked.of(arrival, timeout, target_header_s, SentFields(rho, max_latency_ms=target_ms))
+    return Hint(task, model, due_time(settings, asked))
 
 
 def refusal(server: Server, found: Hint) -> Overloaded | None:
@@ -130,7 +127,7 @@ def refusal(server: Server, found: Hint) -> Overloaded | None:
         if model.task != found.task:
             return None  # a model of another task: the normal path's 422
         try:
-            server.shed(model, found.due, found.by_target, queued_only=True)
+            server.shed(model, found.due.at, found.due.by_target, queued_only=True)
         except Overloaded as error:
             first = first or error
             continue

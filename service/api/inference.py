@@ -1,4 +1,5 @@
-"""What the inference endpoints share: rho resolution, truncation policy, the model server call,
+"""What the inference endpoints share: the pipeline every route runs (``run``: the request's budget,
+decided once by ``service.api.budget``, early shedding, truncation policy, the model server call),
 usage accounting, metrics and response headers."""
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from starlette.concurrency import run_in_threadpool
 from retention_core.codecs.base import Encoded
 from retention_core.explain import token_depths
 from retention_core.usage import Work, token_work
-from service.api.deps import Due, InferenceContext, due_time
+from service.api.budget import Asked, Budget, decide
+from service.api.deps import InferenceContext
 from service.api.schemas import ExplainedToken, Explanation, InferenceOptions, Usage
 from service.errors import PREDICTED_WAIT_HEADER, InferenceFailed, InputTooLong, InvalidRequest
-from service.serving import REASON_DEFAULT, REASON_REQUESTED, AutoBudget, InferenceResult, ServedModel
+from service.serving import REASON_DEFAULT, REASON_REQUESTED, InferenceResult, ServedModel
 
 T = TypeVar("T")
 
@@ -73,71 +75,15 @@ def explanations(model: ServedModel, encoded: list[Encoded], outcome: Outcome) -
     ]
 
 
-@dataclass(frozen=True)
-class Options:
-    """The request's options; a body value wins over the query parameter of the same name (and the
-    ``x-latency-target`` header, which comes last)."""
-
-    requested: float | str | None  # a number, "auto", or None (the model's default_rho)
-    truncate: bool | None
-    min_rho: float | None
-    max_latency_ms: float | None = None  # rho=auto's own target (body, else query, else header)
-
-    @classmethod
-    def of(cls, body: InferenceOptions, ctx: InferenceContext) -> Options:
-        query = ctx.query
-        header_ms = ctx.latency_target_s * 1000.0 if ctx.latency_target_s is not None else None
-        return cls(
-            requested=body.rho if body.rho is not None else query.rho,
-            truncate=body.truncate if body.truncate is not None else query.truncate,
-            min_rho=body.min_rho if body.min_rho is not None else query.min_rho,
-            max_latency_ms=first_set(body.max_latency_ms, query.max_latency_ms, header_ms),
-        )
-
-
-def first_set(*values: float | None) -> float | None:
-    return next((value for value in values if value is not None), None)
-
-
-@dataclass(frozen=True)
-class Budget:
-    """The request's one rho decision (``decide``), made once from its query and body and read by early
-    shedding, the batcher and usage: a fixed rho, or rho=auto's min_rho, max_rho and due time."""
-
-    requested: float | str | None  # what the client asked: a number, "auto", None (the model's default)
-    rho: float  # fixed: what the graph gets; auto: its max_rho
-    due: Due  # by when it should be answered (``deps.due_time``)
-    auto: AutoBudget | None = None
-
-    @property
-    def target_s(self) -> float | None:
-        """rho=auto: its latency target."""
-        return self.due.target_s
-
-
-def check_truncation(model: ServedModel, encoded: list[Encoded], options: Options) -> None:
-    if options.truncate is False and any(item.truncated for item in encoded):
+def check_truncation(model: ServedModel, encoded: list[Encoded], truncate: bool | None) -> None:
+    """413 when the client sent ``truncate=false`` (a body value wins over the query's) and an input
+    was longer than the model reads."""
+    if truncate is False and any(item.truncated for item in encoded):
         longest = max(item.input_tokens for item in encoded if item.truncated)
         raise InputTooLong(
             f"input has {longest} tokens but model {model.name!r} reads at most {model.manifest.max_length}; "
             "send truncate=true to keep the head"
         )
-
-
-def decide(ctx: InferenceContext, model: ServedModel, options: Options) -> Budget:
-    """A fixed rho (the client's, else the model's default), or rho=auto's min_rho, max_rho and due time:
-    its own target (capped by ``max_latency_target_s``) or the server's, counted from arrival
-    (``deps.due_time``, the rule the refusal before the body is read applies too)."""
-    requested, settings = options.requested, ctx.settings
-    if requested == "auto":
-        min_rho = options.min_rho if options.min_rho is not None else settings.auto_min_rho
-        max_rho = max(settings.auto_max_rho, min_rho)
-        asked = options.max_latency_ms / 1000.0 if options.max_latency_ms is not None else None
-        due = due_time(settings, ctx.arrival, ctx.deadline, True, asked)
-        assert due.auto_due is not None
-        return Budget(requested, max_rho, due, AutoBudget(min_rho, max_rho, due.auto_due))
-    rho = float(requested) if requested is not None else model.manifest.default_rho
-    return Budget(requested, rho, due_time(settings, ctx.arrival, ctx.deadline, False))
 
 
 def shed_early(ctx: InferenceContext, model: ServedModel, budget: Budget) -> None:
@@ -210,15 +156,15 @@ async def infer(
     endpoint: str,
     model: ServedModel,
     encoded: list[Encoded],
-    options: Options,
+    truncate: bool | None,
     budget: Budget,
 ) -> Outcome:
     """Run the encoded inputs of one request through the model's batcher at the request's budget."""
-    check_truncation(model, encoded, options)
+    check_truncation(model, encoded, truncate)
     rows = [row for item in encoded for row in item.rows]
     if not rows:
         raise InvalidRequest("the input produced no tokens")
-    result = await ctx.server.infer(model, rows, budget.rho, ctx.deadline, budget.auto)
+    result = await ctx.server.infer(model, rows, budget.rho, budget.deadline, budget.auto)
     work = token_work(model.manifest, [len(row) for row in rows], result.kept_counts)
     usage = usage_of(encoded, budget, result, work)
     record(ctx, endpoint, model, usage, budget, work)
@@ -254,10 +200,12 @@ Encode = Callable[[], Awaitable[list[Encoded]]]
 async def run(
     ctx: InferenceContext, endpoint: str, model: ServedModel, body: InferenceOptions, encode: Encode
 ) -> Served:
-    """The pipeline of every inference route: the request's budget (decided once, here), early
-    shedding, ``encode()`` (the route's inputs to codec rows), inference, usage, metrics and headers."""
-    options = Options.of(body, ctx)
-    budget = decide(ctx, model, options)
+    """The pipeline of every inference route: the request's budget (decided once, here:
+    ``service.api.budget``), early shedding, ``encode()`` (the route's inputs to codec rows), inference,
+    usage, metrics and headers."""
+    asked = Asked.of(ctx.arrival, ctx.timeout_s, ctx.latency_target_s, body, ctx.query)
+    budget = decide(ctx.settings, asked, model.manifest.default_rho)
     shed_early(ctx, model, budget)
     encoded = await encode()
-    return Served(model, encoded, await infer(ctx, endpoint, model, encoded, options, budget))
+    truncate = body.truncate if body.truncate is not None else ctx.query.truncate
+    return Served(model, encoded, await infer(ctx, endpoint, model, encoded, truncate, budget))

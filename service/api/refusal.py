@@ -30,7 +30,7 @@ import time
 from starlette.types import Send
 
 from service.errors import ServiceError, error_payload
-from service.scheduling.cost import ArrivalRate
+from service.rates import ArrivalRate
 from service.settings import Settings
 
 ANSWER_RATE_TAU_S = 2.0  # the answered rate the budget follows: a few batches' worth, not one

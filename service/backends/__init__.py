@@ -1,5 +1,7 @@
 """Backends: one model directory opened for inference (``base.Backend``), chosen by one setting
-(``RETENTION_BACKEND``: onnxruntime | torch). Each backend's module is imported only when chosen."""
+(``RETENTION_BACKEND``: onnxruntime | torch). Each backend's module is imported only when chosen; what
+only one backend reads is its own (``onnx_backend.OnnxSettings``), checked when the server is built
+(``check_settings``)."""
 
 from __future__ import annotations
 
@@ -26,8 +28,19 @@ __all__ = [
     "GraphOutputs",
     "ModelLoadError",
     "ShapeBuckets",
+    "check_settings",
     "open_backend",
 ]
+
+
+def check_settings(settings: Settings) -> None:
+    """Raise pydantic's ``ValidationError`` when the chosen backend's own settings are invalid (an
+    unknown ``RETENTION_PRECISION``): the server fails when it is built, as ``Settings()`` does on its
+    own fields, not at each model's load."""
+    if settings.backend == "onnxruntime":
+        from service.backends.onnx_backend import OnnxSettings
+
+        OnnxSettings.of(settings)
 
 
 def open_backend(directory: Path, manifest: Manifest, spec: TaskSpec, settings: Settings) -> Backend:

@@ -1,18 +1,25 @@
 """The ONNX Runtime backend: ``model.onnx`` (or its int8 variant) in one session, on the CPU or, when
-onnxruntime-gpu is installed and ``use_cuda`` is on, CUDA."""
+onnxruntime-gpu is installed and ``use_cuda`` is on, CUDA.
+
+Its own settings (``OnnxSettings``) live here, not on the service's ``Settings``: the same
+``RETENTION_*`` environment variables as ever, read when a model opens; keywords given to ``Settings``
+(a test's, a Ray Serve config's ``args``) win over them.
+"""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import onnxruntime as ort
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from retention_core.contract import Manifest, TensorSpec
-from retention_core.onnx import open_session
 from retention_core.tasks import TaskSpec
+from retention_ort import CUDA_PROVIDER, open_session
 from service.backends.base import (
     BackendInfo,
     DeviceMemory,
@@ -26,7 +33,34 @@ from service.settings import Settings
 log = logging.getLogger("service")
 
 ORT_TYPES = {"int64": "tensor(int64)", "float32": "tensor(float)"}
-CUDA_PROVIDER = "CUDAExecutionProvider"
+
+
+class OnnxSettings(BaseSettings):
+    """What only the ONNX Runtime backend reads (env prefix ``RETENTION_``, as the service's ``Settings``;
+    the threads one run uses, ``intra_op_threads``, are the service's: torch reads them too)."""
+
+    model_config = SettingsConfigDict(env_prefix="RETENTION_", extra="ignore")
+
+    precision: Literal["fp32", "int8"] = Field(
+        default="fp32", description="preferred ONNX variant; falls back to fp32 when a model lacks it"
+    )
+    inter_op_threads: int = Field(default=1, ge=1, description="onnxruntime inter-op threads")
+    use_cuda: bool = Field(default=True, description="use CUDAExecutionProvider when onnxruntime offers it")
+    cpu_mem_arena: bool = Field(
+        default=True,
+        description="onnxruntime's CPU memory arena (fast reuse; keeps its peak); false: plain allocations",
+    )
+    ort_mem_pattern: bool = Field(
+        default=False,
+        description="onnxruntime's memory pattern: one allocation plan kept per input shape seen; off, "
+        "since batches come in many shapes (rows x padded length)",
+    )
+
+    @classmethod
+    def of(cls, settings: Settings) -> OnnxSettings:
+        """This backend's settings for a server on ``settings``: its keywords (``Settings``' extra
+        fields) over the environment."""
+        return cls(**(settings.model_extra or {}))
 
 
 def check_specs(
@@ -47,7 +81,7 @@ class OnnxBackend:
     """One onnxruntime session over the manifest's variant of the configured precision."""
 
     def __init__(self, session: ort.InferenceSession, precision: str, output_names: list[str]) -> None:
-        self.session = session
+        self.session: ort.InferenceSession | None = session
         self.output_names = output_names
         providers = session.get_providers()
         device = "cuda:0" if CUDA_PROVIDER in providers else "cpu"
@@ -56,7 +90,13 @@ class OnnxBackend:
         self.output_width = width if isinstance(width, int) else None
         self.buckets: ShapeBuckets | None = None  # onnxruntime runs every shape it is given
 
+    @property
+    def closed(self) -> bool:
+        return self.session is None
+
     def run(self, feeds: dict[str, np.ndarray]) -> GraphOutputs:
+        if self.session is None:
+            raise RuntimeError(f"the onnxruntime session of this {self.info.device} backend was closed")
         main, counts, *optional = self.session.run(self.output_names, feeds)
         return main, np.asarray(counts, dtype=np.int64), optional[0] if optional else None
 
@@ -64,12 +104,15 @@ class OnnxBackend:
         return None  # onnxruntime reports no allocator statistics through its Python API
 
     def close(self) -> None:
-        """Nothing to release by hand: the session goes with the last reference."""
+        """Release the session (its weights, arena and, on CUDA, device memory go with this last
+        reference). The server calls it once no run of the model is in flight (``service.server``)."""
+        self.session = None
 
 
 def open_onnx(directory: Path, manifest: Manifest, spec: TaskSpec, settings: Settings) -> OnnxBackend:
     label = directory.name
-    variant = manifest.variants.get(settings.precision) or manifest.variants.get("fp32")
+    own = OnnxSettings.of(settings)
+    variant = manifest.variants.get(own.precision) or manifest.variants.get("fp32")
     if variant is None:
         raise ModelLoadError(f"{label}: manifest lists no fp32 variant")
     model_path = model_file(directory, variant.file, ".onnx", "variant file")
@@ -77,10 +120,10 @@ def open_onnx(directory: Path, manifest: Manifest, spec: TaskSpec, settings: Set
         session = open_session(
             model_path,
             settings.intra_op_threads,
-            settings.inter_op_threads,
-            use_cuda=settings.use_cuda,
-            cpu_mem_arena=settings.cpu_mem_arena,
-            mem_pattern=settings.ort_mem_pattern,
+            own.inter_op_threads,
+            use_cuda=own.use_cuda,
+            cpu_mem_arena=own.cpu_mem_arena,
+            mem_pattern=own.ort_mem_pattern,
         )
     except Exception as exc:
         log.error("onnxruntime could not load %s: %s", model_path, exc)

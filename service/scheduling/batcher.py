@@ -3,7 +3,7 @@
 Requests (jobs, ``service.scheduling.jobs``) carry one or more rows and one rho (rho is a per-row graph
 input, so requests with different budgets share a batch; a job's rho is spread over its rows only where
 the feed is built). The worker waits at most ``max_batch_wait_ms`` after the oldest job for the batch to
-fill up to ``max_batch_tokens``, then has its rows cut into ONNX runs (``service.scheduling.planner``),
+fill up to ``max_batch_tokens``, then has its rows cut into runs (``service.scheduling.planner``),
 executed on the model's inference thread (``execution``) and each job answered as soon as its own rows
 are done (``delivery``).
 
@@ -11,7 +11,8 @@ Under load (``service.scheduling.admission``): a request is admitted only when t
 it, at the lowest rho each job may still get, leaves time for its own run before its due time (deadline,
 or for rho=auto its latency target); else 429 with a Retry-After of the predicted drain time. rho=auto
 jobs get their rho when their batch is formed, from the work then still queued. Every batch teaches the
-cost model (``learning``). Rows are padded to a multiple of ``pad_multiple`` so ORT sees few shapes.
+cost model (``learning``). Rows are padded to a multiple of ``pad_multiple`` so the backend sees few
+shapes (or to the backend's own length buckets, when it has them).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from service.runtime import LoadedModel
 from service.scheduling.admission import Verdict, admit, choose_batch_rho, reason_for, sustainable_rho
 from service.scheduling.cost import tokens_through
 from service.scheduling.delivery import Delivery
-from service.scheduling.execution import RowsOutOfMemory, RunStats, execute, ort_thread
+from service.scheduling.execution import RowsOutOfMemory, RunStats, execute, inference_thread
 from service.scheduling.jobs import Job, RowResult, Slice
 from service.scheduling.learning import ModelCosts
 from service.scheduling.planner import plan_path_runs, shape_length
@@ -77,7 +78,7 @@ class Batcher:
         self.closing = False
         self.costs = ModelCosts(model, metrics, settings.max_batch_tokens, settings.auto_tail_quantile)
         self.last_shed = -math.inf  # time.monotonic() admission last refused a request (429)
-        self.executor = ort_thread(model.name)
+        self.executor = inference_thread(model.name)
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._depth = metrics.queue_depth.labels(model=model.name)
@@ -88,7 +89,9 @@ class Batcher:
         self._task = asyncio.get_running_loop().create_task(self._worker(), name=f"batcher-{self.model.name}")
 
     async def close(self, timeout: float) -> None:
-        """Stop taking jobs, finish the queued ones (up to ``timeout`` s), then stop the worker."""
+        """Stop taking jobs, finish the queued ones (up to ``timeout`` s), then stop the worker. Returns
+        once no run of the model is in flight on its thread (a run already started is not interrupted,
+        drain timeout or not): its backend may be closed then (``service.server``)."""
         self.closing = True
         self._wakeup.set()
         if self._task is not None:
@@ -105,7 +108,9 @@ class Batcher:
             if not job.future.done() and not job.cancelled:
                 job.future.set_exception(ShuttingDown())
         self.queue.clear()
-        self.executor.shutdown(wait=False)
+        await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(self.executor.shutdown, wait=True)
+        )
 
     @property
     def pending(self) -> int:
@@ -118,7 +123,7 @@ class Batcher:
 
     def shape_of(self, length: int) -> int:
         """A row's padded length: the backend's length bucket when it pads to fixed shapes (the torch
-        backend's CUDA graphs), else rounded up to ``pad_multiple`` (few shapes for ORT's arena)."""
+        backend's CUDA graphs), else rounded up to ``pad_multiple`` (few shapes: onnxruntime's arena)."""
         buckets = self.model.backend.buckets
         if buckets is not None:
             return bucket(length, buckets.length)

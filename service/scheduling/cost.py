@@ -1,16 +1,16 @@
-"""What one ONNX run costs, learned online: the cost model, its tail factor, the arrival rate.
+"""What one backend run costs, learned online: the cost model, its tail factor, the arrival rate.
 
 Pure: nothing here reads a clock or touches asyncio (callers pass ``now``, ``time.monotonic()``).
 
-- ``CostModel``: seconds of one ONNX run, ``b0·runs + b1·tokens + b2·kept``, where ``tokens`` are the
-  padded tokens ORT sees and ``kept`` the token-work the schedule keeps at each row's rho
+- ``CostModel``: seconds of one backend run, ``b0·runs + b1·tokens + b2·kept``, where ``tokens`` are the
+  padded tokens the backend sees and ``kept`` the token-work the schedule keeps at each row's rho
   (``tokens · schedule_fraction(rho)``). Fitted online by exponentially weighted ridge least squares
   on the runs the batcher makes, so it follows the machine (other load, thermal state) within tens of
   runs; seeded by the warm-up so the first prediction is not zero.
 - ``TailFactor``: the fit predicts the mean; this scales every prediction by a high quantile of how
   much longer recent batches actually ran, so admitted requests meet their targets at the tail.
-- ``ArrivalRate``: requests per second arriving, what the queue alone cannot show at the start of a
-  flood.
+- the arrival rate (``service.rates.ArrivalRate``, shared with the HTTP layer): requests per second
+  arriving, what the queue alone cannot show at the start of a flood.
 
 What a model's batcher does with them (seeding, learning from every batch, the metrics it publishes)
 is ``service.scheduling.learning``.
@@ -43,7 +43,7 @@ def schedule_fraction(schedule: Schedule, rho: float, length: int = 0) -> float:
 
 
 def runs_for(tokens: float, max_batch_tokens: int) -> int:
-    """ONNX runs ``tokens`` padded tokens take (at least one)."""
+    """Runs ``tokens`` padded tokens take (at least one)."""
     return max(1, math.ceil(tokens / max_batch_tokens))
 
 
@@ -56,7 +56,7 @@ def tokens_through(cumulative: float, max_batch_tokens: int, fill: float) -> flo
 
 
 class CostModel:
-    """Seconds of an ONNX run = ``b0·runs + b1·tokens + b2·kept``, learned online.
+    """Seconds of a backend run = ``b0·runs + b1·tokens + b2·kept``, learned online.
 
     Exponentially weighted ridge least squares: the sufficient statistics decay by ``forget`` per
     observed run, and a ridge term pulls toward the warm-up seed (worth ``prior_runs`` runs) so that
@@ -90,7 +90,7 @@ class CostModel:
         return np.array([runs, tokens, kept], dtype=np.float64)
 
     def observe(self, tokens: float, kept: float, seconds: float) -> None:
-        """One ONNX run of ``tokens`` padded tokens and ``kept`` kept token-work took ``seconds``."""
+        """One run of ``tokens`` padded tokens and ``kept`` kept token-work took ``seconds``."""
         x = self.features(1.0, tokens, kept)
         self.gram = self.forget * self.gram + np.outer(x, x)
         self.moment = self.forget * self.moment + x * seconds
@@ -155,23 +155,3 @@ class TailFactor:
         ordered = sorted(self.ratios)
         index = min(len(ordered) - 1, math.ceil(self.quantile * len(ordered)) - 1)
         self.value = min(self.cap, max(1.0, ordered[index]))
-
-
-class ArrivalRate:
-    """Requests per second arriving, an exponential-kernel estimate with time constant ``tau_s``:
-    ``Σ exp(-(now - t_i) / tau) / tau`` over the arrival times ``t_i``. What the queue alone cannot show
-    at the start of a flood: a batch formed from a short queue while requests pour in behind it."""
-
-    def __init__(self, tau_s: float = 0.5) -> None:
-        self.tau_s = tau_s
-        self.mass = 0.0  # Σ exp(-(last - t_i) / tau)
-        self.last = -math.inf
-
-    def observe(self, now: float) -> None:
-        self.mass = self.mass * math.exp(-(now - self.last) / self.tau_s) + 1.0 if self.mass else 1.0
-        self.last = now
-
-    def value(self, now: float) -> float:
-        if not self.mass:
-            return 0.0
-        return self.mass * math.exp(-max(0.0, now - self.last) / self.tau_s) / self.tau_s

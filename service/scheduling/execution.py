@@ -52,9 +52,9 @@ class RowsOutOfMemory(RuntimeError):
 RunOutputs = tuple[list[np.ndarray], np.ndarray, list[np.ndarray] | None]
 
 
-def ort_thread(model_name: str) -> ThreadPoolExecutor:
-    """The model's one inference thread."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ort-{model_name}")
+def inference_thread(model_name: str) -> ThreadPoolExecutor:
+    """The model's one inference thread: every run of its backend goes through it."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{model_name}")
 
 
 def execute(

@@ -9,9 +9,9 @@ from __future__ import annotations
 import functools
 
 from service.metrics import EXPORTED_RHOS, Metrics
+from service.rates import ArrivalRate
 from service.runtime import LoadedModel
 from service.scheduling.cost import (
-    ArrivalRate,
     CostModel,
     KeptFraction,
     TailFactor,
@@ -54,7 +54,7 @@ class ModelCosts:
         return self.tail.value * self.mean_seconds(tokens, kept)
 
     def run_overhead_tokens(self, rhos: list[float]) -> float:
-        """The fixed cost of one ONNX run in padded-token equivalents at the batch's mean rho (learned: the
+        """The fixed cost of one run in padded-token equivalents at the batch's mean rho (learned: the
         cost model's per-run over per-token seconds), so ``plan_runs`` trades padding for runs."""
         per_token = self.cost.per_token(sum(rhos) / len(rhos)) if rhos else 0.0
         if per_token <= 0.0:

@@ -12,7 +12,7 @@ from retention_core.shapes import bucket
 
 def shape_length(length: int, multiple: int, max_length: int) -> int:
     """The padded length of a row: rounded up to ``multiple``, never past the model's ``max_length``
-    (unless the row itself is longer), so ORT sees at most max_length / multiple distinct lengths."""
+    (unless the row itself is longer), so the backend sees at most max_length / multiple distinct lengths."""
     rounded = -(-length // multiple) * multiple
     return max(length, min(rounded, max_length))
 
@@ -25,7 +25,7 @@ def plan_runs(
 ) -> list[list[int]]:
     """Row indices sorted by length, cut into consecutive runs (each padded to its longest row, at most
     ``max_tokens`` padded tokens unless a single row is longer) so that padded tokens plus
-    ``run_overhead_tokens`` per run (the fixed cost of one ONNX run, in token equivalents) are fewest.
+    ``run_overhead_tokens`` per run (the fixed cost of one run, in token equivalents) are fewest.
 
     Why not one run per budget: rows of 30 and 400 tokens in one run pay 370 tokens of padding for the
     short one, more than a second run costs. Dynamic programming over the sorted lengths. Within the

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from benchmarks import embed_speed, embedding_graphs, encoder_speed
-from training.encoders import load_tokenizer
+from training.engine.encoders import load_tokenizer
 from training.tiny import TINY_LAYERS, TINY_TOKENIZER
 
 
@@ -39,9 +39,11 @@ def test_quick_embed_speed_measures_every_variant_against_the_fused_peer(tmp_pat
     for seq_len, batch in cells:
         rows = {r["variant"]: r for r in payload["results"] if (r["seq_len"], r["batch"]) == (seq_len, batch)}
         assert_speedups_are_the_measured_times(rows, batch)
-        # The schedule's FLOP ratio (dense / pruned) for our graphs only, growing as ρ falls.
+        # The schedule's FLOP ratio (dense / pruned) for our graphs only, from the whole schedule: the
+        # product's kept-token floor (32) keeps these 32-token rows dense at every ρ, so every ρ costs the
+        # dense pass plus the scorers (its growth as ρ falls: tests/training/test_pipeline_parts.py).
         theory = [rows[f"ours-onnx@{rho}"]["theoretical_flop_ratio"] for rho in ("1", "0.5", "0.3")]
-        assert theory[0] < theory[1] < theory[2]
+        assert theory[0] == theory[1] == theory[2] < 1.0
         assert all(rows[name]["theoretical_flop_ratio"] is None for name in ("peer-fused", "peer-onnx"))
     assert payload["targets"] == []  # the targets are at 256 tokens; quick mode runs 32
     assert payload["machine"]["cores"] >= 1 and payload["command"].startswith(

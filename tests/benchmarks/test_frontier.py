@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks import frontier, report
 from benchmarks.retrieval_parts import file_sha1
-from training.fit import WEIGHTS_FILE
+from training.fitting.fit import WEIGHTS_FILE
 from training.tiny import TINY_LAYERS
 
 LEARNED_RHOS = ("0.7", "0.5")
@@ -207,7 +207,7 @@ def test_real_documents_are_timed_at_their_own_lengths(tmp_path: Path) -> None:
 
 
 def test_schedule_options_change_the_kept_counts_of_our_model(tmp_path: Path) -> None:
-    """--leading-share / --min-kept-tokens go through training.fit.with_schedule into the model whose
+    """--leading-share / --min-kept-tokens go through training.fitting.fit.with_schedule into the model whose
     graph the frontier exports: its keep counts change (here the floor), the run's own without them."""
     import torch
 

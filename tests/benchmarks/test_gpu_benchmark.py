@@ -113,13 +113,13 @@ def test_without_the_backbone_package_the_device_measures_the_minilm_shape(
 def test_written_assets_feed_the_fit_without_the_package_or_the_data_root(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import training.data
+    import training.recipes.data
     from benchmarks.gpu_service import tokenizer_for
-    from training.fit import training_rows
+    from training.fitting.fit import training_rows
 
     # A data root in ../shared/data's layout, made here: the recipe's SQuAD train file, 40 articles.
     root = write_squad_paragraphs(tmp_path / "data")
-    monkeypatch.setattr(training.data, "default_data_root", lambda: root)
+    monkeypatch.setattr(training.recipes.data, "default_data_root", lambda: root)
     assets = tmp_path / "assets"
     gpu_fit.main(["--write-assets", str(assets)])
     without_backbone_package(monkeypatch)

@@ -14,7 +14,7 @@ import pytest
 from benchmarks import retrieval, retrieval_parts
 from retention_core.codecs.base import Row
 from tests.tiny import tiny_model, tiny_recipe, write_rows
-from training.fit import save_run
+from training.fitting.fit import save_run
 
 
 def test_gold_ranks_count_better_documents_and_break_ties_by_index() -> None:
@@ -268,8 +268,9 @@ def test_report_renders_retrieval_and_embedding_evaluations(tmp_path: Path) -> N
     """docs/benchmarks.md shows every retrieval.json, and an embedding eval.json (its metric is
     cosine_to_dense, per method and ρ) no longer breaks the page."""
     from benchmarks import report
-    from training import embedding
-    from training.evaluation import EvaluationRun, write_report
+    from training.evaluation import embedding
+    from training.evaluation.reporting import write_report
+    from training.tasks.registry import EvaluationRun
 
     model, tokenizer = tiny_model("embedding")
     recipe = tiny_recipe("embedding")

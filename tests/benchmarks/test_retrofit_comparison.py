@@ -12,7 +12,7 @@ from benchmarks.report import build_report
 from experiments.retrofit_comparison import main as comparison_main
 from experiments.retrofit_comparison import unpaired_error
 from tests.tiny import tiny_model, tiny_recipe, write_rows
-from training.fit import save_run
+from training.fitting.fit import save_run
 
 
 def test_unpaired_error_of_two_proportions() -> None:

@@ -12,7 +12,7 @@ import onnx
 from experiments import two_path_speed
 from retention_core.contract import MODEL_FILE
 from tests.training.test_two_path_export import exported
-from training.export import with_weights_beside_their_pass
+from training.export.two_path import with_weights_beside_their_pass
 
 SAME_WEIGHTS_ATOL = 1e-5  # other kernels (prepacked or not) move fp32 outputs by ~1e-7
 

@@ -57,5 +57,5 @@ def serve_build_sources() -> list[str]:
 
 def test_serving_image_copies_the_core_and_not_training() -> None:
     sources = serve_build_sources()
-    assert {"retention_core", "service"} <= set(sources)
+    assert {"retention_core", "retention_ort", "service"} <= set(sources)
     assert "training" not in sources

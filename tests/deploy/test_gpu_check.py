@@ -36,7 +36,7 @@ def script(command: list[str], env: dict[str, str], timeout: float) -> subproces
 
 
 def test_prepare_then_a_dry_run_writes_the_cells_and_the_image_check(tmp_path: Path) -> None:
-    from training.data import DATA_ROOT_VARIABLE
+    from training.recipes.data import DATA_ROOT_VARIABLE
 
     # prepare copies the service part's documents from the data root (../shared/data's layout, made here):
     # SQuAD dev paragraphs past the selection's 32-token floor

@@ -13,8 +13,8 @@ from types import ModuleType
 import pytest
 
 from retention_core.tasks import TASKS
-from training.data import load_split
-from training.recipes import load_recipe
+from training.recipes.data import load_split
+from training.recipes.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -102,7 +102,7 @@ def running(settings: Settings) -> Iterator[tuple[FastAPI, TestClient]]:
 
 @contextmanager
 def blocked_inference(app: FastAPI, model: str) -> Iterator[threading.Event]:
-    """Occupy the model's onnxruntime worker thread until the block exits: batches queue up behind it.
+    """Occupy the model's inference thread until the block exits: batches queue up behind it.
     (The real executor of the real batcher: nothing of ours is mocked.)"""
     release = threading.Event()
     blocker = server_of(app).batcher_of(model).executor.submit(release.wait, 30)

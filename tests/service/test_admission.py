@@ -9,6 +9,7 @@ import random
 import pytest
 
 from retention_core.contract import Schedule
+from service.rates import ArrivalRate
 from service.scheduling.admission import (
     REASON_BACKLOG,
     REASON_IDLE,
@@ -23,7 +24,6 @@ from service.scheduling.admission import (
     sustainable_rho,
 )
 from service.scheduling.cost import (
-    ArrivalRate,
     CostModel,
     TailFactor,
     runs_for,

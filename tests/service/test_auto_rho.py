@@ -239,11 +239,12 @@ def test_sessions_open_and_serve_without_the_cpu_arena(models_root: Path) -> Non
 def test_one_rho_decision_per_request(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
     """The budget is decided once per request, and early shedding and the batcher read that one."""
     from service.api import inference
+    from service.api.budget import Budget
 
-    decided: list[inference.Budget] = []
+    decided: list[Budget] = []
     decide = inference.decide
 
-    def counted(*args: Any) -> inference.Budget:
+    def counted(*args: Any) -> Budget:
         decided.append(decide(*args))
         return decided[-1]
 

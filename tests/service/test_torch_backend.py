@@ -27,14 +27,15 @@ from service.backends.torch_backend import TorchBackend
 from service.runtime import load_model
 from service.scheduling.planner import plan_runs
 from tests.service.conftest import running, settings_for
-from training import selection as R
-from training.export import example_inputs, export_model
-from training.model import RetentionConfig
+from training.engine import selection as R
+from training.engine.model import RetentionConfig
+from training.export.graph import example_inputs
+from training.export.install import export_model
 from training.tiny import tiny_model, tiny_recipe
 
 EMBEDDING_TEXTS = ["a fine film with a slow start", "a dull one", "x " * 40]
 RAGGED_RHOS = (1.0, 0.3, 0.7, 0.5, 1.0)  # mixed budgets in one batch, a dense row among them
-OUTPUT_ATOL = 1e-4  # the export's own bound (training.export.LOGIT_ATOL)
+OUTPUT_ATOL = 1e-4  # the export's own bound (training.export.graph.LOGIT_ATOL)
 # The product's embedding selection (models/recipes/minilm-embed.yaml): merging, a leading share, a floor,
 # selecting at every other layer.
 PRODUCT_SELECTION = RetentionConfig(

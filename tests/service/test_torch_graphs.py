@@ -32,7 +32,7 @@ from service.runtime import load_model
 from service.settings import Settings
 from tests.service.conftest import copy_models, running, server_of, settings_for
 from tests.service.fake_cuda import FakeCuda
-from training.export import example_inputs
+from training.export.graph import example_inputs
 
 EMBEDDING, CLASSIFIER = "tiny-embedding", "tiny-classification"
 CPU = torch.device("cpu")

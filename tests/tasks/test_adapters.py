@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from tests.tasks.rows import BBC_ROWS, SCITLDR_ROWS, SQUAD_ROWS, squad_row
-from training.tasks import training_task
+from training.tasks.registry import training_task
 
 
 def test_qa_targets_point_at_the_answer(hf_tokenizer: Any) -> None:
@@ -81,7 +81,7 @@ def test_summarization_long_documents_use_windows(hf_tokenizer: Any) -> None:
 
 
 def test_bbc_split_is_deduplicated_and_deterministic() -> None:
-    from training.data import bbc_keep, bbc_split_of
+    from training.recipes.data import bbc_keep, bbc_split_of
 
     first: dict[str, object] = {**BBC_ROWS[0], "document": "Unique test text."}
     duplicate: dict[str, object] = {**BBC_ROWS[1], "document": "Unique  test text."}

@@ -17,18 +17,18 @@ from tokenizers import Tokenizer
 
 from retention_core.codecs.base import pad_rows
 from retention_core.contract import MODEL_FILE, EmbeddingInfo, Manifest
-from retention_core.onnx import open_session
 from retention_core.text import pad_token_id
+from retention_ort import open_session
 from retention_tasks.embedding.codec import EmbeddingCodec
 from tests.tasks.test_embedding import TEXTS, served_vectors, write_sentence_transformer
-from training import selection as R
 from training.__main__ import main as training_main
-from training.batch import Batch
-from training.embedding import embedding_loss
-from training.fit import RECIPE_FILE
-from training.model import RetentionConfig, RetentionModel
-from training.recipes import RetrofitSpec
-from training.retrofit_recipes import sentence_transformers_pooling
+from training.engine import selection as R
+from training.engine.model import RetentionConfig, RetentionModel
+from training.fitting.fit import RECIPE_FILE
+from training.fitting.retrofit_recipes import sentence_transformers_pooling
+from training.recipes.recipe import RetrofitSpec
+from training.tasks.batch import Batch
+from training.tasks.embedding import embedding_loss
 from training.tiny import TINY_LAYERS, tiny_model
 
 PRUNED_RHO = 0.3

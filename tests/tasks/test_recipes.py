@@ -14,15 +14,15 @@ import yaml
 
 from tests.tasks.rows import SCITLDR_ROWS, SQUAD_ROWS
 from training.__main__ import run_dir_for
-from training.data import REGISTRY
-from training.recipes import (
+from training.recipes.data import REGISTRY
+from training.recipes.recipe import (
     DELETED_OBJECTIVE_TERMS,
     DELETED_RHO_KEYS,
     Recipe,
     load_recipe,
     recipe_profiles,
 )
-from training.tasks import training_task
+from training.tasks.registry import training_task
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "models" / "recipes"

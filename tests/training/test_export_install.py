@@ -10,7 +10,7 @@ import pytest
 
 from retention_core.contract import Manifest
 from tests.tiny import tiny_model, tiny_recipe
-from training.export import export_model, install_directory
+from training.export.install import export_model, install_directory
 
 
 def snapshot(directory: Path) -> dict[str, str]:

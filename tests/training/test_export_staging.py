@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 import training.__main__ as training_cli
-import training.speed as speed_module
+import training.export.speed as speed_module
 from retention_core.contract import MANIFEST_FILE, Manifest, choose_default_rho
 from tests.tiny import tiny_model, tiny_recipe, write_rows
 from tests.training.test_export_install import ExportCrash, snapshot
 from training.__main__ import export_run
-from training.fit import save_run
+from training.fitting.fit import save_run
 
 ROWS = [{"text": f"{'a fine' if i % 2 else 'a dull'} film, take {i}", "label": i % 2} for i in range(8)]
 
@@ -184,15 +184,15 @@ def test_manifest_write_replaces_the_file_whole(tmp_path: Path, runs: dict[str, 
 
 
 def test_the_schedule_settings_are_mapped_once_recipe_to_model_to_manifest() -> None:
-    """``training.fit.SCHEDULE_FIELDS`` names every setting of the manifest's schedule that is not the
-    graph's shape, each a field of the recipe's ``retention`` and of ``RetentionConfig``; a recipe's
+    """``training.engine.model.SCHEDULE_FIELDS`` names every setting of the manifest's schedule that is not
+    the graph's shape, each a field of the recipe's ``retention`` and of ``RetentionConfig``; a recipe's
     values reach the manifest through it unchanged."""
     import dataclasses
 
     from retention_core.contract import Schedule
-    from training.fit import SCHEDULE_FIELDS, manifest_schedule, retention_config
-    from training.model import RetentionConfig
-    from training.recipes import RetentionSpec
+    from training.engine.model import SCHEDULE_FIELDS, RetentionConfig, manifest_schedule
+    from training.fitting.fit import retention_config
+    from training.recipes.recipe import RetentionSpec
 
     shape = {"kind", "num_points", "last_layer_queries"}
     assert set(SCHEDULE_FIELDS.values()) == set(Schedule.model_fields) - shape

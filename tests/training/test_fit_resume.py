@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.tiny import tiny_model, tiny_recipe
-from training.fit import CHECKPOINT_FILE, LOG_FILE, WEIGHTS_FILE, final_lambda, fit
+from training.fitting.fit import CHECKPOINT_FILE, LOG_FILE, WEIGHTS_FILE, final_lambda, fit
 
 ROWS = [{"text": f"a {'good' if i % 2 else 'bad'} movie number {i}", "label": i % 2} for i in range(16)]
 STEPS = 4

@@ -16,9 +16,10 @@ import onnx
 import pytest
 import torch
 
-from retention_core.onnx import open_session
+from retention_ort import open_session
 from tests.tiny import TINY_LAYERS, tiny_model
-from training.export import example_inputs, export_onnx, graph_for, quantize_int8, validate_onnx
+from training.export.graph import example_inputs, export_onnx, graph_for, validate_onnx
+from training.export.int8 import quantize_int8
 
 INT8_COSINE_FLOOR = 0.98  # tiny random weights; MiniLM's int8 graph keeps 0.994 (docs/benchmarks.md)
 

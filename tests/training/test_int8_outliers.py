@@ -1,4 +1,4 @@
-"""int8 keeps fp32 the weight MatMuls whose inputs carry outliers (``training.export.outlying_matmuls``),
+"""int8 keeps fp32 the weight MatMuls whose inputs carry outliers (``training.export.int8.outlying_matmuls``),
 found at ρ = 1 on random token ids: a graph with one planted outlier, quantized for real."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from retention_core.onnx import open_session
-from training.export import OUTLIER_RATIO, int8_weights, outlying_matmuls
+from retention_ort import open_session
+from training.export.int8 import OUTLIER_RATIO, int8_weights, outlying_matmuls
 
 VOCAB, WIDTH = 100, 64
 OUTLYING_TOKEN, OUTLYING_COLUMN = 7, 5

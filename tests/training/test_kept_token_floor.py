@@ -14,16 +14,17 @@ import torch
 
 from retention_core.codecs.base import Row
 from retention_core.contract import Manifest, Schedule
-from retention_core.onnx import open_session
+from retention_ort import open_session
 from retention_tasks.classification.learn import evaluate_classification
 from tests.tiny import tiny_model, tiny_recipe, write_rows
-from training import selection as S
 from training.__main__ import main as training_main
-from training.evaluation import CODEC_METHODS, EvaluationRun, truncation_keep
-from training.export import graph_for
-from training.fit import RECIPE_FILE, load_run, save_run, with_min_kept_tokens, with_schedule
-from training.recipes import Recipe, load_recipe
-from training.tasks import training_task
+from training.engine import selection as S
+from training.evaluation.codec_loop import truncation_keep
+from training.evaluation.methods import CODEC_METHODS
+from training.export.graph import graph_for
+from training.fitting.fit import RECIPE_FILE, load_run, save_run, with_min_kept_tokens, with_schedule
+from training.recipes.recipe import Recipe, load_recipe
+from training.tasks.registry import EvaluationRun, training_task
 
 REPO = Path(__file__).resolve().parents[2]
 SHORT, LONG = 4, 40  # real tokens: "[CLS] great film [SEP]" and a 40-token sentence

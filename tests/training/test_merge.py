@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from retention_core.contract import MODEL_FILE
-from retention_core.onnx import open_session
-from training import selection as R
-from training.batch import Batch
-from training.export import export_model
-from training.model import leading_selector
-from training.objective import BudgetRule, Objective
+from retention_ort import open_session
+from training.engine import selection as R
+from training.engine.baselines import leading_selector
+from training.export.install import export_model
+from training.fitting.objective import BudgetRule, Objective
+from training.tasks.batch import Batch
 from training.tiny import tiny_model, tiny_recipe
 
 ROWS, LENGTH = 3, 12

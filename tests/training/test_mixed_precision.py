@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from tests.tiny import tiny_model, tiny_recipe
-from training.fit import LOG_FILE, WEIGHTS_FILE, fit
-from training.selection import RetentionScorer
+from training.engine.selection import RetentionScorer
+from training.fitting.fit import LOG_FILE, WEIGHTS_FILE, fit
 
 ROWS = [{"text": f"a {'good' if i % 2 else 'bad'} movie number {i}", "label": i % 2} for i in range(16)]
 

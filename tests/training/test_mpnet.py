@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from retention_core.onnx import open_session
-from training.export import example_inputs, export_onnx, graph_for, quantize_int8, validate_onnx
-from training.model import RetentionModel
+from retention_ort import open_session
+from training.engine.model import RetentionModel
+from training.export.graph import example_inputs, export_onnx, graph_for, validate_onnx
+from training.export.int8 import quantize_int8
 from training.tiny import TINY_LAYERS, tiny_model
 
 RELATIVE_BIAS_SCALE = 1.0  # HF initialises the table at std 0.02; a visible bias makes a wrong one fail

@@ -10,12 +10,12 @@ import torch
 from pydantic import ValidationError
 
 from tests.tiny import tiny_model, tiny_recipe
-from training.batch import Batch
-from training.fit import StepSchedule, TrainState, initial_state, train_step
-from training.gates import SoftGates
-from training.model import RetentionModel
-from training.objective import BudgetRule, Objective
-from training.recipes import Recipe
+from training.engine.gates import SoftGates
+from training.engine.model import RetentionModel
+from training.fitting.fit import StepSchedule, TrainState, initial_state, train_step
+from training.fitting.objective import BudgetRule, Objective
+from training.recipes.recipe import Recipe
+from training.tasks.batch import Batch
 
 ROWS = [{"text": f"a {'good' if i % 2 else 'bad'} movie number {i}", "label": i % 2} for i in range(8)]
 

@@ -1,4 +1,4 @@
-"""training.optimize: onnxruntime's transformer optimizer fuses attention in every layer of the dense
+"""training.export.optimize: onnxruntime's transformer optimizer fuses attention in every layer of the dense
 peer, and the fused graph still matches torch (our own graph is fused at export: test_fused_graph)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from benchmarks.embedding_graphs import tiny_checkpoint
-from retention_core.onnx import open_session
+from retention_ort import open_session
 from tests.tiny import TINY_LAYERS
-from training import selection as R
-from training.optimize import (
+from training.engine import selection as R
+from training.export.optimize import (
     PEER_INPUTS,
     AttentionFusionError,
     SentenceEmbeddingGraph,

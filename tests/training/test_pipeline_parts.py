@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from benchmarks.flops import EncoderShape, dense_macs, flop_ratio, pruned_macs
+from retention_core.contract import Schedule
 from retention_tasks.classification.learn import truncate, truncated_lengths
 from tests.tiny import write_rows
-from training.data import load_split
-from training.fit import lr_multiplier
-from training.recipes import DatasetSpec, Recipe, load_recipe, recipe_chain
+from training.fitting.fit import lr_multiplier
+from training.recipes.data import load_split
+from training.recipes.recipe import DatasetSpec, Recipe, load_recipe, recipe_chain
 
 RECIPES = sorted(Path(__file__).resolve().parents[2].joinpath("models", "recipes").rglob("*.yaml"))
 
@@ -114,11 +115,27 @@ def test_equal_work_truncation_is_longer_than_final_budget() -> None:
 
 def test_flop_model_is_dense_at_rho_one_and_shrinks_with_rho() -> None:
     shape = EncoderShape()
+    layers = shape.layers
     # ρ=1 without the [CLS]-only last layer costs the dense encoder plus the scorers.
-    assert pruned_macs(512, 1.0, shape, 1.0, None) > dense_macs(512, shape)
-    ratios = [flop_ratio(512, rho, shape, 0.5, 1) for rho in (1.0, 0.5, 0.3, 0.2)]
+    assert pruned_macs(512, 1.0, shape, Schedule(num_points=layers)) > dense_macs(512, shape)
+    front_loaded = Schedule(power=0.5, num_points=layers, last_layer_queries=1)
+    ratios = [flop_ratio(512, rho, shape, front_loaded) for rho in (1.0, 0.5, 0.3, 0.2)]
     assert ratios == sorted(ratios)
-    assert flop_ratio(512, 0.3, shape, 0.5, 1) > flop_ratio(512, 0.3, shape, 1.0, 1)
+    geometric = front_loaded.model_copy(update={"power": 1.0})
+    assert flop_ratio(512, 0.3, shape, front_loaded) > flop_ratio(512, 0.3, shape, geometric)
+
+
+def test_flop_model_reads_the_whole_schedule() -> None:
+    """The graph's counts (the kept-token floor and the pruning interval included) and its scorers only at
+    the points that select: a floor keeps a short row dense, an interval of 2 halves the scorers' cost."""
+    shape = EncoderShape()
+    plain = Schedule(num_points=shape.layers)
+    floored = plain.model_copy(update={"min_kept_tokens": 32})
+    assert flop_ratio(512, 0.3, shape, floored) == flop_ratio(512, 0.3, shape, plain)  # long: above the floor
+    assert flop_ratio(24, 0.3, shape, floored) < 1.0 < flop_ratio(24, 0.3, shape, plain)  # short: dense
+    every_other = plain.model_copy(update={"pruning_interval": 2})
+    dense_with_scorers = pruned_macs(512, 1.0, shape, plain) - dense_macs(512, shape)
+    assert pruned_macs(512, 1.0, shape, every_other) - dense_macs(512, shape) == dense_with_scorers // 2
 
 
 def test_runs_from_before_the_gate_kind_moved_still_load() -> None:
@@ -139,7 +156,7 @@ def test_score_shift_benchmark_shows_the_quantile_shift_over_keeping_at_the_sche
 
 
 def test_paired_difference_is_the_spread_of_per_example_differences() -> None:
-    from training.evaluation import paired_difference
+    from training.evaluation.reporting import paired_difference
 
     stats = paired_difference([1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0])  # differences 0, -1, 1, 1
     assert stats["examples"] == 4 and stats["difference"] == pytest.approx(0.25)

@@ -1,4 +1,4 @@
-"""bf16 training where the CPU emulates it stops with the measured slowdown (training.precision): the
+"""bf16 training where the CPU emulates it stops with the measured slowdown (training.fitting.precision): the
 decision from the flag sets of real CPUs, and the command line that applies it, on any machine."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from training.__main__ import parser, refuse_emulated_bf16
-from training.precision import ALLOW_SLOW_BF16, BF16, FP32, TRAINING_PRECISIONS, emulated_bf16_refusal
+from training.fitting.precision import ALLOW_SLOW_BF16, BF16, FP32, TRAINING_PRECISIONS, emulated_bf16_refusal
 
 AVX2_ONLY = {"avx2", "fma", "sse4_2"}  # the EPYC bf16 was measured ~23x slower on
 CASCADE_LAKE = {"avx2", "avx512f", "avx512_vnni"}  # AVX-512, but bf16 still emulated
@@ -66,6 +66,6 @@ def test_a_command_without_precision_and_a_gpu_fit_are_not_refused() -> None:
 
 
 def test_the_command_lines_precisions_are_the_ones_fit_trains_at() -> None:
-    from training.fit import PRECISIONS
+    from training.fitting.fit import PRECISIONS
 
     assert set(TRAINING_PRECISIONS) == set(PRECISIONS)

@@ -18,9 +18,9 @@ from tests.tasks.test_embedding import TEXTS, write_sentence_transformer
 from tests.tiny import tiny_model, tiny_recipe
 from training.__main__ import main as training_main
 from training.__main__ import parser
-from training.batch import Batch
-from training.encoders import load_backbone
-from training.fit import (
+from training.engine.encoders import load_backbone
+from training.engine.model import RetentionConfig, RetentionModel
+from training.fitting.fit import (
     LOG_FILE,
     RECIPE_FILE,
     WEIGHTS_FILE,
@@ -29,10 +29,15 @@ from training.fit import (
     parameter_groups,
     save_run,
 )
-from training.model import RetentionConfig, RetentionModel
-from training.objective import Objective
-from training.recipes import ObjectiveSpec, RetentionSpec, RetrofitSpec
-from training.retrofit import PRUNED_BRANCH_LR, PRUNED_BRANCH_RHO_LOW, default_pruned_branch, retrofit_recipe
+from training.fitting.objective import Objective
+from training.fitting.retrofit import (
+    PRUNED_BRANCH_LR,
+    PRUNED_BRANCH_RHO_LOW,
+    default_pruned_branch,
+    retrofit_recipe,
+)
+from training.recipes.recipe import ObjectiveSpec, RetentionSpec, RetrofitSpec
+from training.tasks.batch import Batch
 from training.tiny import TINY_TOKENIZER
 
 # The product embedding's selection: merging, a leading share, selection at every other layer.

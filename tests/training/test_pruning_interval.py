@@ -13,15 +13,15 @@ import pytest
 import torch
 
 from retention_core.contract import Manifest, Schedule
-from retention_core.onnx import open_session
+from retention_ort import open_session
 from service.scheduling.cost import schedule_fraction
 from tests.tiny import tiny_model, tiny_recipe
-from training import selection as S
 from training.__main__ import main as training_main
-from training.encoders import backbone_from_config, load_tokenizer
-from training.export import example_inputs, export_onnx, graph_for, validate_onnx
-from training.fit import save_run
-from training.model import RetentionConfig, RetentionModel
+from training.engine import selection as S
+from training.engine.encoders import backbone_from_config, load_tokenizer
+from training.engine.model import RetentionConfig, RetentionModel
+from training.export.graph import example_inputs, export_onnx, graph_for, validate_onnx
+from training.fitting.fit import save_run
 from training.tiny import TINY_TOKENIZER, tiny_config
 
 LAYERS = 5  # groups of 2 → points 0, 2, 4 select; an odd count leaves a last group of one

@@ -13,9 +13,8 @@ from safetensors.torch import load_file
 from retention_tasks.qa.learn import qa_distill
 from tests.tasks.rows import SQUAD_ROWS
 from tests.tiny import tiny_model, tiny_recipe
-from training.batch import Batch
-from training.export import export_model
-from training.fit import (
+from training.export.install import export_model
+from training.fitting.fit import (
     LOG_FILE,
     WEIGHTS_FILE,
     StepSchedule,
@@ -26,8 +25,16 @@ from training.fit import (
     load_run,
     train_step,
 )
-from training.objective import Objective
-from training.recipes import ObjectiveSpec, Recipe, RetentionSpec, RetentionStageSpec, RhoSpec, load_recipe
+from training.fitting.objective import Objective
+from training.recipes.recipe import (
+    ObjectiveSpec,
+    Recipe,
+    RetentionSpec,
+    RetentionStageSpec,
+    RhoSpec,
+    load_recipe,
+)
+from training.tasks.batch import Batch
 
 REPO = Path(__file__).resolve().parents[2]
 SQUAD_RECIPE = REPO / "models" / "recipes" / "squad.yaml"

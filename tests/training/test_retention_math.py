@@ -10,8 +10,8 @@ import torch
 
 from retention_core.contract import Backbone, Manifest, Schedule
 from retention_core.usage import token_work
-from training import selection as S
-from training import terms as T
+from training.engine import selection as S
+from training.engine import terms as T
 
 
 # ----------------------------------------------------------------------------- schedule
@@ -257,7 +257,8 @@ def _manifest(num_points: int, last_layer_queries: int | None) -> Manifest:
 
 @pytest.mark.parametrize("last_layer_queries", [None, 1])
 def test_encoder_token_work_is_the_serving_definition_per_row(last_layer_queries: int | None) -> None:
-    """retention_core.usage.token_work is THE definition; evaluation's torch form must agree on every row."""
+    """A request's usage (retention_core.usage.token_work) and evaluation's torch form count with the one
+    definition (retention_core.schedule.token_layers): they agree on every row."""
     generator = torch.Generator().manual_seed(0)
     num_real = torch.randint(1, 60, (16,), generator=generator)  # (B,)
     fractions = torch.rand(16, 6, generator=generator).sort(dim=1, descending=True).values  # (B, P)

@@ -16,15 +16,14 @@ from safetensors.torch import load_file
 from transformers import BertForSequenceClassification
 
 from retention_core.contract import MODEL_FILE, Manifest
-from retention_core.onnx import open_session
+from retention_ort import open_session
 from retention_tasks.classification.learn import AGREEMENT_METRIC, as_rows
 from tests.tasks.test_embedding import write_sentence_transformer
 from tests.tiny import write_rows
 from training.__main__ import main as training_main
-from training.data import read_jsonl_gz
-from training.encoders import load_backbone, load_tokenizer
-from training.evaluation import onnx_predict_rows
-from training.fit import (
+from training.engine.encoders import load_backbone, load_tokenizer
+from training.evaluation.running import onnx_predict_rows
+from training.fitting.fit import (
     LOG_FILE,
     RECIPE_FILE,
     WEIGHTS_FILE,
@@ -33,10 +32,11 @@ from training.fit import (
     initial_state,
     train_step,
 )
-from training.objective import Objective
-from training.recipes import Recipe, load_recipe
-from training.retrofit import retrofit_recipe
-from training.tasks import training_task
+from training.fitting.objective import Objective
+from training.fitting.retrofit import retrofit_recipe
+from training.recipes.data import read_jsonl_gz
+from training.recipes.recipe import Recipe, load_recipe
+from training.tasks.registry import training_task
 from training.tiny import TINY_TOKENIZER, tiny_config
 
 LABELS = ("NEG", "POS")
@@ -255,7 +255,7 @@ def test_cli_retrofit_trains_only_the_scorers_and_serves_the_checkpoint_at_rho_1
 def test_imdb_comparison_sequence_on_tiny_models(tmp_path: Path) -> None:
     """The documented commands, tiny: fit imdb.yaml's dense profile → to-hf → retrofit on the IMDb train
     texts with --eval-dataset imdb → export (accuracy curve on imdb/validation) → evaluate imdb/test."""
-    from training.fit import fit
+    from training.fitting.fit import fit
 
     root = write_imdb(tmp_path / "data")
     dense = load_recipe(IMDB_RECIPE, "dense")
@@ -266,7 +266,7 @@ def test_imdb_comparison_sequence_on_tiny_models(tmp_path: Path) -> None:
     )
     tokenizer = load_tokenizer(TINY_TOKENIZER)
     torch.manual_seed(0)
-    from training.encoders import backbone_from_config
+    from training.engine.encoders import backbone_from_config
 
     dense_run = tmp_path / "runs" / "imdb-minilm-dense"
     fit(dense, dense_run, backbone=backbone_from_config(tiny_config(tokenizer.vocab_size)), progress=False)

@@ -24,12 +24,13 @@ from service.settings import Settings
 from tests.service.conftest import running, settings_for
 from tests.tiny import tiny_recipe
 from tests.training.test_pruned_branch import branched, perturb
-from training.export import all_nodes, branch_of, branch_reads, copy_only_bytes, export_model
-from training.model import RetentionModel
+from training.engine.model import RetentionModel
+from training.export.install import export_model
+from training.export.two_path import all_nodes, branch_of, branch_reads, copy_only_bytes
 
 TASKS = ("embedding", "classification", "qa")  # a pooled, a sequence and a token head
 FULL, HALF = 1.0, 0.5
-TORCH_TOLERANCE = 1e-4  # the torch backend against the graph (training.export.LOGIT_ATOL)
+TORCH_TOLERANCE = 1e-4  # the torch backend against the graph (training.export.graph.LOGIT_ATOL)
 TORCH_CPU_BOUND = 1e-6  # a row in runs of other rows (tests/service/test_backend_batch_invariance.py)
 MIXED_FP32_TOLERANCE = 1e-5  # a mixed batch's other graph: last-ulp differences (measured ≤ 2e-7)
 

@@ -13,10 +13,17 @@ import torch.nn.functional as F
 from retention_core.codecs.base import Encoded
 from retention_core.text import pad_token_id
 from tests.task_packages.toy_parity.spec import LABELS, SPEC, TASK
-from training import evaluation as E
-from training.batch import Batch
-from training.data import Example, local_splits
-from training.tasks import TrainingTask
+from training.evaluation.codec_loop import (
+    CodecLoop,
+    codec_quality_curve,
+    codec_results,
+    codec_task_evaluation,
+    truncated_text,
+)
+from training.recipes.data import Example, local_splits
+from training.tasks.batch import Batch
+from training.tasks.codecs import EVERY_WINDOW, evaluation_codec, rows_to_tensors, task_codec
+from training.tasks.registry import Curve, EvaluationRun, Report, TrainingTask
 
 __all__ = ["DATASETS", "SPEC", "TRAINING"]
 
@@ -25,9 +32,9 @@ FOLDER = "toy"  # its splits under the data root: toy/validation.jsonl.gz, toy/t
 
 
 def parity_batch(examples: list[Example], tokenizer: Any, max_length: int) -> Batch:
-    codec = E.task_codec(TASK, tokenizer, max_length, LABELS, E.EVERY_WINDOW)
+    codec = task_codec(TASK, tokenizer, max_length, LABELS, EVERY_WINDOW)
     rows = [row for example in examples for row in codec.encode(str(example["text"])).rows]
-    feeds = E.rows_to_tensors(rows, pad_token_id(codec.tokenizer))
+    feeds = rows_to_tensors(rows, pad_token_id(codec.tokenizer))
     targets = torch.tensor([int(str(example["label"])) for example in examples], dtype=torch.long)
     return Batch(feeds["input_ids"], feeds["attention_mask"], targets)
 
@@ -36,8 +43,8 @@ def parity_loss(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     return F.cross_entropy(logits, batch.targets)  # logits (B, 3)
 
 
-def codec_loop(tokenizer: Any, max_length: int) -> E.CodecLoop:
-    codec = E.evaluation_codec(TASK, tokenizer, max_length, LABELS)
+def codec_loop(tokenizer: Any, max_length: int) -> CodecLoop:
+    codec = evaluation_codec(TASK, tokenizer, max_length, LABELS)
 
     def score(example: Example, encoded: Encoded, outputs: list[np.ndarray]) -> dict[str, float]:
         correct = codec.decode(encoded, outputs)["label"] == LABELS[int(str(example["label"]))]
@@ -47,21 +54,21 @@ def codec_loop(tokenizer: Any, max_length: int) -> E.CodecLoop:
         encoded: Encoded = codec.encode(str(example["text"]))
         return encoded
 
-    return E.CodecLoop(encode, score, E.truncated_text, pad_token_id(codec.tokenizer))
+    return CodecLoop(encode, score, truncated_text, pad_token_id(codec.tokenizer))
 
 
-def parity_report(run: E.EvaluationRun, rhos: Sequence[float], methods: Sequence[str]) -> E.Report:
+def parity_report(run: EvaluationRun, rhos: Sequence[float], methods: Sequence[str]) -> Report:
     EVALUATION.check_methods(methods)
-    results = E.codec_results(run, codec_loop(run.tokenizer, run.recipe.max_length), rhos, methods)
+    results = codec_results(run, codec_loop(run.tokenizer, run.recipe.max_length), rhos, methods)
     return {"task": TASK, "num_examples": len(run.examples), "metric": "accuracy", "results": results}
 
 
-def parity_curve(onnx_path: Path, tokenizer: Any, examples: list[Example], recipe: Any) -> E.Curve:
+def parity_curve(onnx_path: Path, tokenizer: Any, examples: list[Example], recipe: Any) -> Curve:
     loop = codec_loop(tokenizer, recipe.max_length)
-    return E.codec_quality_curve(onnx_path, loop, examples, "accuracy", recipe.evaluation)
+    return codec_quality_curve(onnx_path, loop, examples, "accuracy", recipe.evaluation)
 
 
-EVALUATION = E.codec_task_evaluation(parity_report, ("accuracy",), lambda dataset: "accuracy", parity_curve)
+EVALUATION = codec_task_evaluation(parity_report, ("accuracy",), lambda dataset: "accuracy", parity_curve)
 TRAINING = TrainingTask(
     make_batch=parity_batch, loss=parity_loss, evaluation=EVALUATION, reference_dataset=DATASET
 )

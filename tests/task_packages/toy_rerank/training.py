@@ -14,10 +14,18 @@ from retention_core.codecs.base import Encoded
 from retention_core.metrics import RANKING_CUTOFF, gold_ranks, ranking_metrics
 from retention_core.text import pad_token_id
 from tests.task_packages.toy_rerank.spec import SPEC, TASK
-from training import evaluation as E
-from training.batch import Batch
-from training.data import Example, local_splits
-from training.tasks import TrainingTask
+from training.evaluation.codec_loop import (
+    CodecLoop,
+    codec_quality_curve,
+    codec_results,
+    codec_task_evaluation,
+    sub_row,
+    truncation_keep,
+)
+from training.recipes.data import Example, local_splits
+from training.tasks.batch import Batch
+from training.tasks.codecs import EVERY_WINDOW, evaluation_codec, rows_to_tensors, task_codec
+from training.tasks.registry import Curve, EvaluationRun, Report, TrainingTask
 
 __all__ = ["DATASETS", "SPEC", "TRAINING"]
 
@@ -35,9 +43,9 @@ def passages_of(example: Example) -> list[str]:
 
 def rerank_batch(examples: list[Example], tokenizer: Any, max_length: int) -> Batch:
     """Every passage of every example, a row each (B·P rows); targets (B,) the gold passage."""
-    codec = E.task_codec(TASK, tokenizer, max_length, options=E.EVERY_WINDOW)
+    codec = task_codec(TASK, tokenizer, max_length, options=EVERY_WINDOW)
     rows = [row for ex in examples for row in codec.encode(str(ex["query"]), *passages_of(ex)).rows]
-    feeds = E.rows_to_tensors(rows, pad_token_id(codec.tokenizer))
+    feeds = rows_to_tensors(rows, pad_token_id(codec.tokenizer))
     return Batch(
         input_ids=feeds["input_ids"],
         attention_mask=feeds["attention_mask"],
@@ -57,14 +65,14 @@ def truncated_passages(encoded: Encoded, rho: float, min_kept: int = 0) -> tuple
     rows, kept = [], []
     for row in encoded.rows:
         assert row.protected is not None
-        positions = E.truncation_keep(row, np.array([flag == 0 for flag in row.protected]), rho, min_kept)
-        rows.append(E.sub_row(row, positions))
+        positions = truncation_keep(row, np.array([flag == 0 for flag in row.protected]), rho, min_kept)
+        rows.append(sub_row(row, positions))
         kept.append(len(positions) / len(row))
     return Encoded(rows, encoded.input_tokens, encoded.truncated), kept
 
 
-def codec_loop(tokenizer: Any, max_length: int) -> E.CodecLoop:
-    codec = E.evaluation_codec(TASK, tokenizer, max_length)
+def codec_loop(tokenizer: Any, max_length: int) -> CodecLoop:
+    codec = evaluation_codec(TASK, tokenizer, max_length)
 
     def encode(example: Example) -> Encoded:
         encoded: Encoded = codec.encode(str(example["query"]), *passages_of(example))
@@ -75,21 +83,21 @@ def codec_loop(tokenizer: Any, max_length: int) -> E.CodecLoop:
         ranks = gold_ranks(scores, np.asarray([int(str(example["gold"]))]))  # (1,)
         return {name: value / 100 for name, value in ranking_metrics(ranks).items() if name in METRICS}
 
-    return E.CodecLoop(encode, score, truncated_passages, pad_token_id(codec.tokenizer))
+    return CodecLoop(encode, score, truncated_passages, pad_token_id(codec.tokenizer))
 
 
-def rerank_report(run: E.EvaluationRun, rhos: Any, methods: Any) -> E.Report:
+def rerank_report(run: EvaluationRun, rhos: Any, methods: Any) -> Report:
     EVALUATION.check_methods(methods)
-    results = E.codec_results(run, codec_loop(run.tokenizer, run.recipe.max_length), rhos, methods)
+    results = codec_results(run, codec_loop(run.tokenizer, run.recipe.max_length), rhos, methods)
     return {"task": TASK, "num_examples": len(run.examples), "metric": HEADLINE, "results": results}
 
 
-def rerank_curve(onnx_path: Path, tokenizer: Any, examples: list[Example], recipe: Any) -> E.Curve:
+def rerank_curve(onnx_path: Path, tokenizer: Any, examples: list[Example], recipe: Any) -> Curve:
     loop = codec_loop(tokenizer, recipe.max_length)
-    return E.codec_quality_curve(onnx_path, loop, examples, HEADLINE, recipe.evaluation)
+    return codec_quality_curve(onnx_path, loop, examples, HEADLINE, recipe.evaluation)
 
 
-EVALUATION = E.codec_task_evaluation(rerank_report, METRICS, lambda dataset: HEADLINE, rerank_curve, HEADLINE)
+EVALUATION = codec_task_evaluation(rerank_report, METRICS, lambda dataset: HEADLINE, rerank_curve, HEADLINE)
 TRAINING = TrainingTask(
     make_batch=rerank_batch, loss=rerank_loss, evaluation=EVALUATION, reference_dataset=DATASET
 )

@@ -8,8 +8,8 @@ import dataclasses
 from tests.task_packages.toy_rerank import training as toy
 from tests.task_packages.toy_rerank.spec import SPEC, TASK
 from tests.tiny import tiny_recipe
-from training.embedding import dense_targets
-from training.recipes import Recipe, RetrofitSpec
+from training.recipes.recipe import Recipe, RetrofitSpec
+from training.tasks.embedding import dense_targets
 
 __all__ = ["DATASETS", "SPEC", "TRAINING"]
 

@@ -1,0 +1,3 @@
+"""Training a run: the objective (``objective``), the training loop, checkpoints and run directories
+(``fit``), the training precision (``precision``), and retrofits of an existing model (``retrofit``, the
+built-in recipe builders ``retrofit_recipes``, Hugging Face classifier checkpoints ``hf_checkpoint``)."""

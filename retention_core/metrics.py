@@ -3,12 +3,6 @@
 - SQuAD v1.1 exact match / F1 with the official normalisation (lowercase, strip punctuation, the
   articles a/an/the and extra whitespace), maximised over the gold answers, as the official
   ``evaluate-v1.1.py`` does.
-- ROUGE-1/2/L F-measure via ``rouge-score`` (Porter stemming on, as in the summarization literature).
-  ``rouge-score`` is a *train* extra: it is imported lazily, only when ROUGE is asked for, so the
-  serving path never needs it. With several references the score of each ROUGE variant is the
-  maximum over references (``aggregate="max"``, the SciTLDR convention) or their mean (``"mean"``).
-  ``rougeLsum`` is the summary-level LCS: pass multi-sentence texts with one sentence per line (the
-  other variants ignore line breaks).
 - Ranking of one relevant document among many (retrieval, reranking): its 1-based rank, nDCG@k,
   MRR@k and recall@k, in percent. Pure numpy, so evaluation in ``training/``, the retrieval benchmarks
   and a reranking task's evaluation all score a ranking the same way.
@@ -20,11 +14,9 @@ import re
 import string
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, Literal
 
 import numpy as np
 
-ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 RANKING_CUTOFF = 10  # the k of nDCG@k, MRR@k and recall@k unless a caller names another
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = frozenset(string.punctuation)
@@ -63,35 +55,6 @@ def squad_scores(prediction: str, golds: Sequence[str]) -> dict[str, float]:
         "exact_match": max(exact_match(prediction, gold) for gold in golds),
         "f1": max(f1(prediction, gold) for gold in golds),
     }
-
-
-_SCORERS: dict[tuple[str, ...], Any] = {}
-
-
-def _rouge_scorer(rouge_types: tuple[str, ...]) -> Any:
-    if rouge_types not in _SCORERS:
-        from rouge_score import rouge_scorer  # train extra: imported only when ROUGE is computed
-
-        _SCORERS[rouge_types] = rouge_scorer.RougeScorer(list(rouge_types), use_stemmer=True)
-    return _SCORERS[rouge_types]
-
-
-def rouge_scores(
-    prediction: str,
-    references: Sequence[str],
-    aggregate: Literal["max", "mean"] = "max",
-    rouge_types: tuple[str, ...] = ROUGE_TYPES,
-) -> dict[str, float]:
-    """ROUGE F-measures in [0, 1] of one prediction against one or more references."""
-    if not references:
-        raise ValueError("ROUGE needs at least one reference")
-    scorer = _rouge_scorer(rouge_types)
-    per_reference = [scorer.score(reference, prediction) for reference in references]
-    result = {}
-    for kind in rouge_types:
-        values = [score[kind].fmeasure for score in per_reference]
-        result[kind] = max(values) if aggregate == "max" else sum(values) / len(values)
-    return result
 
 
 # ---------------------------------------------------------------------- ranking

@@ -34,7 +34,7 @@ from retention_core.contract import DEFAULT_MAX_WINDOWS, OPTIONAL_OUTPUTS, Manif
 # "pooled": the mean of the final states of the tokens that reach the end → (B, d), no parameters; at
 # ρ = 1 every real token does, so it is exactly the dense model's mean pooling. Nothing is restored:
 # dropped tokens' earlier-layer states would pull the mean away from the model's
-# (training/tasks/embedding.py).
+# (retention_tasks/embedding/learn.py).
 # A CLS-pooled model (manifest.embedding.pooling == "cls") pools the final [CLS] state instead; the graph
 # outputs the pooled vector either way, so serving does not depend on the pooling.
 HeadKind = Literal["sequence", "token", "pooled"]

@@ -28,6 +28,10 @@ class Row:
 
 
 SPECIAL_SEGMENT = ""  # the segment of a token with no text of its own ([CLS], [SEP])
+# The ``Encoded.extra`` key of a text a codec built itself rather than read from one request field (a
+# summary's sentences joined): its tokens' segment is named so, and an explanation carries the text
+# (``Explanation.document``) for the offsets to index.
+BUILT_TEXT = "document"
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, Field
 
 from retention_tasks.classification.spec import SPEC
@@ -34,4 +36,11 @@ def classify_reply(answer: Answer[ClassifyRequest]) -> ClassifyResponse:
     return ClassifyResponse(**answer.envelope, **single, results=results)
 
 
-FACE = item_face(SPEC.name, "/classify", (ClassifyRequest, ClassifyResponse), each_text, classify_reply)
+FACE = item_face(
+    SPEC.name,
+    "/classify",
+    (ClassifyRequest, ClassifyResponse),
+    each_text,
+    classify_reply,
+    view=Path(__file__).with_name("explorer.js"),
+)

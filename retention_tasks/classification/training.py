@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 from retention_tasks.classification import learn as classification
+from retention_tasks.classification.retrofit import classification_recipe
 from retention_tasks.classification.spec import SPEC
-from training.fitting.retrofit_recipes import classification_recipe
 from training.recipes.data import SplitSource, holdout, not_holdout
-from training.tasks.embedding import dense_targets
 from training.tasks.registry import TrainingTask
+from training.tasks.teacher import dense_targets
 
 __all__ = ["DATASETS", "SPEC", "TRAINING"]
 

@@ -1,15 +1,14 @@
-"""The torch side of embeddings: its batches and loss (to the original model's dense vectors;
-``training/tasks/embedding.py``), its evaluation (``training/evaluation/embedding.py``), its retrofit
-recipe, and its dataset."""
+"""The torch side of embeddings: its batches and loss (to the original model's dense vectors) and its
+evaluation (``learn.py``), its retrofit recipe, and its dataset."""
 
 from __future__ import annotations
 
+from retention_tasks.embedding.learn import EVALUATION, embedding_batch, embedding_loss
+from retention_tasks.embedding.retrofit import embedding_recipe
 from retention_tasks.embedding.spec import SPEC
-from training.evaluation.embedding import EVALUATION
-from training.fitting.retrofit_recipes import embedding_recipe
 from training.recipes.data import SplitSource, holdout, not_holdout, unique_texts
-from training.tasks.embedding import dense_targets, embedding_batch, embedding_loss
 from training.tasks.registry import TrainingTask
+from training.tasks.teacher import dense_targets
 
 __all__ = ["DATASETS", "SPEC", "TRAINING"]
 

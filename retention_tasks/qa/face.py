@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -102,4 +103,5 @@ FACE = item_face(
     qa_reply,
     ("question", "context"),
     example=question_about,
+    view=Path(__file__).with_name("explorer.js"),
 )

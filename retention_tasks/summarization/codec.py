@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from retention_core.codecs.base import Encoded, Row, token_spans
+from retention_core.codecs.base import BUILT_TEXT, Encoded, Row, token_spans
 from retention_core.text import plain_copy, windowing_tokenizer
 
 DEFAULT_MAX_SENTENCES = 3
@@ -89,8 +89,8 @@ class SummarizationCodec:
             input_tokens=input_tokens,
             truncated=truncated,
             context=SummaryContext(tuple(sentences), tuple(token_sentences)),
-            spans=lambda: [token_spans(window, ("document",)) for window in encodings],
-            extra={"document": document},
+            spans=lambda: [token_spans(window, (BUILT_TEXT,)) for window in encodings],
+            extra={BUILT_TEXT: document},
         )
 
     def sentence_scores(self, encoded: Encoded, outputs: list[np.ndarray]) -> np.ndarray:

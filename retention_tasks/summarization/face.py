@@ -3,13 +3,14 @@ client's own ``sentences``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from retention_core.codecs.base import Encoded
-from retention_core.text import split_sentences
+from retention_tasks.summarization.sentences import split_sentences
 from retention_tasks.summarization.spec import SPEC
 from service.api.faces import Answer, TaskFace
 from service.api.schemas import (
@@ -19,10 +20,12 @@ from service.api.schemas import (
     NonEmptyText,
     NonEmptyTexts,
     Omittable,
-    SentenceCount,
     Usage,
+    whole_float_to_int,
 )
 from service.errors import InvalidRequest, PayloadTooLarge
+
+SentenceCount = Annotated[int, Field(ge=1, le=1000), BeforeValidator(whole_float_to_int)]
 
 
 class SummarizeRequest(ExplainOptions):
@@ -66,7 +69,7 @@ MAX_SENTENCES = 2048
 
 
 def document_sentences(body: SummarizeRequest) -> list[str]:
-    """The client's sentences, or the server's rule-based split of ``text`` (``retention_core.text``).
+    """The client's sentences, or the server's rule-based split of ``text`` (``sentences.py``).
     A text the splitter finds no sentence in (only whitespace, e.g. a no-break space) is one sentence:
     the schema accepts any non-empty text, so the server answers it (an empty summary) rather than
     refuse it."""
@@ -118,4 +121,5 @@ FACE = TaskFace(
     encode=encode_document,
     respond=summary_reply,
     example=document_of,
+    view=Path(__file__).with_name("explorer.js"),
 )

@@ -37,9 +37,10 @@ import torch
 import torch.nn.functional as F
 
 from retention_core.codecs.base import Encoded
-from retention_core.metrics import rouge_scores
-from retention_core.text import pad_token_id, split_sentences
+from retention_core.text import pad_token_id
 from retention_tasks.summarization.codec import SummaryContext, selection_size
+from retention_tasks.summarization.rouge import rouge_scores
+from retention_tasks.summarization.sentences import split_sentences
 from training.evaluation.codec_loop import (
     CodecLoop,
     aggregate,

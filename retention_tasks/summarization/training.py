@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import hashlib
+
+from retention_core.text import normalize_whitespace
 from retention_tasks.summarization import learn as summarization
 from retention_tasks.summarization.spec import SPEC
-from training.recipes.data import SplitSource, bbc_keep
+from training.recipes.data import Example, SplitSource, sha1_bucket
 from training.tasks.registry import TrainingTask
 
 __all__ = ["DATASETS", "SPEC", "TRAINING"]
@@ -17,6 +20,25 @@ TRAINING = TrainingTask(
     distill=summarization.summarization_distill,
     reference_dataset="scitldr_a",
 )
+
+BBC_BUCKETS = 20  # sha1(id) % 20: 0 → validation (5%), 1-2 → test (10%), else train (85%)
+_BBC_CANONICAL: dict[str, str] = {}  # sha1(normalised document) → first id seen with that document
+
+
+def bbc_split_of(row_id: str) -> str:
+    bucket = sha1_bucket(row_id, BBC_BUCKETS)
+    return "validation" if bucket == 0 else "test" if bucket in (1, 2) else "train"
+
+
+def bbc_keep(row: Example, split: str) -> bool:
+    """Deduplicate (keep the first row of each whitespace-normalised document, in file order), then
+    split by sha1 of the kept row's ``id``. Deterministic across passes over the same file."""
+    key = hashlib.sha1(normalize_whitespace(str(row["document"])).encode("utf-8")).hexdigest()
+    row_id = str(row["id"])
+    if _BBC_CANONICAL.setdefault(key, row_id) != row_id:
+        return False
+    return bbc_split_of(row_id) == split
+
 
 SCITLDR = ("allenai/scitldr", "Abstract")
 DATASETS = {

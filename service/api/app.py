@@ -16,11 +16,11 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.deps import LATENCY_TARGET_HEADER, TIMEOUT_HEADER, require_admin_key, require_api_key
-from service.api.early import OPENAI_EMBEDDINGS_PATH, hint, refusal
-from service.api.faces import EMBEDDING, FACES
+from service.api.early import hint, refusal
+from service.api.faces import FACES
 from service.api.loop_lag import probe_loop_lag
 from service.api.refusal import RefusalHold, send_error
-from service.api.routers import admin, explorer, health, models, openai_compat, tei_compat
+from service.api.routers import admin, explorer, health, models
 from service.api.routers import metrics as metrics_router
 from service.api.routers.common import route_task
 from service.api.routers.tasks import task_router
@@ -49,9 +49,8 @@ def endpoint_label(scope: Scope) -> str:
 def task_paths() -> dict[str, str]:
     """Path -> task of every inference route (what early refusal reads a request's task from)."""
     paths = {face.path: face.task for face in FACES.values()}
-    if EMBEDDING in FACES:
-        paths[OPENAI_EMBEDDINGS_PATH] = EMBEDDING
-        paths[tei_compat.TEI_EMBED_PATH] = EMBEDDING
+    for face in FACES.values():
+        paths.update(dict.fromkeys(face.companion_paths, face.task))
     return paths
 
 
@@ -188,16 +187,11 @@ def _install_sighup(server: ModelServer) -> bool:
 
 
 def inference_routers() -> list[APIRouter]:
-    """One route per task with an HTTP face (``service.api.faces``, in registry order), and beside the
-    embedding task's (whose /embed also reads TEI's body) OpenAI's /v1/embeddings and TEI's /, /info
-    and /tokenize: the registered tasks decide which routes mount."""
-    routers = [
-        tei_compat.embed_router(face) if face.task == EMBEDDING else task_router(face)
-        for face in FACES.values()
-    ]
-    if EMBEDDING in FACES:
-        routers += [openai_compat.router, tei_compat.embed_root, tei_compat.router]
-    return routers
+    """One route per task with an HTTP face (``service.api.faces``, in registry order; the generic
+    handler's unless the face builds its own), then each face's companions (the embedding's: OpenAI's
+    /v1/embeddings and TEI's /, /info and /tokenize): the registered tasks decide which routes mount."""
+    routers = [(face.router or task_router)(face) for face in FACES.values()]
+    return routers + [companion for face in FACES.values() for companion in face.companions]
 
 
 def mount_routers(app: FastAPI, settings: Settings) -> list[APIRouter]:

@@ -4,7 +4,8 @@ how the graph's answers become the response.
 The task registry (``retention_core.tasks``) says what a task is; this registry, beside it and keyed by
 the same name, says how clients reach it. Both fill themselves from the one list of task packages
 (``retention_core.tasks.task_packages``): this one from each package's ``face.py`` (its ``FACE``, its
-bodies beside it). ONE generic handler (``service.api.routers.tasks``) serves every face, so a task on
+bodies beside it). ONE generic handler (``service.api.routers.tasks``) serves every face (a face may
+build its own route, ``TaskFace.router``, and mount routers beside it, ``companions``), so a task on
 the list (a test package too) is served over HTTP, counted in the metrics under its ``task`` label and
 listed in the OpenAPI document with no route of its own. ``GET /models``
 lists each model's route and the body fields of one input (``TaskFace.fields``), so clients that talk
@@ -18,9 +19,11 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Generic, TypeVar
 
+from fastapi import APIRouter
 from pydantic import BaseModel
 
 from retention_core.codecs.base import Encoded
@@ -84,6 +87,16 @@ class TaskFace(Generic[Body, Reply]):
     # of ``fields`` is the text (a list field: [text]). A task whose fields mean different things (a QA
     # question and its context) says how.
     example: Callable[[str], dict[str, Any]] | None = None
+    # A route of its own in place of the generic handler's (``routers.tasks.task_router``; the
+    # embedding's /embed also reads TEI's body), routers mounted beside it (after every task's route), and
+    # the paths among theirs that run this task's models (what early refusal reads a request's task from).
+    router: Callable[[TaskFace[Any, Any]], APIRouter] | None = None
+    companions: tuple[APIRouter, ...] = ()
+    companion_paths: tuple[str, ...] = ()
+    # The explorer page's own view of this task: a script beside the face (its ``explorer.js``) that sets
+    # ``VIEWS[task]`` (title, form, shading, answer), served in ``/explorer/views.js``; None: the page's
+    # generic view (one box per field, the answer as a table).
+    view: Path | None = None
 
     def example_body(self, text: str) -> dict[str, Any]:
         """A request body of one input around ``text``: what a client that has texts and knows only the
@@ -152,6 +165,7 @@ def item_face(
     fields: tuple[str, ...] = ("text",),
     item_limit: Callable[[Settings], int] = max_items,
     example: Callable[[str], dict[str, Any]] | None = None,
+    view: Path | None = None,
 ) -> TaskFace[Body, Reply]:
     """The face of a task whose body lists its inputs: ``items_of(body)`` gives each one's arguments to
     the codec's ``encode`` (texts), counted against ``item_limit`` and encoded by ``encode_each``;
@@ -172,6 +186,7 @@ def item_face(
         respond=respond,
         item_limit=item_limit,
         example=example,
+        view=view,
     )
 
 

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import numpy as np
 from starlette.concurrency import run_in_threadpool
 
-from retention_core.codecs.base import Encoded
+from retention_core.codecs.base import BUILT_TEXT, Encoded
 from retention_core.explain import token_depths
 from retention_core.usage import Work, token_work
 from service.api.budget import Asked, Budget, decide
@@ -66,7 +66,7 @@ def explanations(model: ServedModel, encoded: list[Encoded], outcome: Outcome) -
     return [
         Explanation(
             num_layers=model.num_layers,
-            document=item.extra.get("document"),
+            document=item.extra.get(BUILT_TEXT),
             tokens=[
                 ExplainedToken.model_validate(t, from_attributes=True) for t in token_depths(item, depths)
             ],

@@ -39,13 +39,12 @@ class NotNull:
 Omittable = Annotated[T | None, NotNull()]
 
 
-def _whole_float_to_int(value: object) -> object:
+def whole_float_to_int(value: object) -> object:
+    """JSON Schema counts 528.0 as an integer; strict pydantic would not: a ``BeforeValidator`` of counts.
+    (The constraints come first: they must apply to the int itself to appear in the JSON schema.)"""
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-# JSON Schema counts 528.0 as an integer; strict pydantic would not. (The constraints come first: they
-# must apply to the int itself to appear in the JSON schema.)
-SentenceCount = Annotated[int, Field(ge=1, le=1000), BeforeValidator(_whole_float_to_int)]
 # Constraints live inside the Omittable, on the non-null type, so the schema shows them as JSON Schema.
 NonEmptyTexts = Annotated[list[NonEmptyText], Field(min_length=1)]
 
@@ -147,7 +146,7 @@ class OpenAIEmbeddingRequest(InferenceOptions):
     encoding_format: Literal["float", "base64"] = Field(
         default="float", description="base64: the little-endian float32 bytes of each vector"
     )
-    dimensions: Omittable[Annotated[int, Field(ge=1), BeforeValidator(_whole_float_to_int)]] = Field(
+    dimensions: Omittable[Annotated[int, Field(ge=1), BeforeValidator(whole_float_to_int)]] = Field(
         default=None, description="must equal the model's vector size (no truncation of vectors)"
     )
     user: Omittable[str] = Field(default=None, description="accepted for compatibility, ignored")
@@ -415,7 +414,7 @@ class TEIEmbedRequest(InferenceOptions):
 
     inputs: TEIInputs = Field(description="a text or a list of texts (token arrays are not supported)")
     normalize: bool = Field(default=True, description="L2-normalise the vectors (TEI's default: true)")
-    dimensions: Annotated[int, Field(ge=1), BeforeValidator(_whole_float_to_int)] | None = Field(
+    dimensions: Annotated[int, Field(ge=1), BeforeValidator(whole_float_to_int)] | None = Field(
         default=None, description="must equal the model's vector size, or null (no truncation of vectors)"
     )
     truncation_direction: TruncationDirection = Field(

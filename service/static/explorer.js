@@ -5,9 +5,10 @@
 // one input per field and its response as a table (the generic view).
 "use strict";
 
-// The tasks with a form and a result view of their own (their result's title); any other task served
-// gets the generic ones.
-const RESULT_TITLES = { classification: "Label", embedding: "Embedding", qa: "Answer", summarization: "Summary" };
+// The tasks with a form and a result view of their own are those whose face ships one (VIEWS, from
+// explorer/views.js, each task's own script: its result's title, whether it asks a question, its
+// text box's label, how it shades an explanation and shows an answer); any other task served gets the
+// generic ones.
 const GENERIC_TITLE = "Result";
 // Response fields every task's answer carries beside its own (the generic view leaves them out).
 const ENVELOPE = ["model", "usage", "explanations"];
@@ -124,12 +125,12 @@ async function selectModel() {
   state.manifest = detail.manifest;
   const task = state.model.task;
   $("task").textContent = `task: ${task}, ${state.manifest.schedule.num_points} layers, default ρ ${state.model.default_rho}`;
-  const dedicated = task in RESULT_TITLES;
-  $("question-row").hidden = task !== "qa";
-  $("text-row").hidden = !dedicated;
-  $("text-label").textContent = task === "qa" ? "Context" : "Text";
-  buildFields(dedicated ? [] : state.model.fields, state.model.list_fields || []);
-  $("result-title").textContent = RESULT_TITLES[task] || GENERIC_TITLE;
+  const view = VIEWS[task];
+  $("question-row").hidden = !(view && view.question);
+  $("text-row").hidden = !view;
+  $("text-label").textContent = (view && view.textLabel) || "Text";
+  buildFields(view ? [] : state.model.fields, state.model.list_fields || []);
+  $("result-title").textContent = view ? view.title : GENERIC_TITLE;
   $("run").disabled = false;
   state.last = null;
   drawCharts();
@@ -267,7 +268,7 @@ function shade(container, title, text, tokens, layers, answer) {
 }
 
 // The text a segment's offsets index: the request field of its name, item i of a list field for
-// "name[i]", or the explanation's own document (/summarize).
+// "name[i]", or the explanation's own document (a text the codec built: /summarize's).
 function segmentText(segment, request, explanation) {
   const item = /^(.+)\[(\d+)\]$/.exec(segment);
   if (item && Array.isArray(request[item[1]])) return request[item[1]][Number(item[2])];
@@ -295,18 +296,12 @@ function renderTokens(body, task, request) {
   const layers = explanation.num_layers;
   drawLegend(layers);
   const of = (segment) => explanation.tokens.filter((t) => t.segment === segment);
-  const questionBox = $("question-shaded");
-  questionBox.hidden = task !== "qa";
-  if (!(task in RESULT_TITLES)) {
-    renderSegments(explanation, request, layers);
-  } else if (task === "qa") {
-    shade(questionBox, "Question", $("question").value, of("question"), layers, null);
-    const answer = body.results[0];
-    shade($("shaded"), "Context", $("text").value, of("context"), layers, answer);
-  } else if (task === "summarization") {
-    shade($("shaded"), null, explanation.document, of("document"), layers, null);
+  const view = VIEWS[task];
+  $("question-shaded").hidden = !(view && view.question);
+  if (view) {
+    view.shade(explanation, body, of, layers);
   } else {
-    shade($("shaded"), null, $("text").value, of("text"), layers, null);
+    renderSegments(explanation, request, layers);
   }
 }
 
@@ -342,28 +337,11 @@ function renderFields(body, box) {
 function renderResult(body, task) {
   const box = $("result");
   box.replaceChildren();
-  if (!(task in RESULT_TITLES)) {
-    renderFields(body, box);
-  } else if (task === "classification") {
-    box.appendChild(element("div", body.label, "label"));
-    const table = element("table");
-    for (const [label, score] of Object.entries(body.scores)) {
-      const row = element("tr");
-      row.append(element("td", label), element("td", score.toFixed(4)));
-      table.appendChild(row);
-    }
-    box.appendChild(table);
-  } else if (task === "qa") {
-    box.appendChild(element("div", body.answer || "(no answer)", "label"));
-    box.appendChild(element("div", `score ${body.score.toFixed(4)}, characters ${body.start}-${body.end} of the context`));
-  } else if (task === "summarization") {
-    box.appendChild(element("div", body.summary || "(empty summary)"));
-    box.appendChild(element("div", `${body.sentences.length} sentence(s) selected`, "muted"));
+  const view = VIEWS[task];
+  if (view) {
+    view.result(body, box);
   } else {
-    const vector = body.embedding;
-    const norm = Math.sqrt(vector.reduce((sum, v) => sum + v * v, 0));
-    box.appendChild(element("div", `${vector.length} dimensions, norm ${norm.toFixed(4)}`, "label"));
-    box.appendChild(element("div", `[${vector.slice(0, 6).map((v) => v.toFixed(4)).join(", ")}, …]`, "muted"));
+    renderFields(body, box);
   }
 }
 

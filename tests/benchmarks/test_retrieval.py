@@ -268,7 +268,7 @@ def test_report_renders_retrieval_and_embedding_evaluations(tmp_path: Path) -> N
     """docs/benchmarks.md shows every retrieval.json, and an embedding eval.json (its metric is
     cosine_to_dense, per method and ρ) no longer breaks the page."""
     from benchmarks import report
-    from training.evaluation import embedding
+    from retention_tasks.embedding import learn as embedding
     from training.evaluation.reporting import write_report
     from training.tasks.registry import EvaluationRun
 

@@ -111,6 +111,14 @@ def test_metrics_exist_before_and_after_traffic(models_root: Path) -> None:
         client.post("/summarize", json={"text": "One. Two. Three.", "rho": "auto"})
         client.post("/embed", json={"text": "a vector, please"})
         client.post("/classify?rho=2", json={"text": "x"})
+        # a batch is counted when it ends, which may be just after its answers went out
+        wait_until(
+            lambda: all(
+                value(client.get("/metrics").text, "retention_batch_size_count", model=model) >= 1
+                for model in MODELS
+            ),
+            what="every model's batch counted",
+        )
         after = client.get("/metrics").text
         assert value(after, "retention_requests_total", **classify, status_class="2xx") == 1
         assert value(after, "retention_requests_total", **classify, status_class="4xx") == 1

@@ -81,7 +81,7 @@ def test_summarization_long_documents_use_windows(hf_tokenizer: Any) -> None:
 
 
 def test_bbc_split_is_deduplicated_and_deterministic() -> None:
-    from training.recipes.data import bbc_keep, bbc_split_of
+    from retention_tasks.summarization.training import bbc_keep, bbc_split_of
 
     first: dict[str, object] = {**BBC_ROWS[0], "document": "Unique test text."}
     duplicate: dict[str, object] = {**BBC_ROWS[1], "document": "Unique  test text."}

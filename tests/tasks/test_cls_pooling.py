@@ -20,15 +20,15 @@ from retention_core.contract import MODEL_FILE, EmbeddingInfo, Manifest
 from retention_core.text import pad_token_id
 from retention_ort import open_session
 from retention_tasks.embedding.codec import EmbeddingCodec
+from retention_tasks.embedding.learn import embedding_loss
+from retention_tasks.embedding.retrofit import sentence_transformers_pooling
 from tests.tasks.test_embedding import TEXTS, served_vectors, write_sentence_transformer
 from training.__main__ import main as training_main
 from training.engine import selection as R
 from training.engine.model import RetentionConfig, RetentionModel
 from training.fitting.fit import RECIPE_FILE
-from training.fitting.retrofit_recipes import sentence_transformers_pooling
 from training.recipes.recipe import RetrofitSpec
 from training.tasks.batch import Batch
-from training.tasks.embedding import embedding_loss
 from training.tiny import TINY_LAYERS, tiny_model
 
 PRUNED_RHO = 0.3

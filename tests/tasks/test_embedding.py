@@ -21,6 +21,7 @@ from retention_core.tasks import task_spec
 from retention_core.text import pad_token_id, plain_copy
 from retention_ort import open_session
 from retention_tasks.embedding.codec import EmbeddingCodec
+from retention_tasks.embedding.retrofit import NORMALIZE_MODULE, POOLING_MODULE, TRANSFORMER_MODULE
 from tests.tasks.rows import CAFE, NORMANS
 from tests.tiny import TINY_MAX_LENGTH, tiny_model, tiny_recipe, write_rows
 from training.__main__ import main as training_main
@@ -30,7 +31,6 @@ from training.evaluation.running import onnx_predict_rows
 from training.fitting.fit import LOG_FILE, WEIGHTS_FILE
 from training.fitting.objective import Objective
 from training.fitting.retrofit import retrofit_recipe
-from training.fitting.retrofit_recipes import NORMALIZE_MODULE, POOLING_MODULE, TRANSFORMER_MODULE
 from training.recipes.data import text_file_split
 from training.recipes.recipe import PrunedBranch, RetrofitSpec, load_recipe
 from training.tiny import TINY_TOKENIZER, tiny_config
@@ -256,7 +256,7 @@ def test_the_minilm_recipe_is_what_retrofit_builds(
 
     Two sources, not one: the YAML is written by hand (it trained the published model); the retrofit
     builds its recipe from the packaged model's own files (pooling, Normalize, max_seq_length) and
-    training.fitting.retrofit_recipes' profiles and retention settings. A retrofit default changed without
+    retention_tasks.embedding.retrofit's profiles and retention settings. A retrofit default changed without
     the recipe (or the recipe without the retrofit), or the model's files read wrong, makes them differ."""
     for profile in ("quick", "full"):
         from_file = load_recipe(recipe_file, profile)

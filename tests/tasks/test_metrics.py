@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from retention_core.metrics import exact_match, f1, normalize_answer, rouge_scores, squad_scores
+from retention_core.metrics import exact_match, f1, normalize_answer, squad_scores
+from retention_tasks.summarization.rouge import rouge_scores
 
 
 def test_official_normalization() -> None:
@@ -36,7 +37,8 @@ def test_serving_modules_do_not_import_torch_or_rouge() -> None:
 
     code = (
         "import sys; import retention_tasks.qa.codec, retention_tasks.summarization.codec, "
-        "retention_core.text, retention_core.metrics; "
+        "retention_core.text, retention_core.metrics, retention_tasks.summarization.rouge, "
+        "retention_tasks.summarization.sentences; "
         "bad = [m for m in ('torch', 'rouge_score', 'training.engine.model') "
         "if m in sys.modules]; assert not bad, bad"
     )

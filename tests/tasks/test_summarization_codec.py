@@ -7,8 +7,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from retention_core.codecs.base import Encoded
-from retention_core.text import split_sentences
 from retention_tasks.summarization.codec import SummarizationCodec, selection_size
+from retention_tasks.summarization.sentences import split_sentences
 
 SENTENCES = [
     "Mixed precision training is fast.",

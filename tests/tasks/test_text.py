@@ -5,7 +5,8 @@ import itertools
 import pytest
 from tokenizers import Tokenizer
 
-from retention_core.text import plain_copy, sentence_spans, split_sentences
+from retention_core.text import plain_copy
+from retention_tasks.summarization.sentences import sentence_spans, split_sentences
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,6 @@
   ``codec_task_evaluation``, the ``TaskEvaluation`` such a task registers.
 - ``reporting``: tables, paired differences and the files a report is written to (torch-free: the
   results page and the studies read it).
-- ``embedding``: the embedding task's evaluation (cosine to the dense vector).
 
 A task plugs in with a ``training.tasks.registry.TaskEvaluation``.
 """

@@ -27,8 +27,8 @@ from training.engine.gates import SoftGates
 from training.engine.model import RetentionModel, SoftOutput
 from training.recipes.recipe import Recipe
 from training.tasks.batch import Batch
-from training.tasks.embedding import dense_targets
 from training.tasks.registry import TrainingTask, retrofit_task, training_task
+from training.tasks.teacher import dense_targets
 
 # "dense_pass": the top-M pass learns from the same step's dense pass (in-place distillation);
 # "teacher": a retention stage (recipes.RetentionStageSpec) — the soft and top-M passes learn from the

@@ -2,7 +2,7 @@
 
 ``python -m training retrofit <model> --task <task> --texts <file>`` builds a recipe here
 (``retrofit_recipe``, from the builder the task names in the training registry: ``TrainingTask.
-retrofit_recipe``, the built-in ones in ``training.fitting.retrofit_recipes``) and trains it with
+retrofit_recipe``, the shipped ones in ``retention_tasks/<task>/retrofit.py``) and trains it with
 ``training.fitting.fit``: the original model is the teacher, the student is the same weights plus retention
 scorers. By default backbone and head are frozen
 (``RetrofitSpec.freeze_backbone``), so ρ = 1 is bit-for-bit the original model and the model is its own

@@ -19,7 +19,6 @@ from pathlib import Path
 from types import ModuleType
 
 from retention_core.tasks import TaskRegistry
-from retention_core.text import normalize_whitespace
 from training.recipes.recipe import DatasetSpec
 
 Example = dict[str, object]  # one dataset row as the source has it (not a codec ``Row``)
@@ -49,25 +48,6 @@ def holdout(key: str) -> Callable[[Example], bool]:
 
 def not_holdout(key: str) -> Callable[[Example], bool]:
     return lambda row: _bucket(row, key) != 0
-
-
-BBC_BUCKETS = 20  # sha1(id) % 20: 0 → validation (5%), 1-2 → test (10%), else train (85%)
-_BBC_CANONICAL: dict[str, str] = {}  # sha1(normalised document) → first id seen with that document
-
-
-def bbc_split_of(row_id: str) -> str:
-    bucket = sha1_bucket(row_id, BBC_BUCKETS)
-    return "validation" if bucket == 0 else "test" if bucket in (1, 2) else "train"
-
-
-def bbc_keep(row: Example, split: str) -> bool:
-    """Deduplicate (keep the first row of each whitespace-normalised document, in file order), then
-    split by sha1 of the kept row's ``id``. Deterministic across passes over the same file."""
-    key = hashlib.sha1(normalize_whitespace(str(row["document"])).encode("utf-8")).hexdigest()
-    row_id = str(row["id"])
-    if _BBC_CANONICAL.setdefault(key, row_id) != row_id:
-        return False
-    return bbc_split_of(row_id) == split
 
 
 def unique_texts(field: str) -> Callable[[list[Example]], list[Example]]:

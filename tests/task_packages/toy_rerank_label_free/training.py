@@ -9,7 +9,7 @@ from tests.task_packages.toy_rerank import training as toy
 from tests.task_packages.toy_rerank.spec import SPEC, TASK
 from tests.tiny import tiny_recipe
 from training.recipes.recipe import Recipe, RetrofitSpec
-from training.tasks.embedding import dense_targets
+from training.tasks.teacher import dense_targets
 
 __all__ = ["DATASETS", "SPEC", "TRAINING"]
 

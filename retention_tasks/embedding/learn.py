@@ -1,7 +1,25 @@
-"""The embedding task's evaluation (the codec loop of ``training.evaluation.codec_loop``): the mean cosine
-between each method's pruned embedding and the dense embedding of the same text (``cosine_to_dense``; the
-manifest curve measures the exported graph against itself at ρ = 1). Methods: learned, random, attention
-and truncation. Its training side (batches, the teacher, the loss): ``training.tasks.embedding``.
+"""Sentence embeddings (label-free): the training math of the ``embedding`` task, its batches and loss, and
+its evaluation (the codec loop of ``training.evaluation.codec_loop``).
+
+Batches are unlabeled texts (rows with a ``"text"`` field), one row each, encoded by the serving codec.
+The targets are the *teacher's* pooled vectors, computed every step from the model being trained
+(``training.tasks.teacher.dense_targets``, the task's ``teacher``): its dense pass (ρ = 1) under
+``no_grad``. In a retrofit the backbone is frozen (``RetentionModel.freeze_backbone``), so that pass is
+exactly the original model and no copy is needed. Loss: 1 − cosine(student pooled, teacher pooled), mean
+over the batch.
+
+Pooling (the "pooled" head, ``training.engine.heads.MeanPooling``): the mean of the final states of the
+tokens that reach the end; nothing is restored. A CLS-pooled model (BGE, Arctic-embed;
+``training.engine.heads.CLSPooling``) pools the final [CLS] state, which is never dropped; its teacher
+and loss are the same. Restoring dropped tokens with their last state (as token
+heads do) averages earlier-layer states into the vector and pulls it away from the model's (the
+study, docs/experiments/2026-11-25-embedding-pooling.md: −5.9 nDCG@10 at ρ = 0.5 with these scorers,
+−7.2 when trained for it; the switch it used was removed afterwards). Both are exactly the dense model at
+ρ = 1.
+
+Evaluation: the mean cosine between each method's pruned embedding and the dense embedding of the same
+text (``cosine_to_dense``; the manifest curve measures the exported graph against itself at ρ = 1).
+Methods: learned, random, attention and truncation.
 """
 
 from __future__ import annotations
@@ -11,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 from retention_core.codecs.base import Encoded
 from retention_core.contract import MODEL_FILE
@@ -27,11 +47,36 @@ from training.evaluation.methods import CODEC_METHODS
 from training.evaluation.running import RowPrediction, onnx_predict_rows, predict_rows
 from training.recipes.data import Example
 from training.recipes.recipe import Recipe
-from training.tasks.codecs import evaluation_codec
-from training.tasks.embedding import METRIC, TASK, example_text
+from training.tasks.batch import Batch
+from training.tasks.codecs import EVERY_WINDOW, evaluation_codec, rows_to_tensors, task_codec
 from training.tasks.registry import Curve, EvaluationRun
 
+TASK = "embedding"
+METRIC = "cosine_to_dense"
+TEXT_FIELD = "text"
 
+
+def example_text(example: Example) -> str:
+    if TEXT_FIELD not in example:
+        raise KeyError(f"an embedding example needs a {TEXT_FIELD!r} field; got {sorted(example)}")
+    return str(example[TEXT_FIELD])
+
+
+def embedding_batch(examples: list[Example], tokenizer: Any, max_length: int) -> Batch:
+    """One row per text, as the service encodes it. ``targets`` is empty (B, 0) until the teacher
+    (``training.tasks.teacher.dense_targets``) fills it in with the dense pooled vectors."""
+    codec = task_codec(TASK, tokenizer, max_length, options=EVERY_WINDOW)
+    rows = [row for example in examples for row in codec.encode(example_text(example)).rows]
+    feeds = rows_to_tensors(rows, pad_token_id(codec.tokenizer))
+    return Batch(feeds["input_ids"], feeds["attention_mask"], torch.zeros(len(rows), 0))
+
+
+def embedding_loss(pooled: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """pooled (B, d), targets (B, d) the teacher's → mean of 1 − cosine."""
+    return (1.0 - F.cosine_similarity(pooled, batch.targets, dim=-1)).mean()
+
+
+# ---------------------------------------------------------------------- evaluation
 def cosine(first: np.ndarray, second: np.ndarray) -> float:
     first, second = first.astype(np.float64), second.astype(np.float64)
     return float(first @ second / max(float(np.linalg.norm(first) * np.linalg.norm(second)), 1e-12))

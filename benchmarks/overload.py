@@ -206,23 +206,52 @@ def drive(
     return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
 
 
+@dataclass(frozen=True)
+class Outcomes:
+    """What one locust run's records say: attempts by status, the answers that came inside the window
+    (``seconds`` from the first send), the accepted attempts' latency percentiles and mean served rho."""
+
+    sent: int
+    ok: int
+    refused: int
+    server_errors: int
+    in_window: int
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    mean_rho: float | None = None
+
+
+def outcomes(records: list[dict[str, Any]], seconds: float) -> Outcomes:
+    accepted = [r for r in records if r["status"] == 200]
+    counts = (
+        len(records),
+        len(accepted),
+        sum(r["status"] == 429 for r in records),
+        sum(r["status"] >= 500 for r in records),
+        sum(r["at_s"] + r["latency_s"] <= seconds for r in accepted),
+    )
+    if not accepted:
+        return Outcomes(*counts)
+    latencies = [r["latency_s"] for r in accepted]
+    rhos = [r["rho"] for r in accepted if r.get("rho") is not None]
+    return Outcomes(
+        *counts,
+        p50_ms=1000 * percentile(latencies, 0.50),
+        p99_ms=1000 * percentile(latencies, 0.99),
+        mean_rho=statistics.fmean(rhos) if rhos else None,
+    )
+
+
 def summarize(cell: Cell, records: list[dict[str, Any]]) -> Cell:
     accepted = [r for r in records if r["status"] == 200]
-    cell.sent = len(records)
-    cell.ok = len(accepted)
-    cell.shed = sum(r["status"] == 429 for r in records)
-    cell.server_errors = sum(r["status"] >= 500 for r in records)
+    seen = outcomes(records, cell.seconds)
+    cell.sent, cell.ok, cell.shed, cell.server_errors = seen.sent, seen.ok, seen.refused, seen.server_errors
     cell.other = cell.sent - cell.ok - cell.shed - cell.server_errors
-    in_window = sum(r["at_s"] + r["latency_s"] <= cell.seconds for r in accepted)
-    cell.goodput_rps = in_window / cell.seconds
+    cell.goodput_rps = seen.in_window / cell.seconds
     cell.answered_rps = cell.ok / cell.seconds
     cell.shed_ratio = cell.shed / cell.sent if cell.sent else 0.0
     if accepted:
-        latencies = [r["latency_s"] for r in accepted]
-        cell.p50_ms = 1000 * percentile(latencies, 0.50)
-        cell.p99_ms = 1000 * percentile(latencies, 0.99)
-        rhos = [r["rho"] for r in accepted if r.get("rho") is not None]
-        cell.mean_rho = statistics.fmean(rhos) if rhos else None
+        cell.p50_ms, cell.p99_ms, cell.mean_rho = seen.p50_ms, seen.p99_ms, seen.mean_rho
         split = [r for r in accepted if "queue_s" in r]
         if split:
             batcher = [r["queue_s"] + r["inference_s"] for r in split]
@@ -456,6 +485,19 @@ def plot(report: dict[str, Any], out: Path) -> Path | None:
     return out
 
 
+def pinning_and_text_args(
+    parser: argparse.ArgumentParser, texts: int, min_words: int, max_words: int
+) -> None:
+    """Where the server and the load generator run, and the texts sent (``make_texts``): the options of
+    this benchmark and of ``benchmarks.retry_storm``."""
+    parser.add_argument("--server-cpus", type=int, nargs="+", help="pin the server here (ORT: a thread each)")
+    parser.add_argument("--client-cpus", type=int, nargs="+", help="pin the load generator to these CPUs")
+    parser.add_argument("--texts", type=int, default=texts)
+    parser.add_argument("--min-words", type=int, default=min_words)
+    parser.add_argument("--max-words", type=int, default=max_words)
+    parser.add_argument("--seed", type=int, default=0)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = cli("benchmarks.overload", __doc__)
     parser.add_argument("--models-dir", type=Path, required=True)
@@ -477,12 +519,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-arena", dest="arena", action="store_false", help="RETENTION_CPU_MEM_ARENA=false"
     )
-    parser.add_argument("--server-cpus", type=int, nargs="+", help="pin the server here (ORT: a thread each)")
-    parser.add_argument("--client-cpus", type=int, nargs="+", help="pin the load generator to these CPUs")
-    parser.add_argument("--texts", type=int, default=64)
-    parser.add_argument("--min-words", type=int, default=20)
-    parser.add_argument("--max-words", type=int, default=300)
-    parser.add_argument("--seed", type=int, default=0)
+    pinning_and_text_args(parser, texts=64, min_words=20, max_words=300)
     parser.add_argument("--quick", action="store_true", help="seconds: tiny models, two rates, short cells")
     args = parser.parse_args(argv)
     if args.quick:

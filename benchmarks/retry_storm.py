@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,9 +31,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import cli, fmt, percentile, publish
+from benchmarks.harness import cli, fmt, publish
 from benchmarks.load import make_texts
-from benchmarks.overload import Load, Policy, drive, server
+from benchmarks.overload import Load, Policy, drive, outcomes, pinning_and_text_args, server
 from service.api.faces import FACES
 
 TASK = "embedding"
@@ -66,21 +65,17 @@ class Mode:
 
 
 def summarize(mode: Mode, records: list[dict[str, Any]]) -> Mode:
-    accepted = [r for r in records if r["status"] == 200]
-    mode.sent = len(records)
-    mode.ok = len(accepted)
-    mode.refused = sum(r["status"] == 429 for r in records)
-    mode.server_errors = sum(r["status"] >= 500 for r in records)
+    seen = outcomes(records, mode.seconds)
+    mode.sent, mode.ok, mode.refused, mode.server_errors = (
+        seen.sent,
+        seen.ok,
+        seen.refused,
+        seen.server_errors,
+    )
     mode.connection_errors = sum(r["status"] == 0 for r in records)
-    in_window = [r for r in accepted if r["at_s"] + r["latency_s"] <= mode.seconds]
-    mode.ok_per_s = len(in_window) / mode.seconds
+    mode.ok_per_s = seen.in_window / mode.seconds
     mode.refused_per_s = mode.refused / mode.seconds
-    if accepted:
-        latencies = [r["latency_s"] for r in accepted]
-        mode.p50_ms = 1000 * percentile(latencies, 0.50)
-        mode.p99_ms = 1000 * percentile(latencies, 0.99)
-        rhos = [r["rho"] for r in accepted if r.get("rho") is not None]
-        mode.mean_rho = statistics.fmean(rhos) if rhos else None
+    mode.p50_ms, mode.p99_ms, mode.mean_rho = seen.p50_ms, seen.p99_ms, seen.mean_rho
     mode.load_average = [round(value, 2) for value in os.getloadavg()]
     return mode
 
@@ -188,14 +183,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="every mode this many times, interleaved")
     parser.add_argument("--grace", type=float, default=30.0, help="wait this long for the last answers")
     parser.add_argument("--pause", type=float, default=5.0, help="seconds between modes")
-    parser.add_argument("--server-cpus", type=int, nargs="+", help="pin the server here")
-    parser.add_argument("--client-cpus", type=int, nargs="+", help="pin the load generator here")
+    pinning_and_text_args(parser, texts=200, min_words=2, max_words=200)
     parser.add_argument("--busy-cpus", type=int, nargs="+", help="a busy loop on each (a slower CPU)")
     parser.add_argument("--server-env", nargs="*", default=[], help="KEY=VALUE settings of the server")
-    parser.add_argument("--texts", type=int, default=200)
-    parser.add_argument("--min-words", type=int, default=2)
-    parser.add_argument("--max-words", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="seconds: few clients, short modes")
     args = parser.parse_args(argv)
     if args.quick:

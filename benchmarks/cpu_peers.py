@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.frontier import BATCH, SEQ_LEN, Feeds, Run, batched, padded
+from benchmarks.frontier import BATCH, SEQ_LEN, Feeds, Run, batched, dataset_texts, padded, token_rows
 from benchmarks.harness import cli, fmt, markdown_table, ort_session, publish, speedups, timed_rounds
 from benchmarks.harness import timing_args as add_timing_args
 
@@ -92,6 +92,13 @@ PACKAGES = {
     "torch": "torch",
     "sentence_transformers": "sentence-transformers",
 }
+# the optional modules each peer's builder imports (the ONNX peers need only the locked onnxruntime)
+PEER_MODULES = {
+    ST_TORCH: ("torch", "sentence_transformers"),
+    OPENVINO: ("openvino",),
+    OPENVINO_F32: ("openvino",),
+    OPENVINO_INT8: ("openvino", "nncf"),
+}
 
 
 class MissingPeerPackage(ImportError):
@@ -118,6 +125,14 @@ def require(module: str, peer: str) -> Any:
         raise MissingPeerPackage(
             f"peer {peer!r} needs the package {package!r}: pip install {package}"
         ) from error
+
+
+def require_peers(names: Iterable[str]) -> None:
+    """Raise ``MissingPeerPackage`` now, before anything is built or timed, if a peer of ``names`` lacks
+    its package."""
+    for name in names:
+        for module in PEER_MODULES.get(name, ()):
+            require(module, name)
 
 
 # ---------------------------------------------------------------------- the presets
@@ -265,6 +280,7 @@ def build_peers(
         raise ValueError(f"unknown peers {unknown}: choose from {list(PEERS)}")
     if OPENVINO_INT8 in names and not calibration_texts:
         raise ValueError(f"{OPENVINO_INT8} needs calibration texts")
+    require_peers(names)
     unfused, fused = export_onnx(checkpoint, workdir)
     peers = {
         REFERENCE: Peer(
@@ -345,11 +361,6 @@ def st_max_length(checkpoint: Path) -> int:
     return int(json.loads(settings.read_text(encoding="utf-8")).get("max_seq_length") or SEQ_LEN)
 
 
-def token_rows(tokenizer: Any, texts: Sequence[str], max_length: int = SEQ_LEN) -> list[list[int]]:
-    """[CLS] … [SEP] ids of each text, cut to ``max_length`` (as the frontier and retrieval encode)."""
-    return [list(ids) for ids in tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]]
-
-
 def peer_vectors(encode: Encode, rows: list[list[int]], batch: int = BATCH) -> np.ndarray:
     """(N, d) vectors of ``rows`` in their order, ``batch`` rows padded together at a time."""
     chunks = [encode(padded(rows[start : start + batch])) for start in range(0, len(rows), batch)]
@@ -362,22 +373,48 @@ def st_vectors(checkpoint: Path, texts: Sequence[str], batch: int = BATCH) -> np
     return np.asarray(vectors, dtype=np.float32)
 
 
-# ---------------------------------------------------------------------- the command line
-def squad_texts(data: Path | None, calibration: Path | None, count: int) -> tuple[list[str], list[str]]:
-    """The first ``count`` distinct SQuAD dev paragraphs (the frontier's documents) and distinct SQuAD
-    train paragraphs for calibration."""
-    from benchmarks.retrieval_parts import DATASETS, data_file, read_retrieval_set
+# ---------------------------------------------------------------------- calibration and versions
+def calibration_paragraphs(calibration: Path | None) -> list[str]:
+    """The distinct SQuAD train paragraphs of ``calibration`` (default: the data root's train subset)
+    that calibrate ``openvino-int8-static``."""
     from training.recipes.data import default_data_root, read_jsonl_gz
 
-    documents = read_retrieval_set(data_file(DATASETS["squad"], data), None, DATASETS["squad"]).paragraphs[
-        :count
-    ]
     root = default_data_root()
     if calibration is None and root is None:
         raise SystemExit("no data root (../shared/data); pass --calibration")
     path = calibration or root / CALIBRATION_FILE  # type: ignore[operator]
-    train = list(dict.fromkeys(str(row["context"]) for row in read_jsonl_gz(path)))
-    return documents, train
+    return list(dict.fromkeys(str(row["context"]) for row in read_jsonl_gz(path)))
+
+
+def refuse_leaked_calibration(documents: Sequence[str], calibration: Sequence[str]) -> None:
+    """Exit if a calibration paragraph is a timed document: int8 calibrated on the very documents its
+    vectors are compared on would look better than it is."""
+    leaked = set(documents) & set(calibration)
+    if leaked:
+        raise SystemExit(f"{len(leaked)} calibration paragraphs are dev documents")
+
+
+def calibration_note(calibration: Sequence[str]) -> str:
+    """What ``openvino-int8-static`` is calibrated on, in words (``build_peers`` takes the first
+    ``CALIBRATION_SAMPLES``)."""
+    return (
+        f"{min(len(calibration), CALIBRATION_SAMPLES)} distinct SQuAD train paragraphs, "
+        f"padded to {CALIBRATION_LENGTH} tokens"
+    )
+
+
+def peer_library_versions() -> dict[str, str | None]:
+    """The peers' packages beyond the machine record's (None: not installed)."""
+    from retention_core.machine import library_version
+
+    return {name: library_version(name) for name in PEER_LIBRARIES}
+
+
+# ---------------------------------------------------------------------- the command line
+def squad_texts(data: Path | None, calibration: Path | None, count: int) -> tuple[list[str], list[str]]:
+    """The first ``count`` distinct SQuAD dev paragraphs (the frontier's documents) and distinct SQuAD
+    train paragraphs for calibration."""
+    return dataset_texts("squad", count, data), calibration_paragraphs(calibration)
 
 
 def measure(args: Any) -> dict[str, Any]:
@@ -385,12 +422,9 @@ def measure(args: Any) -> dict[str, Any]:
 
     from benchmarks.embedding_graphs import peer_checkpoint
     from benchmarks.retrieval_parts import cosine_distribution
-    from retention_core.machine import library_version
 
     documents, calibration = squad_texts(args.data, args.calibration, args.documents)
-    leaked = set(documents) & set(calibration)
-    if leaked:
-        raise SystemExit(f"{len(leaked)} calibration paragraphs are dev documents")
+    refuse_leaked_calibration(documents, calibration)
     with tempfile.TemporaryDirectory(prefix="cpu-peers-") as tmp:
         checkpoint = args.model or peer_checkpoint(False, None, args.backbone, Path(tmp))
         peers = build_peers(checkpoint, Path(tmp), args.peers, args.threads, calibration, args.preset)
@@ -423,8 +457,7 @@ def measure(args: Any) -> dict[str, Any]:
             f"(≤ {max(len(row) for row in rows)} tokens), "
             f"length-sorted batches of {args.batch}",
             "mean_document_tokens": round(float(np.mean([len(row) for row in rows])), 1),
-            "calibration": f"{min(len(calibration), CALIBRATION_SAMPLES)} distinct SQuAD train paragraphs, "
-            f"padded to {CALIBRATION_LENGTH} tokens",
+            "calibration": calibration_note(calibration),
             "threads": args.threads,
             "repeats": args.repeats,
             "rounds_run": len(rounds[REFERENCE]),
@@ -433,7 +466,7 @@ def measure(args: Any) -> dict[str, Any]:
             "quality_reference": "sentence-transformers fp32 encode (torch) on the same paragraphs",
             # the rounds are paired because other work shares the CPU: its load says how much
             "load_average_1min_after": round(os.getloadavg()[0], 2),
-            "peer_libraries": {name: library_version(name) for name in PEER_LIBRARIES},
+            "peer_libraries": peer_library_versions(),
         },
         "results": results,
     }

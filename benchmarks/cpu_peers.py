@@ -46,9 +46,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.frontier import BATCH, SEQ_LEN, Feeds, Run, batched, dataset_texts, padded, token_rows
 from benchmarks.harness import cli, fmt, markdown_table, ort_session, publish, speedups, timed_rounds
 from benchmarks.harness import timing_args as add_timing_args
+from benchmarks.timed_documents import BATCH, SEQ_LEN, Feeds, Run, batched, dataset_texts, padded, token_rows
 
 MODULE = "benchmarks.cpu_peers"
 OUT_NAME = "cpu-peers.json"

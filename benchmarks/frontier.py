@@ -29,7 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -49,13 +49,21 @@ from benchmarks.retrieval_parts import (
     file_sha1,
     truncated_length,
 )
+from benchmarks.timed_documents import (
+    BATCH,
+    SEQ_LEN,
+    Feeds,
+    Run,
+    batched,
+    dataset_texts,
+    token_rows,
+)
 
 if TYPE_CHECKING:  # benchmarks.cpu_peers imports this module: imported inside the functions at run time
     from benchmarks.cpu_peers import Peer
 
 MODULE = "benchmarks.frontier"
 METRIC = f"ndcg@{CUTOFF}"
-SEQ_LEN, BATCH = 256, 8  # 256 tokens: the MiniLM embedding model's own max_seq_length
 QUICK_SEQ_LEN, QUICK_BATCH, QUICK_REPEATS = 32, 2, 2
 NOT_MEASURED = "not measured"
 # as recorded
@@ -109,7 +117,6 @@ FAMILY_LABELS = {
 }
 
 Cell = dict[str, Any]  # one retrieval.json cell
-Run = Callable[[], object]  # one timed call: a batch of documents embedded
 
 
 # ---------------------------------------------------------------------- the points and their quality
@@ -279,9 +286,6 @@ def pruned_branch_graphs(
     return files
 
 
-Feeds = dict[str, np.ndarray]  # one padded batch: input_ids, attention_mask, token_type_ids (B, T)
-
-
 def torch_sdpa_run(checkpoint: Path, batches: list[Feeds], threads: int) -> Run:
     """``transformers`` in torch, SDPA attention, mean pooling (the peer's ``SentenceEmbeddingGraph``),
     no autograd, ``threads`` threads, over every batch. A family transformers has no SDPA for (MPNet) runs
@@ -307,26 +311,6 @@ def torch_sdpa_run(checkpoint: Path, batches: list[Feeds], threads: int) -> Run:
             return [graph(*batch) for batch in inputs]
 
     return run
-
-
-def padded(rows: list[list[int]]) -> Feeds:
-    """Token-id rows → right-padded feeds (pad id 0, as the peer and our graph mask it)."""
-    length = max(len(row) for row in rows)
-    input_ids = np.zeros((len(rows), length), dtype=np.int64)
-    attention_mask = np.zeros_like(input_ids)
-    for i, row in enumerate(rows):
-        input_ids[i, : len(row)], attention_mask[i, : len(row)] = row, 1
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "token_type_ids": np.zeros_like(input_ids),
-    }
-
-
-def batched(rows: list[list[int]], batch: int) -> list[Feeds]:
-    """Rows in length-sorted batches of ``batch`` (as ``retention-batch`` and the retrieval run them)."""
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-    return [padded([rows[i] for i in order[start : start + batch]]) for start in range(0, len(rows), batch)]
 
 
 def truncated_rows(rows: list[list[int]], work: float) -> list[list[int]]:
@@ -376,26 +360,6 @@ def synthetic_rows(tokenizer: Any, batch: int, seq_len: int) -> list[list[int]]:
     """``batch`` documents of random words, exactly ``seq_len`` tokens each."""
     feeds = token_feeds(tokenizer, documents(tokenizer, batch, seq_len, np.random.default_rng(0)), seq_len)
     return [list(row) for row in feeds["input_ids"].tolist()]
-
-
-def dataset_texts(dataset: str, count: int, path: Path | None = None) -> list[str]:
-    """The first ``count`` distinct documents of a retrieval set (its file under the data root, or
-    ``path``): the very documents whose quality the files measured."""
-    from benchmarks.retrieval_parts import DATASETS, data_file, read_retrieval_set
-
-    return read_retrieval_set(data_file(DATASETS[dataset], path), None, DATASETS[dataset]).paragraphs[:count]
-
-
-def token_rows(tokenizer: Any, texts: Sequence[str], max_length: int = SEQ_LEN) -> list[list[int]]:
-    """[CLS] … [SEP] ids of each text, cut to ``max_length`` (as the retrieval encodes them)."""
-    return [list(ids) for ids in tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]]
-
-
-def dataset_rows(
-    tokenizer: Any, dataset: str, count: int, max_length: int, path: Path | None = None
-) -> list[list[int]]:
-    """``dataset_texts`` tokenized as the retrieval encodes them."""
-    return token_rows(tokenizer, dataset_texts(dataset, count, path), max_length)
 
 
 # ---------------------------------------------------------------------- the CPU peers

@@ -23,6 +23,17 @@ difference 0), it is within 0.2 nDCG@10 of fp32 at ρ = 1 and no worse than per-
 
     python -m experiments.int8_per_token <export dir> \\
         --out results/experiments/batch-invariant-int8/int8_per_token.json
+
+``--variants`` names the int8 graphs built beside fp32 (``GRAPHS``; default the two above), ``--baseline``
+the one that quality differences and speed ratios are taken against (default per-tensor), ``--rhos`` the
+budgets. The weight-bits pilot: per-token int8 with 7-bit weights (the product's) against 8-bit int8
+weights (u8 × s8: saturates on AVX2, run here only to isolate the weights' share of the loss) and 8-bit
+weights stored as uint8 with zero point 128 (MLAS's U8U8 kernels, exact on every x86 CPU), both built by
+``experiments.int8_weight_forms`` (not adopted: the product keeps its 7-bit weights):
+
+    python -m experiments.int8_per_token <export dir> --variants int8-per-token int8-per-token-s8 \\
+        int8-per-token-u8 --baseline int8-per-token --rhos 1 0.5 0.3 \\
+        --out results/experiments/int8-weight-bits/int8_weight_bits.json
 """
 
 from __future__ import annotations
@@ -35,28 +46,43 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.frontier import batched, calls, dataset_rows, padded
+from benchmarks.frontier import calls
 from benchmarks.harness import cli, ort_session, publish, speedups, timed_rounds
+from benchmarks.timed_documents import batched, dataset_rows, padded
 
 MODULE = "experiments.int8_per_token"
 RHOS = (1.0, 0.7, 0.5, 0.3)
 MAX_LENGTH, SPEED_BATCH, LARGEST_BATCH = 256, 8, 32
 FP32, PER_TOKEN, PER_TENSOR = "fp32", "int8-per-token", "int8-per-tensor"
+PER_TOKEN_S8, PER_TOKEN_U8 = "int8-per-token-s8", "int8-per-token-u8"
+# int8 graph → how it is built: the product's ``training.export.int8.quantize_int8`` with these activation
+# scales ("token" / "tensor"), or per token with another weight form of ``experiments.int8_weight_forms``
+PRODUCT_GRAPHS = {PER_TOKEN: "token", PER_TENSOR: "tensor"}
+WEIGHT_FORM_GRAPHS = {PER_TOKEN_S8: "s8", PER_TOKEN_U8: "u8"}
+GRAPHS = (*PRODUCT_GRAPHS, *WEIGHT_FORM_GRAPHS)
+DEFAULT_VARIANTS = (PER_TOKEN, PER_TENSOR)
 SEED = 0
 ENCODE_BATCH = 32  # rows per run when encoding a retrieval set (length-sorted, as the retrieval batches)
 
 
-def graph_files(export: Path, workdir: Path) -> dict[str, Path]:
-    """fp32 ``model.onnx`` and its two int8 forms, in ``workdir``."""
-    from training.export.int8 import PER_TENSOR as TENSOR_SCALES
-    from training.export.int8 import PER_TOKEN as TOKEN_SCALES
+def graph_files(export: Path, workdir: Path, variants: tuple[str, ...] = DEFAULT_VARIANTS) -> dict[str, Path]:
+    """fp32 ``model.onnx`` and its int8 forms ``variants`` (names of ``GRAPHS``), in ``workdir``."""
+    from experiments.int8_weight_forms import quantize_per_token
     from training.export.int8 import quantize_int8
 
     files = {FP32: export / "model.onnx"}
-    for name, scales in ((PER_TOKEN, TOKEN_SCALES), (PER_TENSOR, TENSOR_SCALES)):
+    for name in variants:
         files[name] = workdir / f"{name}.onnx"
-        quantize_int8(files[FP32], files[name], activations=scales)
+        if name in WEIGHT_FORM_GRAPHS:
+            quantize_per_token(files[FP32], files[name], weights=WEIGHT_FORM_GRAPHS[name])
+        else:
+            quantize_int8(files[FP32], files[name], activations=PRODUCT_GRAPHS[name])
     return files
+
+
+def label(graph: str) -> str:
+    """The key part naming a reference graph: int8-per-tensor → per_tensor."""
+    return graph.removeprefix("int8-").replace("-", "_")
 
 
 def embed(session: Any, rows: list[list[int]], rho: float) -> tuple[np.ndarray, np.ndarray]:
@@ -116,8 +142,15 @@ def tokenized(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     return [list(ids) for ids in tokenizer(texts, truncation=True, max_length=MAX_LENGTH)["input_ids"]]
 
 
-def quality(sessions: dict[str, Any], tokenizer: Any, name: str) -> dict[str, Any]:
-    """nDCG@10 of every query of one retrieval set per graph and ρ, and the paired differences."""
+def quality(
+    sessions: dict[str, Any],
+    tokenizer: Any,
+    name: str,
+    rhos: tuple[float, ...] = RHOS,
+    baseline: str = PER_TENSOR,
+) -> dict[str, Any]:
+    """nDCG@10 of every query of one retrieval set per graph and ρ, and the paired differences (against
+    fp32 and against ``baseline`` at the same ρ)."""
     from benchmarks.retrieval_parts import DATASETS, data_file, paired_difference, read_retrieval_set, search
     from retention_core.metrics import query_ndcg
 
@@ -127,7 +160,7 @@ def quality(sessions: dict[str, Any], tokenizer: Any, name: str) -> dict[str, An
     for graph, session in sessions.items():
         query_vectors = encode(session, queries, 1.0)  # queries (≤ 32 tokens) run dense at any ρ anyway
         ranks[graph] = {
-            f"{rho:g}": search(query_vectors, encode(session, documents, rho), data.gold) for rho in RHOS
+            f"{rho:g}": search(query_vectors, encode(session, documents, rho), data.gold) for rho in rhos
         }
     dense = ranks[FP32]["1"]
     cells = {
@@ -136,7 +169,7 @@ def quality(sessions: dict[str, Any], tokenizer: Any, name: str) -> dict[str, An
                 "ndcg@10": round(float(np.mean(query_ndcg(graph_ranks))), 2),
                 "vs_fp32_dense": paired_difference(graph_ranks, dense),
                 "vs_fp32_same_rho": paired_difference(graph_ranks, ranks[FP32][rho]),
-                "vs_per_tensor_same_rho": paired_difference(graph_ranks, ranks[PER_TENSOR][rho]),
+                f"vs_{label(baseline)}_same_rho": paired_difference(graph_ranks, ranks[baseline][rho]),
             }
             for rho, graph_ranks in by_rho.items()
         }
@@ -159,7 +192,7 @@ def profiled(files: dict[str, Path], tokenizer: Any, threads: int, workdir: Path
     rows = [row[:MAX_LENGTH] for row in dataset_rows(tokenizer, "squad", PROFILE_BATCH, MAX_LENGTH)]
     feeds = padded(rows)
     profiles: dict[str, Any] = {}
-    for name in (PER_TOKEN, PER_TENSOR):
+    for name in (name for name in files if name != FP32):
         session_inputs = {graph_input.name for graph_input in ort_session(files[name], threads).get_inputs()}
         for rho in PROFILED_RHOS:
             call = {**feeds, "rho": np.full(len(rows), rho, np.float32)}
@@ -179,21 +212,24 @@ def measure(args: Any) -> dict[str, Any]:
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(args.export / "tokenizer.json"))
+    variants, baseline, rhos = tuple(args.variants), args.baseline, tuple(args.rhos)
+    if baseline not in variants or 1.0 not in rhos:
+        raise SystemExit(f"--baseline {baseline} must be one of --variants {variants}; --rhos must hold 1")
     with tempfile.TemporaryDirectory(prefix="int8-per-token-") as tmp:
-        files = graph_files(args.export, Path(tmp))
+        files = graph_files(args.export, Path(tmp), variants)
         sessions = {name: ort_session(path, args.threads) for name, path in files.items()}
         texts = dataset_rows(tokenizer, "squad", args.texts, MAX_LENGTH)
         checks = {
-            name: {f"{rho:g}": invariance(session, texts, rho) for rho in RHOS}
+            name: {f"{rho:g}": invariance(session, texts, rho) for rho in rhos}
             for name, session in sessions.items()
         }
-        qualities = {name: quality(sessions, tokenizer, name) for name in args.quality_sets}
+        qualities = {name: quality(sessions, tokenizer, name, rhos, baseline) for name in args.quality_sets}
         documents = dataset_rows(tokenizer, args.documents_set, args.documents, MAX_LENGTH)
         batches = batched(documents, SPEED_BATCH)
         largest = max(len(feeds["input_ids"]) for feeds in batches)
         runs = {
             f"{name}@{rho:g}": calls(session, batches, {"rho": np.full(largest, rho, np.float32)})
-            for rho in RHOS
+            for rho in rhos
             for name, session in sessions.items()
         }
         rounds = timed_rounds(runs, args.rounds, 1, args.max_seconds)
@@ -203,18 +239,21 @@ def measure(args: Any) -> dict[str, Any]:
             name: speedups(
                 rounds,
                 f"{name}@{rho:g}",
-                f"{PER_TENSOR}@{rho:g}",
+                f"{baseline}@{rho:g}",
                 len(documents),
                 rate="documents_per_second",
-                speedup="speed_vs_per_tensor",
+                speedup=f"speed_vs_{label(baseline)}",
             )
             for name in sessions
         }
-        for rho in RHOS
+        for rho in rhos
     }
     return {
         "export": str(args.export),
         "settings": {
+            "variants": list(variants),
+            "baseline": baseline,
+            "rhos": list(rhos),
             "texts": args.texts,
             "documents": args.documents,
             "documents_set": args.documents_set,
@@ -233,8 +272,9 @@ def measure(args: Any) -> dict[str, Any]:
 
 def markdown(payload: dict[str, Any]) -> str:
     settings = payload["settings"]
+    baseline = settings.get("baseline", PER_TENSOR)
     lines = [
-        "# Per-token int8 against per-tensor int8",
+        f"# int8 graphs against {baseline}",
         "",
         f"Alone vs in random batches of 1–{settings['largest_random_batch']}: {settings['texts']} SQuAD dev "
         "paragraphs (≤ 256 tokens).",
@@ -254,30 +294,31 @@ def markdown(payload: dict[str, Any]) -> str:
             f"Quality, {name}: {measured['queries']} queries search {measured['documents']} documents, both "
             "encoded by the graph. nDCG@10 and paired differences (± standard error, same queries).",
             "",
-            "| graph | ρ | nDCG@10 | − fp32 dense | − fp32 same ρ | − per-tensor int8 same ρ |",
+            f"| graph | ρ | nDCG@10 | − fp32 dense | − fp32 same ρ | − {baseline} same ρ |",
             "|---|---|---:|---|---|---|",
         ]
         for graph, by_rho in measured["cells"].items():
             for rho, cell in by_rho.items():
                 differences = [
                     f"{cell[key]['difference']:+.2f} ± {cell[key]['se']:.2f}"
-                    for key in ("vs_fp32_dense", "vs_fp32_same_rho", "vs_per_tensor_same_rho")
+                    for key in ("vs_fp32_dense", "vs_fp32_same_rho", f"vs_{label(baseline)}_same_rho")
                 ]
                 lines.append(f"| {graph} | {rho} | {cell['ndcg@10']:.2f} | " + " | ".join(differences) + " |")
     lines += [
         "",
         f"Speed: the first {settings['documents']} {settings['documents_set']} documents at their own "
         f"lengths, batches of {settings['batch']}, {settings['rounds']} interleaved rounds, "
-        f"{settings['threads']} threads (0: one per core). Ratio: per-tensor int8's seconds / the graph's, "
+        f"{settings['threads']} threads (0: one per core). Ratio: {baseline}'s seconds / the graph's, "
         "per round (median, min–max).",
         "",
-        "| ρ | graph | documents/s | vs per-tensor int8 |",
+        f"| ρ | graph | documents/s | vs {baseline} |",
         "|---|---|---:|---|",
     ]
+    ratio = f"speed_vs_{label(baseline)}"
     for rho, rows in payload["speed"].items():
         for name, row in rows.items():
             lines.append(
-                f"| {rho} | {name} | {row['documents_per_second']:.1f} | {row['speed_vs_per_tensor']:.3f} "
+                f"| {rho} | {name} | {row['documents_per_second']:.1f} | {row[ratio]:.3f} "
                 f"({row['speedup_min']:.3f}–{row['speedup_max']:.3f}) |"
             )
     if payload.get("profiles"):
@@ -322,6 +363,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--max-seconds", type=float, default=1200.0)
     parser.add_argument("--profile", action="store_true", help="also where each int8 graph's time goes")
+    parser.add_argument(
+        "--variants", nargs="+", choices=sorted(GRAPHS), default=list(DEFAULT_VARIANTS), help="int8 graphs"
+    )
+    parser.add_argument("--baseline", choices=sorted(GRAPHS), default=PER_TENSOR, help="one of --variants")
+    parser.add_argument("--rhos", nargs="+", type=float, default=list(RHOS))
     args = parser.parse_args(argv)
     started = time.perf_counter()
     return publish(measure(args), markdown, args.out, MODULE, argv, machine=True, started=started)

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks import cpu_peers
-from benchmarks.frontier import batched
 from benchmarks.harness import timed_rounds
 from benchmarks.retrieval_parts import cosine_distribution
+from benchmarks.timed_documents import batched
 from tests.tasks.test_embedding import TEXTS, write_sentence_transformer
 
 BATCH = 2

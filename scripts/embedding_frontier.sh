@@ -8,7 +8,9 @@
 # Results go to results/<run dir name>-retrieval*/ and results/bench/frontier*-<set>.json (MiniLM's keep
 # their first names). SETS, RHOS, LIMIT_DOCUMENTS and LONG_LENGTH (BBC's tokens: 512, or the model's
 # maximum) narrow a run on a small machine; METHODS (fp32 baselines beside learned: truncation, attention, random), LAYER_EXITS
-# (default 3 4 5 of MiniLM's 6 layers); SEQ_LENS: the fixed-length frontier's lengths (default 256).
+# (default 3 4 5 of MiniLM's 6 layers); SEQ_LENS: the fixed-length frontier's lengths (default 256);
+# CPU_PEERS: the CPU runtimes timed in the same rounds (benchmarks.frontier --cpu-peers, e.g.
+# "st-torch onnx onnx-int8 openvino openvino-f32 openvino-int8-static"; OpenVINO's need '.[cpu-peers]').
 #
 # quality: benchmarks.retrieval (fp32: learned, truncation and layer exit; int8: learned and truncation) → results/
 # speed:   benchmarks.frontier per set (needs quality's files; run it on a quiet machine) → results/bench/
@@ -58,9 +60,10 @@ speed() {
   fi
   for set in ${SETS:-squad scitldr bbc}; do
     local quality="results/$NAME-retrieval${SUFFIX[$set]}"
+    # shellcheck disable=SC2086
     $PY -m benchmarks.frontier --run-dir "$RUN" --retrieval "$quality/retrieval.json" \
       --retrieval-int8 "$quality-int8/retrieval.json" --documents "$set" --seq-len "${LENGTH[$set]}" $SCHEDULE \
-      --document-count "${TIMED[$set]}" --repeats 5 --iterations 1 \
+      --document-count "${TIMED[$set]}" --repeats 5 --iterations 1 ${CPU_PEERS:+--cpu-peers $CPU_PEERS} \
       --out "results/bench/frontier$TAG-$set.json" --plot "docs/plots/frontier$TAG-$set.png"
   done
 }

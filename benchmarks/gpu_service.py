@@ -291,9 +291,10 @@ def build(shape_name: str, shape: dict[str, int], root: Path, tokenizer: Any, pl
     peer_dir = sentence_transformers_dir(encoder, tokenizer, root / f"peer-{shape_name}", plan.max_length)
     name = f"random-{shape_name}-embed"
     model = RetentionModel(EncoderBackbone(encoder), "embedding", shape["hidden_size"], selection()).eval()
-    copy = model.add_pruned_branch()  # the product's shape: ρ < 1 rows run a copy of their own
+    # the product's shape: ρ < 1 rows run a copy of the encoder's layers on the original's embedding tables
+    copy = model.add_pruned_branch(own_embeddings=False)
     with torch.no_grad():  # moved off the original, as training moves it: the export then stores it apart
-        for parameter in copy.parameters():
+        for parameter in copy.layers.parameters():
             parameter.add_(torch.randn_like(parameter) * COPY_DRIFT)
     recipe = tiny_recipe("embedding", name=name).model_copy(update={"max_length": plan.max_length})
     models_dir = root / f"models-{shape_name}"

@@ -241,7 +241,9 @@ def test_retrofit_refuses_other_pooling_and_plain_models(tmp_path: Path) -> None
         training_main(["retrofit", str(max_model), "--texts", str(texts)])
     unnormalised = write_sentence_transformer(tmp_path / "raw", normalize=False)
     recipe = retrofit_recipe(str(unnormalised), "embedding", texts)
-    assert recipe.retrofit == RetrofitSpec(pooling="mean", normalize=False, pruned_branch="copy")
+    assert recipe.retrofit == RetrofitSpec(
+        pooling="mean", normalize=False, pruned_branch="copy", copy_embeddings="original"
+    )
     assert recipe.max_length == TINY_MAX_LENGTH
     with pytest.raises(ValueError, match="needs labels"):
         retrofit_recipe(str(unnormalised), "qa", texts)

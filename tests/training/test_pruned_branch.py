@@ -31,6 +31,7 @@ from training.fitting.fit import (
 )
 from training.fitting.objective import Objective
 from training.fitting.retrofit import (
+    PRUNED_BRANCH_EMBEDDINGS,
     PRUNED_BRANCH_LR,
     PRUNED_BRANCH_RHO_LOW,
     default_pruned_branch,
@@ -212,7 +213,8 @@ def test_retrofit_cli_trains_the_copy_and_keeps_the_original(tmp_path: Path) -> 
     run_dir = tmp_path / "run"
     arguments = ["--texts", str(texts), "--steps", "3", "--run-dir", str(run_dir), "--no-progress"]
     training_main(["retrofit", str(original), *arguments])  # no --pruned-branch: embedding's default
-    assert json.loads((run_dir / RECIPE_FILE).read_text())["retrofit"]["pruned_branch"] == "copy"
+    retrofit = json.loads((run_dir / RECIPE_FILE).read_text())["retrofit"]
+    assert (retrofit["pruned_branch"], retrofit["copy_embeddings"]) == ("copy", PRUNED_BRANCH_EMBEDDINGS)
     log = [json.loads(line) for line in (run_dir / LOG_FILE).read_text().splitlines()]
     assert log[0]["lr"] == pytest.approx(PRUNED_BRANCH_LR)  # the copy's lr (group 0), not the scorers'
     assert all(entry["pruned_loss"] is not None for entry in log)
@@ -222,6 +224,9 @@ def test_retrofit_cli_trains_the_copy_and_keeps_the_original(tmp_path: Path) -> 
     assert any(
         not torch.equal(trained[f"pruned_backbone.{name}"], value) for name, value in reference.items()
     )
+    # the copy trained its layers on the original's embedding tables, which stayed as they were
+    tables = [name for name in reference if name.startswith("embeddings.")]
+    assert tables and all(torch.equal(trained[f"pruned_backbone.{name}"], reference[name]) for name in tables)
     with pytest.raises(SystemExit, match="choose one"):
         training_main(
             ["retrofit", str(original), *arguments, "--pruned-branch", "copy", "--backbone-lr", "1e-5"]
@@ -247,7 +252,12 @@ def test_each_task_has_its_default_pruned_branch_and_shared_opts_out(tmp_path: P
     assert recipe.retrofit is not None and recipe.retrofit.pruned_branch == "shared"
     assert recipe.objective == ObjectiveSpec()
     copy = retrofit_recipe(TINY_TOKENIZER, "embedding", tmp_path / "t.txt")
-    # the copy trains at the study's try B settings; everything else is the frozen retrofit's
+    # the copy trains at the study's try B settings on the original's embeddings; everything else is the
+    # frozen retrofit's
+    assert (
+        copy.retrofit is not None and copy.retrofit.copy_embeddings == PRUNED_BRANCH_EMBEDDINGS == "original"
+    )
+    assert recipe.retrofit.copy_embeddings == "own"  # no copy: nothing to share
     assert (
         (copy.rho.low, copy.optimizer.lr)
         == (PRUNED_BRANCH_RHO_LOW, PRUNED_BRANCH_LR)

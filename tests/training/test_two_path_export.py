@@ -23,7 +23,7 @@ from service.backends.torch_backend import open_torch
 from service.settings import Settings
 from tests.service.conftest import running, settings_for
 from tests.tiny import tiny_recipe
-from tests.training.test_pruned_branch import branched, perturb
+from tests.training.test_pruned_branch import PRODUCT, branched, perturb
 from training.engine.model import RetentionModel
 from training.export.install import export_model
 from training.export.two_path import all_nodes, branch_of, branch_reads, copy_only_bytes
@@ -263,3 +263,44 @@ def test_a_copy_that_keeps_the_original_embeddings_stores_them_once(tmp_path: Pa
     np.testing.assert_allclose(
         session.run(None, feeds(session, [FULL] * 3))[0], dense.logits.detach().numpy(), atol=1e-5
     )
+
+
+def test_an_mpnet_copy_on_the_original_embeddings_exports_and_serves_both_paths(tmp_path: Path) -> None:
+    """The retrofit's default for any sentence-transformers model (the copy on the original's embedding
+    tables) on the other encoder family: MPNet (relative-position bias, padding-aware positions). The
+    manifest counts the copy's layers only, and the graph and the torch backend agree with the torch model
+    on ρ = 1, ρ < 1 and mixed batches."""
+    from training.tiny import tiny_model
+
+    model, tokenizer = tiny_model("embedding", seed=3, config=PRODUCT, family="mpnet")
+    model.freeze_backbone()
+    copy = model.add_pruned_branch(own_embeddings=False)
+    model.eval()
+    generator = torch.Generator().manual_seed(11)
+    with torch.no_grad():  # train the layers, as the retrofit does; the tables stay the original's
+        for param in copy.layers.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    out = tmp_path / "mpnet" / "mpnet"
+    export_model(model, tiny_recipe("embedding", name="mpnet"), tokenizer, out, int8=True)
+    manifest = Manifest.read(out)
+    assert manifest.pruned_branch is not None
+    changed = sum(
+        param.numel()
+        for name, param in copy.named_parameters()
+        if not torch.equal(param, model.backbone.state_dict()[name])
+    )
+    assert manifest.pruned_branch.parameters == changed == sum(p.numel() for p in copy.layers.parameters())
+    session = ort.InferenceSession(str(out / MODEL_FILE), providers=["CPUExecutionProvider"])
+    backend = open_torch(out, manifest, task_spec("embedding"), Settings())
+    try:
+        for rhos in ([FULL] * 3, [HALF] * 3, [FULL, HALF, HALF]):
+            values = feeds(session, rhos)
+            with torch.no_grad():
+                expected = model.forward_pruned(
+                    *(torch.from_numpy(values[name]) for name in ("input_ids", "attention_mask", "rho"))
+                )
+            graph = session.run(None, values)
+            np.testing.assert_allclose(graph[0], expected.logits.numpy(), atol=1e-5)
+            np.testing.assert_allclose(backend.run(values)[0], graph[0], atol=TORCH_TOLERANCE)
+    finally:
+        backend.close()

@@ -64,6 +64,28 @@ def exported(tmp_path: Path, task: str) -> tuple[RetentionModel, Path, Path]:
     return model, two_path_dir, original_dir
 
 
+def assert_served_like_torch(
+    model: RetentionModel, export_dir: Path, manifest: Manifest, batches: tuple[list[float], ...]
+) -> ort.InferenceSession:
+    """An embedding export's graph answers each batch of budgets as the torch model does, and the torch
+    backend as the graph does; returns the graph's session."""
+    session = ort.InferenceSession(str(export_dir / MODEL_FILE), providers=["CPUExecutionProvider"])
+    backend = open_torch(export_dir, manifest, task_spec("embedding"), Settings())
+    try:
+        for rhos in batches:
+            values = feeds(session, rhos)
+            with torch.no_grad():
+                expected = model.forward_pruned(
+                    *(torch.from_numpy(values[name]) for name in ("input_ids", "attention_mask", "rho"))
+                )
+            graph = session.run(None, values)
+            np.testing.assert_allclose(graph[0], expected.logits.numpy(), atol=1e-5)
+            np.testing.assert_allclose(backend.run(values)[0], graph[0], atol=TORCH_TOLERANCE)
+    finally:
+        backend.close()
+    return session
+
+
 def tokenizer_of():
     from training.tiny import tiny_model
 
@@ -243,20 +265,7 @@ def test_a_copy_that_keeps_the_original_embeddings_stores_them_once(tmp_path: Pa
     assert manifest.torch_weights.parity.kept_tokens_equal
 
     # served: ρ = 1 is the original export's vector, ρ < 1 the copy's, on both backends
-    session = ort.InferenceSession(str(shared_dir / MODEL_FILE), providers=["CPUExecutionProvider"])
-    backend = open_torch(shared_dir, manifest, task_spec("embedding"), Settings())
-    try:
-        for rhos in ([FULL] * 3, [HALF] * 3):
-            values = feeds(session, rhos)
-            with torch.no_grad():
-                expected = model.forward_pruned(
-                    *(torch.from_numpy(values[name]) for name in ("input_ids", "attention_mask", "rho"))
-                )
-            graph = session.run(None, values)
-            np.testing.assert_allclose(graph[0], expected.logits.numpy(), atol=1e-5)
-            np.testing.assert_allclose(backend.run(values)[0], graph[0], atol=TORCH_TOLERANCE)
-    finally:
-        backend.close()
+    session = assert_served_like_torch(model, shared_dir, manifest, ([FULL] * 3, [HALF] * 3))
     dense = original.forward_unpruned(
         *(torch.from_numpy(feeds(session, [FULL] * 3)[name]) for name in ("input_ids", "attention_mask"))
     )
@@ -290,17 +299,4 @@ def test_an_mpnet_copy_on_the_original_embeddings_exports_and_serves_both_paths(
         if not torch.equal(param, model.backbone.state_dict()[name])
     )
     assert manifest.pruned_branch.parameters == changed == sum(p.numel() for p in copy.layers.parameters())
-    session = ort.InferenceSession(str(out / MODEL_FILE), providers=["CPUExecutionProvider"])
-    backend = open_torch(out, manifest, task_spec("embedding"), Settings())
-    try:
-        for rhos in ([FULL] * 3, [HALF] * 3, [FULL, HALF, HALF]):
-            values = feeds(session, rhos)
-            with torch.no_grad():
-                expected = model.forward_pruned(
-                    *(torch.from_numpy(values[name]) for name in ("input_ids", "attention_mask", "rho"))
-                )
-            graph = session.run(None, values)
-            np.testing.assert_allclose(graph[0], expected.logits.numpy(), atol=1e-5)
-            np.testing.assert_allclose(backend.run(values)[0], graph[0], atol=TORCH_TOLERANCE)
-    finally:
-        backend.close()
+    assert_served_like_torch(model, out, manifest, ([FULL] * 3, [HALF] * 3, [FULL, HALF, HALF]))
